@@ -1,0 +1,154 @@
+"""Every developer and CI task of the p2p monorepo is a nox session; CI only calls them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+CONSTRAINTS = str(ROOT / "constraints" / "cpu.txt")
+
+# Ordered bottom-up: each package may depend on the ones before it.
+PACKAGES = ("asyncwork", "compress", "collective", "worker")
+# Sessions run on the interpreter that runs nox; `nox --force-python 3.12 ...` picks another
+# one from the supported range (requires-python >=3.10,<3.14).
+
+nox.options.default_venv_backend = "venv"  # pip, not uv: uv cannot see the local torch build
+nox.options.error_on_missing_interpreters = False
+nox.options.sessions = ["ci"]
+nox.options.reuse_existing_virtualenvs = True
+
+TEST_TOOLS = ["pytest", "pytest-timeout", "hypothesis"]
+
+
+def dist_dir(pkg: str) -> str:
+    return str(ROOT / "packages" / f"p2p-{pkg}")
+
+
+def install(session: nox.Session, *args: str) -> None:
+    """pip install under the CPU constraints (torch==2.13.0 is the on-disk CPU build)."""
+    session.install("-c", CONSTRAINTS, *args)
+
+
+def install_stack(session: nox.Session, top: str, *extra: str) -> None:
+    """Install ``top`` and every p2p package below it, as editable installs.
+
+    Siblings are not on PyPI, so all of them go into one pip command.
+    """
+    upto = PACKAGES[: PACKAGES.index(top) + 1]
+    args: list[str] = []
+    for pkg in upto:
+        args += ["-e", dist_dir(pkg)]
+    install(session, *args, *extra)
+
+
+def short_tmp_env() -> dict[str, str]:
+    """Environment for sessions that start Ray: loopback only, short socket paths."""
+    tmp = "/tmp/p2pray"
+    os.makedirs(tmp, exist_ok=True)
+    return {
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "P2P_RAY_TMPDIR": tmp,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Ruff (check and format), import-linter layer contracts, module size and privacy checks."""
+    install(session, "ruff", "import-linter")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    srcs = os.pathsep.join(str(Path(dist_dir(p)) / "src") for p in PACKAGES)
+    session.run("lint-imports", "--config", "pyproject.toml", env={"PYTHONPATH": srcs})
+    session.run("python", "tools/check_modules.py")
+
+
+@nox.session
+@nox.parametrize("package", list(PACKAGES))
+def typecheck(session: nox.Session, package: str) -> None:
+    """mypy --strict on one package, in an env holding only it and what it declares."""
+    install_stack(session, package, "mypy")
+    session.run(
+        "mypy",
+        "--config-file",
+        str(ROOT / "pyproject.toml"),
+        str(Path(dist_dir(package)) / "src" / f"p2p_{package}"),
+    )
+
+
+@nox.session
+@nox.parametrize("package", list(PACKAGES))
+def tests(session: nox.Session, package: str) -> None:
+    """A package's unit tests in an env holding only it and what it declares."""
+    install_stack(session, package, *TEST_TOOLS)
+    paths = session.posargs or [str(Path(dist_dir(package)) / "tests")]
+    session.run("pytest", *paths, env=short_tmp_env())
+
+
+@nox.session
+@nox.parametrize("device", ["cpu", "cuda"])
+def integration(session: nox.Session, device: str) -> None:
+    """All packages together: multi-process and Ray tests (cpu), or the GPU matrix (cuda)."""
+    install_stack(session, "worker", *TEST_TOOLS)
+    env = short_tmp_env()
+    if device == "cuda":
+        has_gpu = session.run(
+            "python",
+            "-c",
+            "import torch,sys; sys.stdout.write(str(int(torch.cuda.is_available())))",
+            silent=True,
+        )
+        if str(has_gpu).strip() != "1":
+            msg = "integration(device='cuda'): no CUDA GPU visible to torch in this environment"
+            if os.environ.get("P2P_REQUIRE_GPU") == "1":
+                session.error(msg + " and P2P_REQUIRE_GPU=1 is set: failing")
+            session.skip(msg + "; skipping the GPU tests (set P2P_REQUIRE_GPU=1 to fail instead)")
+        paths = session.posargs or ["tests/gpu"]
+        session.run("pytest", *paths, "-m", "gpu or multigpu", env=env)
+        return
+    paths = session.posargs or ["tests/integration"]
+    session.run("pytest", *paths, "-m", "not gpu and not multigpu", env=env)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The README's main job: p2p-bench on an embedded local Ray cluster."""
+    install_stack(session, "worker")
+    session.run("p2p-bench", *session.posargs, env=short_tmp_env())
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The benchmark suite under benchmarks/; each program prints ratios and writes a report."""
+    install_stack(session, "worker")
+    out = ROOT / "bench-out"
+    out.mkdir(exist_ok=True)
+    programs = session.posargs or sorted(str(p) for p in (ROOT / "benchmarks").glob("bench_*.py"))
+    if not programs:
+        session.log("no benchmark programs yet")
+        return
+    for prog in programs:
+        session.run("python", prog, "--out", str(out), env=short_tmp_env())
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the Sphinx site with warnings as errors."""
+    install_stack(session, "worker", "sphinx", "furo")
+    build = ROOT / "docs" / "_build" / "html"
+    if build.exists():
+        shutil.rmtree(build)
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build))
+
+
+@nox.session(python=False)
+def ci(session: nox.Session) -> None:
+    """What .ci/run runs: lint, typecheck, unit tests, CPU integration tests and docs."""
+    for name in ("lint", "typecheck", "tests", "integration(device='cpu')", "docs"):
+        session.notify(name)

@@ -1,0 +1,43 @@
+"""The root error type of the p2p stack and the errors of work handles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class P2PError(Exception):
+    """Root of every run-time error raised by the p2p packages.
+
+    Each package has one base below it (``CompressionError``, ``CollectiveError``,
+    ``WorkerError``). Every subclass pickles with its message and its ``__cause__``,
+    so errors survive the trip across a Ray actor boundary.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's default reduce drops __cause__; keep it, and any extra state.
+        return (_rebuild_error, (type(self), self.args, self.__cause__, self.__dict__.copy()))
+
+
+def _rebuild_error(
+    cls: type[BaseException],
+    args: tuple[Any, ...],
+    cause: BaseException | None,
+    state: dict[str, Any],
+) -> BaseException:
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    err.__cause__ = cause
+    return err
+
+
+class WorkError(P2PError):
+    """A work handle's operation or callback failed; the original error is the cause."""
+
+
+class WorkTimeoutError(P2PError, TimeoutError):
+    """``wait(timeout=...)`` ran out before the work completed."""
+
+
+class WorkCancelledError(P2PError):
+    """The work was cancelled before it completed."""

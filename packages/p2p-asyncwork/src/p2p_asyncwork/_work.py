@@ -1,0 +1,235 @@
+"""The work handle base class and the handle completed by a producer thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from p2p_asyncwork._cuda import stream_wait
+from p2p_asyncwork._errors import WorkTimeoutError
+
+if TYPE_CHECKING:
+    from p2p_asyncwork._func import AsyncFuncWork
+
+T = TypeVar("T")
+_MISSING: Any = object()
+
+
+class AsyncWork(Generic[T]):
+    """A handle on an operation that completes later, possibly on another thread.
+
+    The vocabulary follows :class:`concurrent.futures.Future` and ``torch.futures``:
+    ``done()`` never blocks, ``wait()`` blocks with an optional timeout, and
+    ``await work`` (or ``await work.async_wait()``) suspends a coroutine without
+    parking a thread. A failed work stores its exception; ``wait()`` re-raises it, and
+    so does every work chained after it with :meth:`then`.
+
+    When the work carries a CUDA event (recorded by the producer on its own stream),
+    ``wait()`` and ``async_wait()`` make the caller's current stream wait on it before
+    returning, so results are safe to use on the caller's stream.
+
+    Example:
+        >>> from p2p_asyncwork import AsyncResultWork
+        >>> work = AsyncResultWork()
+        >>> doubled = work.then(lambda v: v * 2)
+        >>> work.set_result(21)
+        >>> doubled.wait(timeout=1.0)
+        42
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._result: Any = _MISSING
+        self._exception: BaseException | None = None
+        self._callbacks: list[Callable[[AsyncWork[T]], None]] = []
+        self._cuda_event: Any = None
+        self._next: AsyncWork[Any] | None = None
+
+    # -- completion (producer side) -----------------------------------------------------
+
+    def _complete(
+        self, result: Any = None, exception: BaseException | None = None, cuda_event: Any = None
+    ) -> bool:
+        """Complete once; later calls are ignored and return False."""
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._result = result
+            self._exception = exception
+            self._cuda_event = cuda_event
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+        return True
+
+    def _add_done_callback(self, fn: Callable[[AsyncWork[T]], None]) -> None:
+        """Run ``fn(self)`` on completion, in the completing thread (now, if already done)."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    # -- consumer side ------------------------------------------------------------------
+
+    def done(self) -> bool:
+        """Return True when the work has completed, successfully or not. Never blocks."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> T:
+        """Block until the work completes and return its result.
+
+        Args:
+            timeout: Seconds to wait; ``None`` waits without limit.
+
+        Returns:
+            The work's result.
+
+        Raises:
+            WorkTimeoutError: The work did not complete within ``timeout`` seconds
+                (it keeps running; a later ``wait`` may still succeed).
+            BaseException: The exception the work or a callback before it failed with.
+        """
+        if not self._event.wait(timeout):
+            raise WorkTimeoutError(
+                f"{type(self).__name__} did not complete within {timeout} s"
+            )
+        return self._outcome()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait like :meth:`wait` and return the stored exception, or ``None`` on success.
+
+        Raises:
+            WorkTimeoutError: The work did not complete within ``timeout`` seconds.
+        """
+        if not self._event.wait(timeout):
+            raise WorkTimeoutError(
+                f"{type(self).__name__} did not complete within {timeout} s"
+            )
+        return self._exception
+
+    async def async_wait(self) -> T:
+        """Suspend the running coroutine until the work completes; return its result.
+
+        No thread is parked per waiter: the completing thread resolves an asyncio future
+        through ``loop.call_soon_threadsafe``.
+
+        Raises:
+            BaseException: The exception the work failed with.
+        """
+        if not self._event.is_set():
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+
+            def wake(_: AsyncWork[T]) -> None:
+                try:
+                    loop.call_soon_threadsafe(_resolve, fut)
+                except RuntimeError:  # the loop was closed meanwhile; nobody is waiting
+                    pass
+
+            self._add_done_callback(wake)
+            await fut
+        return self._outcome()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self.async_wait().__await__()
+
+    def _outcome(self) -> T:
+        if self._exception is not None:
+            raise self._exception
+        if self._cuda_event is not None:
+            stream_wait(self._cuda_event)
+        return self._result  # type: ignore[no-any-return]
+
+    # -- chaining -----------------------------------------------------------------------
+
+    def then(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> AsyncFuncWork:
+        """Schedule ``func(result, *args, **kwargs)`` to run when this work completes.
+
+        The callback runs in the thread that completes this work (at once, in the
+        calling thread, if it is already done); keep it short. If it returns an
+        :class:`AsyncWork`, the returned handle completes only when the last work of
+        that chain completes, with that work's result.
+
+        Args:
+            func: Called with this work's result as its first argument.
+            *args: Further positional arguments for ``func``.
+            **kwargs: Keyword arguments for ``func``.
+
+        Returns:
+            An :class:`AsyncFuncWork` whose result is ``func``'s return value. If this
+            work fails, ``func`` is not called and the returned work fails with the
+            same exception.
+
+        Example:
+            >>> from p2p_asyncwork import AsyncResultWork
+            >>> w = AsyncResultWork()
+            >>> w2 = w.then(lambda buf, scale: buf * scale, 10)
+            >>> w.set_result(4)
+            >>> w2.wait()
+            40
+        """
+        from p2p_asyncwork._func import AsyncFuncWork
+
+        nxt = AsyncFuncWork(self, func, args, kwargs)
+        self._next = nxt
+        return nxt
+
+    def get_next_work(self) -> AsyncWork[Any] | None:
+        """Return the work most recently chained to this one with :meth:`then`, if any."""
+        return self._next
+
+    def get_last_work(self) -> AsyncWork[Any]:
+        """Follow :meth:`get_next_work` to the end of the chain and return that work."""
+        work: AsyncWork[Any] = self
+        while work._next is not None:
+            work = work._next
+        return work
+
+    def __repr__(self) -> str:
+        if not self._event.is_set():
+            state = "pending"
+        elif self._exception is not None:
+            state = f"failed: {type(self._exception).__name__}"
+        else:
+            state = "done"
+        return f"<{type(self).__name__} {state}>"
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class AsyncResultWork(AsyncWork[T]):
+    """A work completed explicitly by its producer, from any thread.
+
+    This is the handle that queued operations (a send or receive on a collective group,
+    a channel operation) return: the thread that performs the operation calls
+    :meth:`set_result` or :meth:`set_exception` exactly once.
+
+    Example:
+        >>> import threading
+        >>> from p2p_asyncwork import AsyncResultWork
+        >>> work = AsyncResultWork()
+        >>> threading.Thread(target=work.set_result, args=("payload",)).start()
+        >>> work.wait(timeout=5.0)
+        'payload'
+    """
+
+    def set_result(self, result: T, cuda_event: Any = None) -> None:
+        """Complete the work with ``result``; ignored if the work is already complete.
+
+        Args:
+            result: The value ``wait()`` returns.
+            cuda_event: Optional ``torch.cuda.Event`` that consumers' streams wait on.
+        """
+        self._complete(result=result, cuda_event=cuda_event)
+
+    def set_exception(self, exception: BaseException) -> None:
+        """Complete the work with an error that ``wait()`` re-raises (ignored if complete)."""
+        self._complete(exception=exception)

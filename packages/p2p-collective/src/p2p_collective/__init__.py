@@ -1,0 +1,3 @@
+"""p2p-collective."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""p2p-compress."""
+
+__all__: list[str] = []

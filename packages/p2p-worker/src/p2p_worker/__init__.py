@@ -1,0 +1,3 @@
+"""p2p-worker."""
+
+__all__: list[str] = []

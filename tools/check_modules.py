@@ -1,0 +1,76 @@
+"""Lint checks that ruff and import-linter do not cover.
+
+1. No Python module is longer than 800 lines (split it by concept instead).
+2. A package imports only the public names of the other p2p packages: no
+   ``from p2p_collective._framing import ...`` outside ``p2p_collective`` itself.
+
+Exits non-zero and prints every violation.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+MAX_LINES = 800
+PACKAGES = ("p2p_asyncwork", "p2p_compress", "p2p_collective", "p2p_worker")
+
+
+def tracked_python_files(root: Path) -> list[Path]:
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [root / line for line in out.splitlines() if line and (root / line).exists()]
+
+
+def own_package(path: Path) -> str | None:
+    for part in path.parts:
+        if part in PACKAGES:
+            return part
+    return None
+
+
+def private_imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    owner = own_package(path)
+    problems = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] in PACKAGES and parts[0] != owner and any(
+                p.startswith("_") for p in parts[1:]
+            ):
+                problems.append(f"{path}:{node.lineno}: imports private module {name}")
+    return problems
+
+
+def main() -> int:
+    root = Path(__file__).resolve().parent.parent
+    problems: list[str] = []
+    for path in tracked_python_files(root):
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        if n > MAX_LINES:
+            problems.append(f"{path.relative_to(root)}: {n} lines (limit {MAX_LINES})")
+        problems.extend(private_imports(path))
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"{len(problems)} problem(s)")
+        return 1
+    print("module checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
