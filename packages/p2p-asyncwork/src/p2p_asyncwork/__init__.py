@@ -10,7 +10,13 @@ Example:
     3
 """
 
-from p2p_asyncwork._errors import P2PError, WorkCancelledError, WorkError, WorkTimeoutError
+from p2p_asyncwork._errors import (
+    ConfigError,
+    P2PError,
+    WorkCancelledError,
+    WorkError,
+    WorkTimeoutError,
+)
 from p2p_asyncwork._func import AsyncFuncWork
 from p2p_asyncwork._work import AsyncResultWork, AsyncWork
 from p2p_asyncwork._wrappers import AsyncChannelWork, AsyncCollWork
@@ -27,5 +33,6 @@ __all__ = [
     "WorkError",
     "WorkTimeoutError",
     "WorkCancelledError",
+    "ConfigError",
     "__version__",
 ]

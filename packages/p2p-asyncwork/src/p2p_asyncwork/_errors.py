@@ -41,3 +41,16 @@ class WorkTimeoutError(P2PError, TimeoutError):
 
 class WorkCancelledError(P2PError):
     """The work was cancelled before it completed."""
+
+
+class ConfigError(P2PError, ValueError):
+    """A configuration value is missing, unknown or out of range.
+
+    Every layer raises this for its section of the job-level config. The message names
+    the key path (``cluster.collective.tensor_compression.level``), the value given and
+    what is allowed; ``path`` holds the key path.
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
