@@ -48,8 +48,10 @@ def private_imports(path: Path) -> list[str]:
             names = [alias.name for alias in node.names]
         for name in names:
             parts = name.split(".")
-            if parts[0] in PACKAGES and parts[0] != owner and any(
-                p.startswith("_") for p in parts[1:]
+            if (
+                parts[0] in PACKAGES
+                and parts[0] != owner
+                and any(p.startswith("_") for p in parts[1:])
             ):
                 problems.append(f"{path}:{node.lineno}: imports private module {name}")
     return problems

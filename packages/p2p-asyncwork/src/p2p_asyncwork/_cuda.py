@@ -13,9 +13,11 @@ def record_event_if_cuda() -> Any:
     CUDA is never initialized here: on a process that has not touched the GPU yet,
     there is nothing to order against, so no event is needed.
     """
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    if not torch.cuda.is_available():
         return None
-    event = torch.cuda.Event()
+    if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return None
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
     event.record(torch.cuda.current_stream())
     return event
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -95,9 +96,7 @@ class AsyncWork(Generic[T]):
             BaseException: The exception the work or a callback before it failed with.
         """
         if not self._event.wait(timeout):
-            raise WorkTimeoutError(
-                f"{type(self).__name__} did not complete within {timeout} s"
-            )
+            raise WorkTimeoutError(f"{type(self).__name__} did not complete within {timeout} s")
         return self._outcome()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -107,9 +106,7 @@ class AsyncWork(Generic[T]):
             WorkTimeoutError: The work did not complete within ``timeout`` seconds.
         """
         if not self._event.wait(timeout):
-            raise WorkTimeoutError(
-                f"{type(self).__name__} did not complete within {timeout} s"
-            )
+            raise WorkTimeoutError(f"{type(self).__name__} did not complete within {timeout} s")
         return self._exception
 
     async def async_wait(self) -> T:
@@ -126,10 +123,9 @@ class AsyncWork(Generic[T]):
             fut: asyncio.Future[None] = loop.create_future()
 
             def wake(_: AsyncWork[T]) -> None:
-                try:
+                # RuntimeError: the loop was closed meanwhile; nobody is waiting any more.
+                with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(_resolve, fut)
-                except RuntimeError:  # the loop was closed meanwhile; nobody is waiting
-                    pass
 
             self._add_done_callback(wake)
             await fut
