@@ -3,6 +3,8 @@
 1. No Python module is longer than 800 lines (split it by concept instead).
 2. A package imports only the public names of the other p2p packages: no
    ``from p2p_collective._framing import ...`` outside ``p2p_collective`` itself.
+3. p2p_asyncwork and p2p_compress never import ``torch.distributed`` (import-linter
+   cannot express a ban on a subpackage of an external package).
 
 Exits non-zero and prints every violation.
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 
 MAX_LINES = 800
 PACKAGES = ("p2p_asyncwork", "p2p_compress", "p2p_collective", "p2p_worker")
+NO_TORCH_DISTRIBUTED = ("p2p_asyncwork", "p2p_compress")
 
 
 def tracked_python_files(root: Path) -> list[Path]:
@@ -47,6 +50,12 @@ def private_imports(path: Path) -> list[str]:
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         for name in names:
+            if (
+                owner in NO_TORCH_DISTRIBUTED
+                and "/src/" in str(path)
+                and (name == "torch.distributed" or name.startswith("torch.distributed."))
+            ):
+                problems.append(f"{path}:{node.lineno}: {owner} must not import {name}")
             parts = name.split(".")
             if (
                 parts[0] in PACKAGES
