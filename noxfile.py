@@ -21,7 +21,8 @@ nox.options.error_on_missing_interpreters = False
 nox.options.sessions = ["ci"]
 nox.options.reuse_existing_virtualenvs = True
 
-TEST_TOOLS = ["pytest", "pytest-timeout", "hypothesis"]
+# numpy: torch warns at import without it, and pytest turns warnings into errors.
+TEST_TOOLS = ["pytest", "pytest-timeout", "hypothesis", "numpy"]
 
 
 def dist_dir(pkg: str) -> str:
