@@ -1,0 +1,213 @@
+"""Every code example of the documentation runs here, so the docs cannot drift from the code.
+
+The examples are complete programs under ``docs/examples/``; the pages include them with
+``literalinclude``. Each one is run in a fresh interpreter with a timeout and must exit 0
+and print ``<name>: ok`` (``<name>`` is the file's stem).
+
+An example is skipped, with the missing names in the reason, only while a name it
+imports from a p2p package (or an attribute listed in ``EXTRA_REQUIREMENTS``) does not
+exist yet. As soon as the code lands, the example runs and must pass.
+
+The docstring examples of every public name (what the API reference shows) run here too,
+through :mod:`doctest`, one package per subprocess.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+EXAMPLES = DOCS / "examples"
+PACKAGES = ("p2p_asyncwork", "p2p_compress", "p2p_collective", "p2p_worker")
+
+# Attributes an example needs beyond the names it imports: "module:Object.attribute".
+EXTRA_REQUIREMENTS: dict[str, list[str]] = {
+    "workers_quickstart.py": [
+        "p2p_worker:Worker.create_group",
+        "p2p_worker:Worker.timer",
+        "p2p_worker:Worker.worker_timer",
+    ],
+    "workers_send_recv.py": [
+        "p2p_worker:Worker.create_group",
+        "p2p_worker:Worker.send",
+        "p2p_worker:Worker.recv",
+        "p2p_worker:Worker.send_tensor",
+        "p2p_worker:Worker.recv_tensor",
+    ],
+    "channels.py": [
+        "p2p_worker:Worker.create_group",
+        "p2p_worker:Worker.create_channel",
+        "p2p_worker:Worker.connect_channel",
+    ],
+}
+
+# Seconds per example; examples that start Ray get more (Ray starts slowly on 2 cores).
+TIMEOUT_PLAIN = 180
+TIMEOUT_RAY = 420
+
+
+def example_files() -> list[Path]:
+    return sorted(EXAMPLES.glob("*.py"))
+
+
+def p2p_imports(path: Path) -> dict[str, list[str]]:
+    """The names an example imports from the p2p packages: {module: [names]}."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            top = node.module.split(".")[0]
+            if top in PACKAGES:
+                found.setdefault(node.module, []).extend(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PACKAGES:
+                    found.setdefault(alias.name, [])
+    return found
+
+
+def missing_requirements(path: Path) -> list[str]:
+    """What the example needs from the p2p packages that does not exist yet."""
+    wanted = [f"{mod}:{name}" for mod, names in p2p_imports(path).items() for name in names]
+    wanted += [f"{mod}:" for mod, names in p2p_imports(path).items() if not names]
+    wanted += EXTRA_REQUIREMENTS.get(path.name, [])
+    missing: list[str] = []
+    for item in wanted:
+        mod_name, _, dotted = item.partition(":")
+        try:
+            obj: object = importlib.import_module(mod_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and mod_name.startswith(exc.name):
+                missing.append(f"module {mod_name}")
+                continue
+            raise
+        for part in dotted.split(".") if dotted else []:
+            if not hasattr(obj, part):
+                missing.append(f"{mod_name}.{dotted}")
+                break
+            obj = getattr(obj, part)
+    return missing
+
+
+def uses_ray(path: Path) -> bool:
+    return any(mod.split(".")[0] == "p2p_worker" for mod in p2p_imports(path))
+
+
+def example_env(tmp: Path) -> dict[str, str]:
+    """Loopback only, short socket paths, no attaching to someone else's Ray cluster."""
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env["P2P_RAY_TMPDIR"] = str(tmp)
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_program(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    # A short directory: Ray's Unix socket paths must stay under ~107 characters.
+    tmp = Path(tempfile.mkdtemp(prefix="p2pdoc", dir="/tmp"))
+    try:
+        return subprocess.run(
+            [sys.executable, *args],
+            cwd=tmp,
+            env=example_env(tmp),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def example_params() -> list[object]:
+    params: list[object] = []
+    for path in example_files():
+        marks = [pytest.mark.timeout(TIMEOUT_RAY + 60)]
+        if uses_ray(path):
+            marks += [pytest.mark.ray, pytest.mark.slow]
+        params.append(pytest.param(path, id=path.stem, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("path", example_params())
+def test_example_runs(path: Path) -> None:
+    missing = missing_requirements(path)
+    if missing:
+        pytest.skip(f"{path.name}: waits for {', '.join(missing)} (not implemented yet)")
+    timeout = TIMEOUT_RAY if uses_ray(path) else TIMEOUT_PLAIN
+    proc = run_program([str(path)], timeout)
+    report = f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0, f"{path.name} exited with {proc.returncode}\n{report}"
+    expected = f"{path.stem}: ok"
+    assert expected in proc.stdout.splitlines(), f"{path.name} did not print {expected!r}\n{report}"
+
+
+INCLUDE = re.compile(r"^\s*\.\.\s+literalinclude::\s+(\S+)", re.MULTILINE)
+
+
+def doc_pages() -> list[Path]:
+    return [p for p in DOCS.rglob("*.rst") if "_build" not in p.parts]
+
+
+def test_every_example_is_shown_and_every_include_exists() -> None:
+    """No orphan example (untested prose is the drift this file prevents), no dead include."""
+    included: set[Path] = set()
+    for page in doc_pages():
+        for target in INCLUDE.findall(page.read_text(encoding="utf-8")):
+            resolved = (page.parent / target).resolve()
+            assert resolved.is_file(), f"{page.relative_to(ROOT)} includes missing {target}"
+            included.add(resolved)
+    orphans = [p.name for p in example_files() if p.resolve() not in included]
+    assert not orphans, f"examples not included by any docs page: {orphans}"
+
+
+def test_examples_use_public_names_only() -> None:
+    for path in example_files():
+        for module in p2p_imports(path):
+            assert "._" not in module and not module.split(".")[-1].startswith("_"), (
+                f"{path.name} imports the private module {module}; use the package's public names"
+            )
+
+
+DOCTEST_RUNNER = r"""
+import doctest, importlib, sys
+package = importlib.import_module(sys.argv[1])
+finder = doctest.DocTestFinder(exclude_empty=True)
+runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+seen = set()
+tests = finder.find(package, sys.argv[1])
+for name in getattr(package, "__all__", ()):
+    obj = getattr(package, name)
+    if id(obj) in seen or not (callable(obj) or isinstance(obj, type)):
+        continue
+    seen.add(id(obj))
+    tests += finder.find(obj, f"{sys.argv[1]}.{name}")
+for test in tests:
+    runner.run(test)
+result = runner.summarize(verbose=False)
+print(f"doctests: attempted={result.attempted} failed={result.failed}")
+sys.exit(1 if result.failed else 0)
+"""
+
+
+@pytest.mark.timeout(TIMEOUT_PLAIN + 60)
+@pytest.mark.parametrize("package", PACKAGES)
+def test_api_reference_examples_run(package: str) -> None:
+    """The ``Example:`` sections of the public names, as the API reference shows them."""
+    proc = run_program(["-c", DOCTEST_RUNNER, package], TIMEOUT_PLAIN)
+    report = f"--- stdout ---\n{proc.stdout[-8000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"doctests of {package} failed\n{report}"
