@@ -1,0 +1,205 @@
+"""Plain-Ray driver for the netns cluster: runs inside the head namespace, prints JSON.
+
+Usage: python ray_driver.py placement | gloo NBYTES REPS | pending-recv
+
+Each command prints ``P2PMN-RESULT <json>`` once at the end; ``pending-recv`` also prints
+``P2PMN-EVENT posted`` when a gloo receive is pending on the head node, and then waits for
+the test to kill the worker node.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+import ray
+import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+RESULT_PREFIX = "P2PMN-RESULT "
+EVENT_PREFIX = "P2PMN-EVENT "
+
+
+def emit(obj: Any) -> None:
+    print(RESULT_PREFIX + json.dumps(obj), flush=True)
+
+
+def event(name: str) -> None:
+    print(EVENT_PREFIX + name, flush=True)
+
+
+@ray.remote(num_cpus=1)
+class NodeActor:
+    """One actor pinned to one node; speaks Ray object store and raw gloo."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._outcome: dict[str, Any] = {}
+
+    def where(self) -> dict[str, str]:
+        ctx = ray.get_runtime_context()
+        return {"ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id()}
+
+    def make(self, nbytes: int, seed: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=gen)
+
+    def checksum(self, tensor: torch.Tensor) -> int:
+        return int(tensor.to(torch.int64).sum())
+
+    def free_port(self) -> int:
+        with socket.socket() as s:
+            s.bind((ray.util.get_node_ip_address(), 0))
+            return int(s.getsockname()[1])
+
+    def _init(self, rank: int, master: str, port: int) -> None:
+        import torch.distributed as dist
+
+        # Raw gloo baseline: pin its device to the veth explicitly.
+        os.environ["GLOO_SOCKET_IFNAME"] = os.environ.get("P2PMN_IFNAME", "p2pmn0")
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{master}:{port}",
+            rank=rank,
+            world_size=2,
+            timeout=datetime.timedelta(seconds=60),
+        )
+
+    def gloo_transfer(self, rank: int, master: str, port: int, nbytes: int, reps: int) -> float:
+        import torch.distributed as dist
+
+        self._init(rank, master, port)
+        buf = (
+            torch.ones(nbytes, dtype=torch.uint8)
+            if rank == 0
+            else torch.empty(nbytes, dtype=torch.uint8)
+        )
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(reps):
+            if rank == 0:
+                dist.send(buf, 1)
+            else:
+                dist.recv(buf, 0)
+        dist.barrier()
+        elapsed = time.perf_counter() - start
+        assert rank == 0 or int(buf.sum()) == nbytes
+        dist.destroy_process_group()
+        return elapsed
+
+    def setup_pair(self, rank: int, master: str, port: int) -> bool:
+        self._init(rank, master, port)
+        import torch.distributed as dist
+
+        dist.barrier()
+        return True
+
+    def post_recv(self, nbytes: int) -> bool:
+        import torch.distributed as dist
+
+        def body() -> None:
+            buf = torch.empty(nbytes, dtype=torch.uint8)
+            try:
+                dist.recv(buf, 1)
+                self._outcome = {"error": None, "at": time.time()}
+            except Exception as exc:
+                self._outcome = {"error": f"{type(exc).__name__}: {exc}"[:500], "at": time.time()}
+
+        self._thread = threading.Thread(target=body, daemon=True)
+        self._thread.start()
+        return True
+
+    def outcome(self, timeout: float) -> dict[str, Any]:
+        assert self._thread is not None
+        self._thread.join(timeout)
+        return self._outcome or {"error": None, "at": None, "still_pending": True}
+
+
+def pinned(node_id: str) -> Any:
+    return NodeActor.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+        max_concurrency=4,
+    ).remote()
+
+
+def pair() -> tuple[Any, Any, list[dict[str, Any]]]:
+    nodes = sorted(
+        (
+            {"ip": n["NodeManagerAddress"], "node_id": n["NodeID"]}
+            for n in ray.nodes()
+            if n["Alive"]
+        ),
+        key=lambda n: n["ip"],
+    )
+    head_ip = os.environ["P2PMN_HEAD_IP"]
+    head = next(n for n in nodes if n["ip"] == head_ip)
+    other = next(n for n in nodes if n["ip"] != head_ip)
+    return pinned(head["node_id"]), pinned(other["node_id"]), nodes
+
+
+def cmd_placement() -> dict[str, Any]:
+    a, b, nodes = pair()
+    where = ray.get([a.where.remote(), b.where.remote()])
+    nbytes = 32 * 1024**2
+    ref = b.make.remote(nbytes, 7)
+    ray.wait([ref], fetch_local=False)
+    start = time.perf_counter()
+    remote_sum = ray.get(a.checksum.remote(ref))
+    elapsed = time.perf_counter() - start
+    local_sum = int(ray.get(b.make.remote(nbytes, 7)).to(torch.int64).sum())
+    return {
+        "nodes": nodes,
+        "actors": where,
+        "driver_node_id": ray.get_runtime_context().get_node_id(),
+        "nbytes": nbytes,
+        "checksum_ok": remote_sum == local_sum,
+        "object_store_seconds": elapsed,
+    }
+
+
+def cmd_gloo(nbytes: int, reps: int) -> dict[str, Any]:
+    a, b, _ = pair()
+    master = os.environ["P2PMN_HEAD_IP"]
+    port = ray.get(a.free_port.remote())
+    times = ray.get(
+        [
+            a.gloo_transfer.remote(0, master, port, nbytes, reps),
+            b.gloo_transfer.remote(1, master, port, nbytes, reps),
+        ]
+    )
+    seconds = max(times)
+    return {"nbytes": nbytes * reps, "seconds": seconds, "bytes_per_s": nbytes * reps / seconds}
+
+
+def cmd_pending_recv() -> dict[str, Any]:
+    a, b, _ = pair()
+    master = os.environ["P2PMN_HEAD_IP"]
+    port = ray.get(a.free_port.remote())
+    ray.get([a.setup_pair.remote(0, master, port), b.setup_pair.remote(1, master, port)])
+    ray.get(a.post_recv.remote(1024))
+    time.sleep(0.5)  # the receive thread is inside gloo by now
+    event("posted")
+    return ray.get(a.outcome.remote(60.0), timeout=90)
+
+
+def main() -> None:
+    ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
+    cmd = sys.argv[1]
+    if cmd == "placement":
+        emit(cmd_placement())
+    elif cmd == "gloo":
+        emit(cmd_gloo(int(sys.argv[2]), int(sys.argv[3])))
+    elif cmd == "pending-recv":
+        emit(cmd_pending_recv())
+    else:
+        raise SystemExit(f"unknown command {cmd!r}")
+
+
+if __name__ == "__main__":
+    main()

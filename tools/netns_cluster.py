@@ -1,0 +1,706 @@
+"""A two-node Ray cluster on one Linux machine: two network namespaces joined by a veth pair.
+
+The head namespace ``p2pmn-<tag>-h`` holds ``10.231.0.1`` and the worker namespace
+``p2pmn-<tag>-w`` holds ``10.231.0.2``, both on an interface named ``p2pmn0`` (a veth
+pair whose ends live only inside the namespaces: the host never sees these addresses,
+and the namespaces have no route anywhere else). Each namespace has its own loopback.
+``ray start`` runs inside each namespace with its own short ``--temp-dir`` under
+``/tmp/p2pmn/<tag>/``, so the cluster never meets other Ray clusters on the machine.
+Drivers run inside the head namespace as subprocesses (``ip netns exec``) with
+``RAY_ADDRESS`` set; they report back by printing ``P2PMN-RESULT <json>``.
+
+``tc qdisc ... tbf`` on both ends of the veth shapes the link (egress of each end).
+
+Teardown never uses ``ray stop``: that command kills every Ray process on the machine,
+other people's clusters included. Instead it signals exactly the processes that live in
+the cluster's namespaces (``ip netns pids``), then deletes the namespaces (which destroys
+the veth pair) and the temp dirs.
+
+Library use::
+
+    cluster = NetnsCluster(tag="demo")
+    cluster.up()
+    try:
+        cluster.shape("1gbit")
+        res = cluster.run_driver(["drivers/probe.py"], timeout=60)
+    finally:
+        cluster.down()
+
+CLI: ``python tools/netns_cluster.py up|down|status|exec`` (see ``--help``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PREFIX = "p2pmn"
+IFNAME = "p2pmn0"
+STATE_ROOT = Path("/tmp/p2pmn")
+ROLES = ("head", "worker")
+_TAG_RE = re.compile(r"^[a-z0-9]{1,16}$")
+_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+
+
+class NetnsUnavailableError(RuntimeError):
+    """Network namespaces cannot be made here (not Linux, not root, no ``ip``, EPERM)."""
+
+
+class NetnsClusterError(RuntimeError):
+    """A step of bringing the cluster up, shaping it or running a driver failed."""
+
+
+RESULT_PREFIX = "P2PMN-RESULT "
+EVENT_PREFIX = "P2PMN-EVENT "
+
+
+@dataclass
+class DriverResult:
+    """What a driver subprocess left: exit status, output, and its last ``P2PMN-RESULT``."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    result: Any = None
+
+    def check(self) -> Any:
+        """Return the result, or raise NetnsClusterError with the output when the run failed."""
+        if self.returncode != 0 or self.result is None:
+            raise NetnsClusterError(
+                f"driver exited {self.returncode} with result {self.result!r}\n--- stdout (tail)\n"
+                f"{self.stdout[-3000:]}\n--- stderr (tail)\n{self.stderr[-6000:]}"
+            )
+        return self.result
+
+
+class Driver:
+    """A running driver subprocess; its stdout is read line by line as it comes."""
+
+    def __init__(self, argv: list[str], *, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._cond = threading.Condition()
+        self._threads = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self._out), daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self._err), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _pump(self, stream: Any, sink: list[str]) -> None:
+        for line in stream:
+            with self._cond:
+                sink.append(line)
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_event(self, name: str, *, timeout: float) -> float:
+        """Wait for the driver to print ``P2PMN-EVENT <name>``; return when it was seen.
+
+        Raises:
+            NetnsClusterError: The driver exited or ``timeout`` passed first.
+        """
+        want = f"{EVENT_PREFIX}{name}"
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not any(line.strip() == want for line in self._out):
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._threads[0].is_alive()):
+                    self._cond.release()
+                    try:
+                        res = self.finish(timeout=5)
+                    finally:
+                        self._cond.acquire()
+                    raise NetnsClusterError(f"driver never printed {want!r}: {res.stderr[-3000:]}")
+                self._cond.wait(min(left, 0.5))
+        return time.time()
+
+    def kill(self) -> None:
+        """Kill the driver's whole process group (it runs in its own session)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def finish(self, *, timeout: float) -> DriverResult:
+        """Wait for the driver to exit (killing it after ``timeout``) and collect its output."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.proc.wait(timeout=10)
+            self._err.append(f"\n[netns_cluster] driver killed after {timeout} s\n")
+        for t in self._threads:
+            t.join(timeout=5)
+        out, err = "".join(self._out), "".join(self._err)
+        result = None
+        for line in out.splitlines():
+            if line.startswith(RESULT_PREFIX):
+                result = json.loads(line[len(RESULT_PREFIX) :])
+        return DriverResult(self.proc.returncode, out, err, result)
+
+
+def _run(cmd: str | list[str], *, timeout: float = 30.0, check: bool = True) -> str:
+    """Run a command (a string is split on spaces) and return its stdout.
+
+    Raises:
+        NetnsClusterError: It failed (with ``check``) or could not start; stderr included.
+    """
+    argv = cmd.split() if isinstance(cmd, str) else cmd
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NetnsClusterError(f"{' '.join(argv)}: {exc}") from exc
+    if check and proc.returncode != 0:
+        raise NetnsClusterError(
+            f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip() or proc.stdout}"
+        )
+    return proc.stdout
+
+
+def parse_rate(rate: str | int) -> int:
+    """Parse a tc-style rate (``"1gbit"``, ``"200mbit"``) or bits/s as int into bits/s.
+
+    Args:
+        rate: The rate, as tc writes it or as an integer number of bits per second.
+
+    Returns:
+        The rate in bits per second.
+
+    Raises:
+        ValueError: ``rate`` is not positive or not of the form ``<number><unit>``.
+    """
+    if isinstance(rate, int):
+        if rate <= 0:
+            raise ValueError(f"rate must be positive bits/s, got {rate!r}")
+        return rate
+    match = _RATE_RE.match(rate.strip().lower())
+    if not match:
+        raise ValueError(f"rate must look like '1gbit', '200mbit' or '500kbit', got {rate!r}")
+    return int(float(match.group(1)) * _RATE_UNITS[match.group(2)])
+
+
+def ray_bin() -> Path:
+    """The ``ray`` CLI of the running interpreter's environment (next to ``sys.executable``)."""
+    return Path(sys.executable).parent / "ray"
+
+
+def check_support() -> str | None:
+    """Say why namespaces cannot be made here, or None when they can.
+
+    Creates and deletes a throwaway namespace pair with a veth link to prove it.
+    """
+    if not sys.platform.startswith("linux"):
+        return f"network namespaces need Linux, this is {sys.platform}"
+    if os.geteuid() != 0:
+        return f"creating network namespaces needs root, running as euid {os.geteuid()}"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` (iproute2) is not on PATH"
+    if not ray_bin().exists():
+        return f"no `ray` CLI next to {sys.executable}"
+    probe = [f"{PREFIX}-probe{os.getpid()}-{i}" for i in (1, 2)]
+    try:
+        for ns in probe:
+            _run(f"ip netns add {ns}")
+        _run(_veth_cmd(*probe))
+    except NetnsClusterError as exc:
+        return f"cannot create a namespace pair with a veth link: {exc}"
+    finally:
+        for ns in probe:
+            _run(f"ip netns del {ns}", check=False)
+    return None
+
+
+def _veth_cmd(ns_a: str, ns_b: str) -> str:
+    # Both ends are created straight inside the namespaces: nothing appears on the host.
+    return f"ip link add {IFNAME} netns {ns_a} type veth peer name {IFNAME} netns {ns_b}"
+
+
+def list_namespaces() -> list[str]:
+    """Names of every network namespace this harness made (``p2pmn-...``)."""
+    out = _run("ip netns list", check=False)
+    names = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return [n for n in names if n.startswith(PREFIX + "-")]
+
+
+def namespace_pids(ns: str) -> list[int]:
+    """Live (non-zombie) processes inside namespace ``ns``."""
+    out = _run(f"ip netns pids {ns}", check=False)
+    pids = []
+    for tok in out.split():
+        pid = int(tok)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+            pids.append(pid)
+    return pids
+
+
+def kill_namespace_processes(ns: str, *, grace: float = 5.0) -> list[int]:
+    """SIGTERM every process in ``ns``, SIGKILL what is left after ``grace`` seconds.
+
+    Returns:
+        The pids that were signalled.
+    """
+    pids = namespace_pids(ns)
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for pid in namespace_pids(ns):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while namespace_pids(ns) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not namespace_pids(ns):
+            break
+    left = namespace_pids(ns)
+    if left:
+        raise NetnsClusterError(f"processes {left} in namespace {ns} survived SIGKILL")
+    return pids
+
+
+def _proc_start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _owner_alive(state: dict[str, object]) -> bool:
+    pid = state.get("owner_pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return True  # made by the CLI: lives until `down` names it
+    return _proc_start_time(pid) == state.get("owner_start")
+
+
+def read_state(tag: str) -> dict[str, object]:
+    """The state file of cluster ``tag`` (empty dict when there is none)."""
+    try:
+        data = json.loads((STATE_ROOT / tag / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def known_tags() -> list[str]:
+    """Tags of every cluster with a namespace or a state dir on this machine."""
+    tags = {ns[len(PREFIX) + 1 :].rsplit("-", 1)[0] for ns in list_namespaces()}
+    if STATE_ROOT.is_dir():
+        tags.update(p.name for p in STATE_ROOT.iterdir() if p.is_dir())
+    return sorted(t for t in tags if _TAG_RE.match(t))
+
+
+def teardown(tag: str, *, keep_logs: bool = False) -> None:
+    """Remove cluster ``tag``: its processes, namespaces (and so the veth) and temp dirs."""
+    errors = []
+    for role in ("worker", "head"):
+        ns = f"{PREFIX}-{tag}-{role[0]}"
+        if ns not in list_namespaces():
+            continue
+        try:
+            kill_namespace_processes(ns)
+        except NetnsClusterError as exc:
+            errors.append(str(exc))
+        _run(f"ip netns del {ns}", check=False)
+    if not keep_logs:
+        shutil.rmtree(STATE_ROOT / tag, ignore_errors=True)
+    if errors:
+        raise NetnsClusterError("; ".join(errors))
+
+
+def cleanup_stale() -> list[str]:
+    """Tear down every cluster whose owning process is gone; return their tags."""
+    stale = [t for t in known_tags() if not _owner_alive(read_state(t))]
+    for tag in stale:
+        teardown(tag)
+    return stale
+
+
+@dataclass(frozen=True)
+class Node:
+    """One test host: its role, namespace, address on the veth link, and Ray temp dir."""
+
+    role: str
+    netns: str
+    ip: str
+    temp_dir: Path
+
+
+@dataclass
+class NetnsCluster:
+    """Two Ray nodes in two network namespaces joined by a veth link.
+
+    Args:
+        tag: Short unique name (``[a-z0-9]{1,16}``); default the current pid.
+        subnet: First three octets of the private /24 on the veth link.
+        port: GCS port of the head, inside the head namespace.
+        num_cpus: Logical CPUs each node advertises to Ray.
+        object_store_bytes: Plasma store size of each node.
+        persistent: Leave the cluster up when this process exits (the CLI's ``up``).
+        gloo_ifname: When set, GLOO_SOCKET_IFNAME for every Ray process; by default it is
+            removed from the environment so that the code under test must pick the node
+            address itself.
+
+    Raises:
+        ValueError: A bad tag, subnet or size.
+    """
+
+    tag: str = field(default_factory=lambda: str(os.getpid()))
+    subnet: str = "10.231.0"
+    port: int = 6379
+    num_cpus: int = 4
+    object_store_bytes: int = 256 * 1024**2
+    persistent: bool = False
+    gloo_ifname: str | None = None
+    rate_bps: int | None = field(default=None, init=False)
+    nodes: list[dict[str, object]] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        if not _TAG_RE.match(self.tag):
+            raise ValueError(f"tag must match [a-z0-9]{{1,16}}, got {self.tag!r}")
+        if not re.match(r"^10\.\d{1,3}\.\d{1,3}$", self.subnet):
+            raise ValueError(f"subnet must be three octets of 10.0.0.0/8, got {self.subnet!r}")
+        if self.num_cpus < 1 or self.object_store_bytes < 80 * 1024**2:
+            raise ValueError("num_cpus must be >= 1 and object_store_bytes >= 80 MiB")
+        self.head = Node(
+            "head", f"{PREFIX}-{self.tag}-h", f"{self.subnet}.1", STATE_ROOT / self.tag / "h"
+        )
+        self.worker = Node(
+            "worker", f"{PREFIX}-{self.tag}-w", f"{self.subnet}.2", STATE_ROOT / self.tag / "w"
+        )
+
+    @property
+    def token_path(self) -> Path:
+        """This cluster's private Ray auth token file (made by ``up``)."""
+        return STATE_ROOT / self.tag / "auth_token"
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the head's GCS, reachable from inside either namespace."""
+        return f"{self.head.ip}:{self.port}"
+
+    def node(self, role: str) -> Node:
+        """The head or worker node."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        return self.head if role == "head" else self.worker
+
+    # ---- environment -------------------------------------------------------------------
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """Environment for Ray processes and drivers of this cluster."""
+        env = dict(os.environ)
+        for key in (
+            "RAY_ADDRESS",
+            "GLOO_SOCKET_IFNAME",
+            "RAY_TMPDIR",
+            "P2P_RAY_TMPDIR",
+            "RAY_AUTH_MODE",
+            "RAY_AUTH_TOKEN",
+            "RAY_AUTH_TOKEN_PATH",
+        ):
+            env.pop(key, None)
+        env.update(
+            PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+            # 0 would make `ray start --address` refuse to join (it means "no multi-node").
+            RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1",
+            RAY_USAGE_STATS_ENABLED="0",
+            PYTHONUNBUFFERED="1",
+            P2PMN_TAG=self.tag,
+            P2PMN_HEAD_IP=self.head.ip,
+            P2PMN_WORKER_IP=self.worker.ip,
+            P2PMN_IFNAME=IFNAME,
+            # Ray >= 2.5x turns token auth on for a head that finds ~/.ray/auth_token (any
+            # local ray.init() writes one), and a joining node then fails to authenticate.
+            # The cluster has its own token, independent of that shared file.
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN_PATH=str(self.token_path),
+        )
+        if self.gloo_ifname:
+            env["GLOO_SOCKET_IFNAME"] = self.gloo_ifname
+        env.update(extra or {})
+        return env
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def up(self, *, timeout: float = 120.0) -> None:
+        """Create the namespaces and the link, start both Ray nodes, wait until both are alive.
+
+        Raises:
+            NetnsUnavailableError: Namespaces cannot be made here.
+            NetnsClusterError: A step failed; everything made so far is torn down.
+        """
+        reason = check_support()
+        if reason:
+            raise NetnsUnavailableError(reason)
+        if any(ns.startswith(f"{PREFIX}-{self.tag}-") for ns in list_namespaces()):
+            raise NetnsClusterError(f"a cluster tagged {self.tag!r} exists; `down` it first")
+        STATE_ROOT.joinpath(self.tag).mkdir(parents=True, exist_ok=True)
+        owner = 0 if self.persistent else os.getpid()
+        state = {
+            "tag": self.tag,
+            "owner_pid": owner,
+            "owner_start": _proc_start_time(owner),
+            "head_ns": self.head.netns,
+            "worker_ns": self.worker.netns,
+            "address": self.address,
+        }
+        (STATE_ROOT / self.tag / "state.json").write_text(json.dumps(state))
+        fd = os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+        if not self.persistent:
+            atexit.register(self.down)
+        try:
+            self._make_link()
+            self.start_node("head", timeout=timeout)
+            self.start_node("worker", timeout=timeout)
+            self.wait_nodes(2, timeout=timeout)
+        except BaseException:
+            self.down()
+            raise
+
+    def _make_link(self) -> None:
+        h, w = self.head.netns, self.worker.netns
+        _run(f"ip netns add {h}")
+        _run(f"ip netns add {w}")
+        _run(_veth_cmd(h, w))
+        for node in (self.head, self.worker):
+            _run(f"ip -n {node.netns} link set lo up")
+            _run(f"ip -n {node.netns} addr add {node.ip}/24 dev {IFNAME}")
+            _run(f"ip -n {node.netns} link set {IFNAME} up")
+            # No IPv6 on the link: no neighbour/router chatter in the byte counters.
+            _run(
+                f"ip netns exec {node.netns} sysctl -qw net.ipv6.conf.{IFNAME}.disable_ipv6=1",
+                check=False,
+            )
+
+    def start_node(self, role: str, *, timeout: float = 120.0) -> None:
+        """``ray start`` inside the node's namespace (head first; the worker joins it)."""
+        node = self.node(role)
+        node.temp_dir.mkdir(parents=True, exist_ok=True)
+        argv = (
+            f"ip netns exec {node.netns} {ray_bin()} start --node-ip-address={node.ip}"
+            f" --temp-dir={node.temp_dir} --num-cpus={self.num_cpus} --num-gpus=0"
+            f" --object-store-memory={self.object_store_bytes} --disable-usage-stats"
+        ).split()
+        if role == "head":
+            argv += ["--head", f"--port={self.port}", "--include-dashboard=false"]
+        else:
+            argv += [f"--address={self.address}"]
+        log = STATE_ROOT / self.tag / f"ray-start-{role}.log"
+        with log.open("a") as fh:
+            proc = subprocess.run(
+                argv,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=self.env(),
+                cwd=str(STATE_ROOT / self.tag),
+                timeout=timeout,
+                check=False,
+            )
+        if proc.returncode != 0:
+            tail = log.read_text()[-2000:]
+            raise NetnsClusterError(f"ray start ({role}) exited {proc.returncode}:\n{tail}")
+
+    def wait_nodes(self, count: int, *, timeout: float = 60.0) -> list[dict[str, object]]:
+        """Wait until ``count`` nodes are alive; record and return them (ip, node_id)."""
+        res = self.run_driver(["-c", _PROBE, str(count), str(timeout)], timeout=timeout + 30)
+        if not isinstance(res.result, list) or len(res.result) < count:
+            raise NetnsClusterError(f"{count} Ray nodes did not come up: {res.stderr[-2000:]}")
+        self.nodes = res.result
+        return self.nodes
+
+    def kill_node(self, role: str, *, sig: int = signal.SIGKILL) -> list[int]:
+        """Kill every process of the node ``role`` at once with ``sig``; return their pids."""
+        ns = self.node(role).netns
+        pids = namespace_pids(ns)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        return pids
+
+    def down(self) -> None:
+        """Tear everything down; safe to call twice, and from atexit."""
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.down)
+        teardown(self.tag, keep_logs=os.environ.get("P2PMN_KEEP_LOGS") == "1")
+
+    # ---- the link ------------------------------------------------------------------------
+    def shape(self, rate: str | int, *, burst: int | None = None, latency_ms: int = 50) -> int:
+        """Shape both directions of the veth link with a token bucket (tc tbf).
+
+        Args:
+            rate: ``"1gbit"``, ``"200mbit"`` or bits/s.
+            burst: Bucket size in bytes; default 10 ms worth of ``rate`` (at least 64 KiB).
+            latency_ms: Longest time a packet may wait in the bucket's queue.
+
+        Returns:
+            The rate in bits/s.
+        """
+        bps = parse_rate(rate)
+        burst = burst or max(64 * 1024, bps // 8 // 100)
+        for node in (self.head, self.worker):
+            _run(
+                f"tc -n {node.netns} qdisc replace dev {IFNAME} root tbf rate {bps}bit"
+                f" burst {burst} latency {latency_ms}ms"
+            )
+        self.rate_bps = bps
+        return bps
+
+    def unshape(self) -> None:
+        """Remove the token bucket from both ends of the link."""
+        for node in (self.head, self.worker):
+            _run(f"tc -n {node.netns} qdisc del dev {IFNAME} root", check=False)
+        self.rate_bps = None
+
+    def link_stats(self, role: str, ifname: str = IFNAME) -> dict[str, int]:
+        """Byte and packet counters of ``ifname`` (the veth end, or ``lo``) in a namespace."""
+        out = _run(f"ip -n {self.node(role).netns} -j -s link show dev {ifname}")
+        stats = json.loads(out)[0]["stats64"]
+        return {f"{d}_{k}": int(stats[d][k]) for d in ("tx", "rx") for k in ("bytes", "packets")}
+
+    def qdisc_stats(self, role: str) -> str:
+        """``tc -s qdisc show`` of the veth end of a node, as text."""
+        return _run(f"tc -n {self.node(role).netns} -s qdisc show dev {IFNAME}")
+
+    # ---- drivers -------------------------------------------------------------------------
+    def driver_argv(self, args: list[str], role: str = "head") -> list[str]:
+        """``ip netns exec NS python ARGS`` for a driver in a node's namespace."""
+        return ["ip", "netns", "exec", self.node(role).netns, sys.executable, *args]
+
+    def start_driver(
+        self, args: list[str], *, env: dict[str, str] | None = None, role: str = "head"
+    ) -> Driver:
+        """Start ``python ARGS`` in a namespace with RAY_ADDRESS set; do not wait for it."""
+        full_env = self.env({"RAY_ADDRESS": self.address, **(env or {})})
+        return Driver(self.driver_argv(args, role), env=full_env)
+
+    def run_driver(
+        self,
+        args: list[str],
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        role: str = "head",
+    ) -> DriverResult:
+        """Run ``python ARGS`` in a namespace and collect its ``P2PMN-RESULT`` JSON.
+
+        Raises:
+            NetnsClusterError: It ran past ``timeout`` (it is killed).
+        """
+        return self.start_driver(args, env=env, role=role).finish(timeout=timeout)
+
+
+_PROBE = f"""
+import json, sys, time, ray
+count, timeout = int(sys.argv[1]), float(sys.argv[2])
+ray.init(address="auto", logging_level="ERROR")
+deadline = time.monotonic() + timeout
+while True:
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    if len(alive) >= count or time.monotonic() > deadline:
+        break
+    time.sleep(0.5)
+nodes = sorted(({{"ip": n["NodeManagerAddress"], "node_id": n["NodeID"]}} for n in alive),
+               key=lambda n: n["ip"])
+print("{RESULT_PREFIX}" + json.dumps(nodes), flush=True)
+"""
+
+
+def _cli_status() -> int:
+    tags = known_tags()
+    if not tags:
+        print("no p2pmn clusters")
+    for tag in tags:
+        state = read_state(tag)
+        owner = state.get("owner_pid")
+        alive = (
+            "persistent (CLI)"
+            if not owner
+            else (f"owner pid {owner} " + ("alive" if _owner_alive(state) else "GONE (stale)"))
+        )
+        print(f"cluster {tag}: address {state.get('address', '?')}, {alive}")
+        for ns in (f"{PREFIX}-{tag}-h", f"{PREFIX}-{tag}-w"):
+            if ns not in list_namespaces():
+                print(f"  {ns}: missing")
+                continue
+            addr = _run(f"ip -n {ns} -br addr show dev {IFNAME}", check=False)
+            qdisc = _run(f"tc -n {ns} qdisc show dev {IFNAME}", check=False)
+            print(
+                f"  {ns}: {len(namespace_pids(ns))} processes; {addr.strip()}; "
+                f"{qdisc.splitlines()[0] if qdisc else 'no qdisc'}"
+            )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``up``, ``down``, ``status``, ``exec``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_up = sub.add_parser("up", help="create a persistent cluster (until `down`)")
+    p_up.add_argument("--tag", default="cli")
+    p_up.add_argument("--rate", default=None, help="shape the link, e.g. 1gbit")
+    p_up.add_argument("--num-cpus", type=int, default=4)
+    p_down = sub.add_parser("down", help="tear down a cluster and every stale one")
+    p_down.add_argument("--tag", default="cli")
+    p_down.add_argument("--all", action="store_true", help="every p2pmn cluster, live or not")
+    sub.add_parser("status", help="list clusters, their namespaces and processes")
+    p_exec = sub.add_parser("exec", help="run `python ARGS...` as a driver in the head ns")
+    p_exec.add_argument("--tag", default="cli")
+    p_exec.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    if ns.cmd == "status":
+        return _cli_status()
+    if ns.cmd == "down":
+        tags = known_tags() if ns.all else sorted({ns.tag, *cleanup_stale()})
+        for tag in tags:
+            teardown(tag)
+            print(f"cluster {tag}: down")
+        return 0
+    cluster = NetnsCluster(tag=ns.tag, num_cpus=getattr(ns, "num_cpus", 4), persistent=True)
+    if ns.cmd == "exec":
+        args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+        env = cluster.env({"RAY_ADDRESS": cluster.address})
+        return subprocess.call(cluster.driver_argv(args), env=env)
+    try:
+        cluster.up()
+    except NetnsUnavailableError as exc:
+        print(f"cannot make namespaces here: {exc}", file=sys.stderr)
+        return 2
+    if ns.rate:
+        cluster.shape(ns.rate)
+    print(
+        f"cluster {cluster.tag} up: head {cluster.head.netns} {cluster.head.ip}, "
+        f"worker {cluster.worker.netns} {cluster.worker.ip}, RAY_ADDRESS={cluster.address}"
+    )
+    for node in cluster.nodes:
+        print(f"  node {node['ip']} {node['node_id']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
