@@ -14,7 +14,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import sys
 from importlib import metadata
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 
 project = "p2p"
 author = "The p2p authors"
@@ -31,11 +35,12 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
     "sphinx.ext.viewcode",
+    "p2p_reports",  # docs/_ext: the committed benchmark reports on the Performance page
 ]
 
 root_doc = "index"
 source_suffix = {".rst": "restructuredtext"}
-exclude_patterns = ["_build", "README.md", "examples"]
+exclude_patterns = ["_build", "_ext", "README.md", "examples", "performance"]
 templates_path: list[str] = []
 
 # -- HTML ---------------------------------------------------------------------------------
