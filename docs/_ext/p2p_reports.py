@@ -24,9 +24,7 @@ from sphinx.util.docutils import SphinxDirective
 
 _TABLE_SEPARATOR = re.compile(r"^\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 _IMAGE = re.compile(r"^!\[(?P<alt>[^\]]*)\]\((?P<src>[^)\s]+)\)\s*$")
-_INLINE = re.compile(
-    r"(?P<code>`[^`]+`)|(?P<strong>\*\*[^*]+\*\*)|(?P<link>\[[^\]]+\]\([^)\s]+\))"
-)
+_INLINE = re.compile(r"(?P<code>`[^`]+`)|(?P<strong>\*\*[^*]+\*\*)|(?P<link>\[[^\]]+\]\([^)\s]+\))")
 _LINK = re.compile(r"\[(?P<text>[^\]]+)\]\((?P<url>[^)\s]+)\)")
 
 
@@ -215,9 +213,8 @@ class BenchReports(SphinxDirective):
         for report in reports:
             self.env.note_dependency(str(report))
             container = nodes.container(classes=["p2p-bench-report"])
-            container += nodes.paragraph(
-                "", "", nodes.Text("Report: "), nodes.literal("", f"docs/{folder_rel}/{report.name}")
-            )
+            source = nodes.literal("", f"docs/{folder_rel}/{report.name}")
+            container += nodes.paragraph("", "", nodes.Text("Report: "), source)
             for node in markdown_to_nodes(report.read_text(encoding="utf-8"), f"/{folder_rel}"):
                 container += node
             out.append(container)

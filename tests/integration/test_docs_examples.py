@@ -178,9 +178,8 @@ def test_every_example_is_shown_and_every_include_exists() -> None:
 def test_examples_use_public_names_only() -> None:
     for path in example_files():
         for module in p2p_imports(path):
-            assert "._" not in module and not module.split(".")[-1].startswith("_"), (
-                f"{path.name} imports the private module {module}; use the package's public names"
-            )
+            private = any(part.startswith("_") for part in module.split("."))
+            assert not private, f"{path.name} imports the private module {module}; use public names"
 
 
 DOCTEST_RUNNER = r"""
