@@ -53,7 +53,7 @@ class Producer(Worker):
 def main() -> None:
     assert issubclass(ChannelEmpty, queue.Empty)
     cluster = Cluster(num_nodes=1)
-    one_cpu_worker = NodePlacementStrategy([0])
+    one_cpu_worker = NodePlacementStrategy([0], cpus_per_worker=0)
     consumers = Consumer.create_group().launch(
         cluster, placement_strategy=one_cpu_worker, name="consumer"
     )

@@ -1,8 +1,8 @@
 """Compression over an emulated 100 Mbit/s link, between two plain processes.
 
 Runs on its own: ``python docs/examples/link_emulation.py``. Both processes hold the
-same job-level configuration: lz4 compression and an emulated link from ``sender`` to
-``receiver``. The sender is paced by the bytes that really go on the wire, so the
+same job-level configuration: lz4 compression and emulated 100 Mbit/s links with a 5 ms
+delay. The sender is paced by the bytes that really go on the wire, so the
 compressible tensor arrives much sooner than the incompressible one of the same size.
 """
 
@@ -32,12 +32,8 @@ CLUSTER = {
     "collective": {
         "tensor_compression": {"codec": "lz4", "min_bytes": 16384},
     },
-    "net_emulation": {
-        "enabled": True,
-        "links": [
-            {"src": "sender", "dst": "receiver", "bandwidth_mbps": MBIT_PER_S, "delay_ms": 5},
-        ],
-    },
+    # Every directed link (each direction of each group) is paced on its own.
+    "net_emulation": {"enabled": True, "bandwidth_mbps": MBIT_PER_S, "delay_ms": 5},
 }
 
 
@@ -68,8 +64,6 @@ def run(name: str, store_port: int) -> None:
             took = time.perf_counter() - start
             link_time = 8 * tensor.nbytes / (MBIT_PER_S * 1e6)
             print(f"{label}: {took:.2f} s; uncompressed at {MBIT_PER_S} Mbit/s: {link_time:.2f} s")
-            if label.startswith("random"):
-                assert took >= 0.8 * link_time, "the raw tensor must be paced at full size"
         else:
             assert torch.equal(group.recv(timeout=TIMEOUT), tensor)
     if name == "receiver":  # let the sender know everything arrived before closing

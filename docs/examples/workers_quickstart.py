@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any
 
-from p2p_worker import Cluster, NodePlacementStrategy, Worker
+from p2p_worker import Cluster, PackedPlacementStrategy, Worker
 
 
 class Trainer(Worker):
@@ -25,6 +25,7 @@ class Trainer(Worker):
             "world_size": self._world_size,
             "env_rank": int(os.environ["RANK"]),  # set before __init__ ran
             "address": info.address.get_name(),
+            "child": info.address.get_child_address(0).get_name(),
             "node_ip": info.node_ip,
         }
 
@@ -37,9 +38,11 @@ class Trainer(Worker):
 
 def main() -> None:
     cluster = Cluster(num_nodes=1)
-    # Two CPU-only workers, both on node 0; `10` goes to every worker's __init__.
+    # Two CPU-only workers; cpus_per_worker=0 reserves no CPU, so they fit a small
+    # machine. `10` goes to every worker's __init__.
+    placement = PackedPlacementStrategy(2, cpus_per_worker=0)
     trainers = Trainer.create_group(10).launch(
-        cluster, placement_strategy=NodePlacementStrategy([0, 0]), name="trainer"
+        cluster, placement_strategy=placement, name="trainer"
     )
 
     # A method called on the group runs on every worker in parallel; wait() returns
@@ -48,6 +51,8 @@ def main() -> None:
     assert [i["rank"] for i in infos] == [0, 1]
     assert [i["env_rank"] for i in infos] == [0, 1]
     assert [i["address"] for i in infos] == ["trainer:0", "trainer:1"]
+    assert [i["child"] for i in infos] == ["trainer:0:0", "trainer:1:0"]
+    assert infos[0]["node_ip"] == "127.0.0.1"  # the embedded cluster is on loopback
     assert all(i["world_size"] == 2 for i in infos)
 
     handle = trainers.step(4)

@@ -75,7 +75,8 @@ class RecvWorker(Worker):
 
 def main() -> None:
     cluster = Cluster(num_nodes=1)
-    two_cpu_workers = NodePlacementStrategy([0, 0])
+    # Two CPU-only workers per group, both on node 0, reserving no CPU (a small machine).
+    two_cpu_workers = NodePlacementStrategy([0, 0], cpus_per_worker=0)
     send_group = SendWorker.create_group().launch(
         cluster, placement_strategy=two_cpu_workers, name=SEND_GROUP_NAME
     )
