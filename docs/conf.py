@@ -11,12 +11,12 @@ internet access to turn the links on.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 
@@ -79,25 +79,36 @@ intersphinx_mapping = INTERSPHINX if os.environ.get("P2P_DOCS_INTERSPHINX") == "
 intersphinx_timeout = 15
 
 # -- public names -----------------------------------------------------------------------------
-# Objects are defined in private modules (``p2p_asyncwork._work``) and re-exported by the
-# package. Present them under the package name, the only import path users should use,
-# so base classes and signatures read ``p2p_asyncwork.AsyncWork``. This runs in the docs
-# build process only.
+# Objects are defined in private modules (``p2p_asyncwork._work``) and re-exported by their
+# package, the only import path users should use. autodoc documents them under the package
+# (automodule + ``__all__``); this hook makes the "Bases:" lines name the public path too,
+# e.g. ``p2p_asyncwork.AsyncWork`` instead of ``p2p_asyncwork._work.AsyncWork``.
 PUBLIC_PACKAGES = ("p2p_asyncwork", "p2p_compress", "p2p_collective", "p2p_worker")
 
 
-def _publish(package_name: str) -> None:
+def _public_name(obj: object) -> str | None:
+    module = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(name, str):
+        return None
+    package = module.split(".")[0]
+    if package not in PUBLIC_PACKAGES or module == package:
+        return None
     try:
-        package = importlib.import_module(package_name)
+        public = importlib.import_module(package)
     except ImportError:
-        return
-    for name in getattr(package, "__all__", ()):
-        obj = getattr(package, name, None)
-        module = getattr(obj, "__module__", None)
-        if isinstance(module, str) and module.startswith(package_name + "._"):
-            with contextlib.suppress(AttributeError, TypeError):
-                obj.__module__ = package_name
+        return None
+    if name in getattr(public, "__all__", ()) and getattr(public, name, None) is obj:
+        return f"{package}.{name}"
+    return None
 
 
-for _pkg in PUBLIC_PACKAGES:
-    _publish(_pkg)
+def _public_bases(app: Any, name: str, obj: object, options: Any, bases: list[Any]) -> None:
+    for i, base in enumerate(bases):
+        public = _public_name(base)
+        if public is not None:
+            bases[i] = f":py:class:`{public}`"
+
+
+def setup(app: Any) -> None:
+    app.connect("autodoc-process-bases", _public_bases)
