@@ -45,6 +45,7 @@ EXTRA_REQUIREMENTS: dict[str, list[str]] = {
         "p2p_worker:Worker.send_tensor",
         "p2p_worker:Worker.recv_tensor",
     ],
+    "workers_torch_distributed.py": ["p2p_worker:Worker.create_group"],
     "channels.py": [
         "p2p_worker:Worker.create_group",
         "p2p_worker:Worker.create_channel",
