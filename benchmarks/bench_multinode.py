@@ -176,6 +176,7 @@ def _p2p_driver(args: argparse.Namespace) -> dict[str, Any]:
         s, r = send.run(kind, nbytes, args.reps), recv.run(kind, nbytes, args.reps)
         s.wait()
         rows.append({"kind": kind, "seconds": r.wait()[0], "raw": nbytes})
+    cluster.shutdown(timeout=60)
     return {"rows": rows}
 
 

@@ -64,3 +64,24 @@ def test_pending_gloo_recv_fails_when_the_worker_node_dies(
     print(f"pending gloo recv failed {res['at'] - killed_at:.2f} s after the kill: {res['error']}")
     assert res["error"], res
     assert res["at"] - killed_at < 10.0, res
+
+
+def _collective_missing() -> str | None:
+    try:
+        from p2p_collective import Collective  # noqa: F401
+    except ImportError as exc:
+        return f"p2p_collective.Collective not importable yet (issue 4): {exc}"
+    return None
+
+
+@pytest.mark.skipif(_collective_missing() is not None, reason=str(_collective_missing()))
+def test_p2p_collective_alone_crosses_the_link(netns_cluster: Any, drive: Any) -> None:
+    before = netns_cluster.link_stats("head")["tx_bytes"]
+    res = drive("ray_driver.py", "collective")
+    sent = netns_cluster.link_stats("head")["tx_bytes"] - before
+    ips = [netns_cluster.head.ip, netns_cluster.worker.ip]
+    for rank, peer in enumerate(res["peers"]):
+        assert peer["host"] == ips[rank]
+        assert all(peer["ok"].values()), peer["ok"]
+        assert ips[1 - rank] in peer["tcp_peers"], peer["tcp_peers"]
+    assert sent >= 16 * 1024**2  # the large tensor went over the veth, not loopback

@@ -118,10 +118,12 @@ def main() -> None:
     cmd = COMMANDS[sys.argv[1]]
     config = json.loads(os.environ.get("P2PMN_CONFIG", "null"))
     cluster = Cluster(num_nodes=2, config=config)
-    emit(cmd(cluster))
+    result = cmd(cluster)
+    emit(result)
     if sys.argv[1] == "pending-recv":
         sys.stdout.flush()
         os._exit(0)  # a node is gone: do not wait for Ray to notice while shutting down
+    cluster.shutdown(timeout=60)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Plain-Ray driver for the netns cluster: runs inside the head namespace, prints JSON.
 
-Usage: python ray_driver.py placement | gloo NBYTES REPS | pending-recv
+Usage: python ray_driver.py placement | gloo NBYTES REPS | pending-recv | collective
 
 Each command prints ``P2PMN-RESULT <json>`` once at the end; ``pending-recv`` also prints
 ``P2PMN-EVENT posted`` when a gloo receive is pending on the head node, and then waits for
@@ -121,6 +121,63 @@ class NodeActor:
         return self._outcome or {"error": None, "at": None, "still_pending": True}
 
 
+@ray.remote(num_cpus=0)
+class CollectivePeer:
+    """p2p-collective alone (no p2p-worker): a Collective bound to this node's address."""
+
+    def exchange(self, rank: int, store_host: str, store_port: int, seed: int) -> dict[str, Any]:
+        from mn_payloads import payloads, same, send_tensor_payload, tcp_peers
+
+        from p2p_collective import Collective
+
+        store = dist_store(store_host, store_port)
+        me, peer = f"mn_c{rank}", f"mn_c{1 - rank}"
+        collective = Collective(me, store, host=ray.util.get_node_ip_address(), timeout=120)
+        try:
+            group = collective.create_collective_group([me, peer])
+            ok: dict[str, bool] = {}
+            for direction in (0, 1):  # rank 0 sends first, then rank 1
+                expected = payloads(seed + direction)
+                if rank == direction:
+                    for obj in expected.values():
+                        group.send(obj, timeout=120)
+                    group.send_tensor(send_tensor_payload(seed), timeout=120)
+                else:
+                    for kind, obj in expected.items():
+                        ok[kind] = same(obj, group.recv(timeout=120))
+                    buf = torch.empty(1024, 1024)
+                    group.recv_tensor(buf, timeout=120)
+                    ok["send_tensor"] = same(send_tensor_payload(seed), buf)
+            return {"ok": ok, "tcp_peers": tcp_peers(), "host": collective.host}
+        finally:
+            collective.close()
+
+
+def dist_store(host: str, port: int, server: bool = False) -> Any:
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=120)
+    return dist.TCPStore(host, port, is_master=server, timeout=timeout, wait_for_workers=False)
+
+
+def cmd_collective() -> dict[str, Any]:
+    nodes = alive_nodes()
+    head_ip = os.environ["P2PMN_HEAD_IP"]
+    with socket.socket() as s:
+        s.bind((head_ip, 0))
+        port = int(s.getsockname()[1])
+    server = dist_store(head_ip, port, server=True)  # the driver holds the rendezvous store
+    peers = [
+        CollectivePeer.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["node_id"], soft=False)
+        ).remote()
+        for n in nodes
+    ]
+    res = ray.get([p.exchange.remote(r, head_ip, port, 11) for r, p in enumerate(peers)])
+    del server
+    return {"peers": res, "nodes": nodes}
+
+
 def pinned(node_id: str) -> Any:
     return NodeActor.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
@@ -128,15 +185,14 @@ def pinned(node_id: str) -> Any:
     ).remote()
 
 
+def alive_nodes() -> list[dict[str, str]]:
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    nodes = [{"ip": n["NodeManagerAddress"], "node_id": n["NodeID"]} for n in alive]
+    return sorted(nodes, key=lambda n: n["ip"])
+
+
 def pair() -> tuple[Any, Any, list[dict[str, Any]]]:
-    nodes = sorted(
-        (
-            {"ip": n["NodeManagerAddress"], "node_id": n["NodeID"]}
-            for n in ray.nodes()
-            if n["Alive"]
-        ),
-        key=lambda n: n["ip"],
-    )
+    nodes = alive_nodes()
     head_ip = os.environ["P2PMN_HEAD_IP"]
     head = next(n for n in nodes if n["ip"] == head_ip)
     other = next(n for n in nodes if n["ip"] != head_ip)
@@ -195,6 +251,8 @@ def main() -> None:
         emit(cmd_placement())
     elif cmd == "gloo":
         emit(cmd_gloo(int(sys.argv[2]), int(sys.argv[3])))
+    elif cmd == "collective":
+        emit(cmd_collective())
     elif cmd == "pending-recv":
         emit(cmd_pending_recv())
     else:
