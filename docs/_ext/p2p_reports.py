@@ -213,6 +213,7 @@ class BenchReports(SphinxDirective):
         for report in reports:
             self.env.note_dependency(str(report))
             container = nodes.container(classes=["p2p-bench-report"])
+            container["support_smartquotes"] = False  # keep "--quick" as written
             source = nodes.literal("", f"docs/{folder_rel}/{report.name}")
             container += nodes.paragraph("", "", nodes.Text("Report: "), source)
             for node in markdown_to_nodes(report.read_text(encoding="utf-8"), f"/{folder_rel}"):
