@@ -1,3 +1,56 @@
-"""p2p-worker."""
+"""Workers, worker groups, addresses and timers on Ray: the top layer of the p2p stack.
 
-__all__: list[str] = []
+A :class:`Cluster` attaches to (or starts) a Ray cluster and validates the job's
+configuration; subclassing :class:`Worker` gives a Ray actor that knows its
+:class:`WorkerInfo` and talks to any other worker by group name and rank;
+:class:`WorkerGroup` launches a group of them and calls them all at once.
+
+Example:
+    >>> from p2p_worker import Cluster, PackedPlacementStrategy, Worker
+    >>> class Echo(Worker):
+    ...     def echo(self, x):
+    ...         return (self._rank, x)
+    >>> with Cluster(num_nodes=1) as cluster:  # doctest: +SKIP
+    ...     group = Echo.create_group().launch(
+    ...         cluster, PackedPlacementStrategy(2, cpus_per_worker=0), name="echo"
+    ...     )
+    ...     group.echo("hi").wait()
+    [(0, 'hi'), (1, 'hi')]
+"""
+
+from p2p_worker._address import WorkerAddress
+from p2p_worker._cluster import Cluster
+from p2p_worker._config import ClusterConfig, parse_cluster_config
+from p2p_worker._errors import ClusterError, PlacementError, WorkerError
+from p2p_worker._group import WorkerGroup
+from p2p_worker._handle import GroupCallHandle
+from p2p_worker._info import NodeInfo, WorkerInfo
+from p2p_worker._placement import (
+    NodePlacementStrategy,
+    PackedPlacementStrategy,
+    PlacementStrategy,
+    WorkerPlacement,
+)
+from p2p_worker._worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cluster",
+    "ClusterConfig",
+    "parse_cluster_config",
+    "PlacementStrategy",
+    "PackedPlacementStrategy",
+    "NodePlacementStrategy",
+    "WorkerPlacement",
+    "NodeInfo",
+    "Worker",
+    "WorkerGroup",
+    "GroupCallHandle",
+    "WorkerAddress",
+    "WorkerInfo",
+    "WorkerError",
+    "ClusterError",
+    "PlacementError",
+    "__version__",
+]

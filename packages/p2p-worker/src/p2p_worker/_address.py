@@ -1,0 +1,158 @@
+"""WorkerAddress: a worker's hierarchical name, root group name plus a path of ranks."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import total_ordering
+from typing import Any
+
+_SEP = ":"
+_GROUP_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def check_group_name(name: object, arg: str = "name") -> str:
+    """Return ``name`` if it is a valid group name, else raise ``TypeError``/``ValueError``."""
+    if not isinstance(name, str):
+        raise TypeError(f"{arg} must be a str, got {type(name).__name__}")
+    if not _GROUP_RE.match(name):
+        raise ValueError(
+            f"{arg}={name!r} is not a valid group name: use letters, digits, '_', '.' and '-' "
+            f"(no '{_SEP}', which separates ranks in worker addresses)"
+        )
+    return name
+
+
+def _check_ranks(ranks: int | Iterable[int], arg: str = "ranks") -> tuple[int, ...]:
+    if isinstance(ranks, bool):
+        raise TypeError(f"{arg} must be an int or a sequence of ints, got bool")
+    seq: tuple[Any, ...] = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    for r in seq:
+        if not isinstance(r, int) or isinstance(r, bool):
+            raise TypeError(f"{arg} must hold ints, got {r!r} ({type(r).__name__})")
+        if r < 0:
+            raise ValueError(f"{arg} must hold ranks >= 0, got {r}")
+    return seq
+
+
+@total_ordering
+@dataclass(frozen=True, init=False)
+class WorkerAddress:
+    """Unique, hierarchical name of a worker: a root group name and a path of ranks.
+
+    ``WorkerAddress("trainer", 3)`` is rank 3 of the root group ``trainer`` and prints as
+    ``"trainer:3"``; a worker that rank 3 created as its child of rank 1 is
+    ``"trainer:3:1"``. The address with no ranks names the root group itself. Addresses
+    are immutable, hashable and ordered (by group name, then rank path), so they work as
+    dict keys and sort deterministically. Any worker can address any other, even in
+    another group, which is how ``Worker.send`` finds its peer.
+
+    Args:
+        root_group_name: Name of the root worker group (letters, digits, ``_ . -``).
+        ranks: One rank or a path of ranks from the root group downwards.
+
+    Raises:
+        TypeError: ``root_group_name`` is not a str or a rank is not an int.
+        ValueError: The group name is empty or holds ``':'``, or a rank is negative.
+
+    Example:
+        >>> addr = WorkerAddress("trainer", (3, 1))
+        >>> addr.get_name()
+        'trainer:3:1'
+        >>> addr.get_parent_address().get_name(), addr.get_parent_rank()
+        ('trainer:3', 3)
+        >>> WorkerAddress.from_name("trainer:3").get_child_address(0)
+        WorkerAddress('trainer:3:0')
+    """
+
+    root_group_name: str
+    ranks: tuple[int, ...]
+
+    def __init__(self, root_group_name: str, ranks: int | Iterable[int] = ()) -> None:
+        object.__setattr__(self, "root_group_name", check_group_name(root_group_name))
+        object.__setattr__(self, "ranks", _check_ranks(ranks))
+
+    @classmethod
+    def from_name(cls, name: str) -> WorkerAddress:
+        """Parse an address from its string form, e.g. ``"trainer:3:1"``.
+
+        Args:
+            name: The text ``get_name()`` produces.
+
+        Returns:
+            The address.
+
+        Raises:
+            TypeError: ``name`` is not a str.
+            ValueError: ``name`` is not ``group[:rank]*`` with non-negative int ranks.
+
+        Example:
+            >>> WorkerAddress.from_name("g:0:2").ranks
+            (0, 2)
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        group, *parts = name.split(_SEP)
+        ranks: list[int] = []
+        for part in parts:
+            if not part.isdigit():
+                raise ValueError(
+                    f"name={name!r} is not a worker address: expected 'group:rank:...' "
+                    f"with non-negative integer ranks, got rank {part!r}"
+                )
+            ranks.append(int(part))
+        return cls(group, ranks)
+
+    def get_name(self) -> str:
+        """Return the string form: the group name and the ranks joined by ``':'``."""
+        return _SEP.join([self.root_group_name, *map(str, self.ranks)])
+
+    @property
+    def rank(self) -> int | None:
+        """The last rank of the path (this worker's rank in its group); ``None`` for a group."""
+        return self.ranks[-1] if self.ranks else None
+
+    def get_parent_address(self) -> WorkerAddress | None:
+        """Return the address one level up (a root worker's parent is its root group).
+
+        Returns:
+            The parent address, or ``None`` for a root group's address (no ranks).
+        """
+        if not self.ranks:
+            return None
+        return WorkerAddress(self.root_group_name, self.ranks[:-1])
+
+    def get_parent_rank(self) -> int | None:
+        """Return the rank of the parent worker, or ``None`` when the parent is a root group.
+
+        Example:
+            >>> WorkerAddress("g", (2, 5)).get_parent_rank()
+            2
+            >>> WorkerAddress("g", 2).get_parent_rank() is None
+            True
+        """
+        return self.ranks[-2] if len(self.ranks) >= 2 else None
+
+    def get_child_address(self, rank: int) -> WorkerAddress:
+        """Return the address of this worker's child ``rank`` (one level down).
+
+        Raises:
+            TypeError: ``rank`` is not an int.
+            ValueError: ``rank`` is negative.
+        """
+        return WorkerAddress(self.root_group_name, (*self.ranks, *_check_ranks(rank, "rank")))
+
+    def _key(self) -> tuple[str, tuple[int, ...]]:
+        return (self.root_group_name, self.ranks)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, WorkerAddress):
+            return NotImplemented
+        return self._key() < other._key()
+
+    def __str__(self) -> str:
+        return self.get_name()
+
+    def __repr__(self) -> str:
+        return f"WorkerAddress({self.get_name()!r})"

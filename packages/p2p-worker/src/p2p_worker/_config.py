@@ -1,0 +1,197 @@
+"""The job-level ``cluster:`` configuration, validated once on the driver."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from p2p_asyncwork import ConfigError
+
+ConfigSource = Mapping[str, Any] | str | os.PathLike[str] | None
+
+_KEYS = ("num_nodes", "collective", "net_emulation")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The validated ``cluster:`` section of a job's configuration.
+
+    Attributes:
+        num_nodes: Number of nodes the job asks for, or ``None`` (use what is there).
+        collective: The ``p2p_collective.CollectiveConfig`` every worker's ``Collective``
+            is built with (compression, buffer pool, timeouts, and link emulation when
+            ``net_emulation`` is set), or ``None`` when p2p-collective is not installed.
+        net_emulation: The parsed ``net_emulation`` section, or ``None``.
+
+    Example:
+        >>> parse_cluster_config({"cluster": {"num_nodes": 1}}).num_nodes
+        1
+    """
+
+    num_nodes: int | None = None
+    collective: Any = None
+    net_emulation: Any = None
+
+    @property
+    def codec_name(self) -> str | None:
+        """The configured compression codec (``"lz4"``/``"zstd"``), or ``None`` when off."""
+        compression = getattr(self.collective, "compression", None)
+        return None if compression is None else str(compression.codec_name)
+
+
+def _collective_function(name: str, path: str) -> Callable[..., Any]:
+    """Import ``p2p_collective.<name>`` lazily; a missing one is a clear ConfigError."""
+    try:
+        module = importlib.import_module("p2p_collective")
+    except ImportError as exc:  # pragma: no cover - p2p-collective is a declared dependency
+        raise ConfigError(
+            f"{path}: configuring this section needs the p2p-collective package, which "
+            f"could not be imported ({exc}); install p2p-collective",
+            path,
+        ) from exc
+    func = getattr(module, name, None)
+    if func is None:
+        raise ConfigError(
+            f"{path}: the installed p2p-collective has no {name}(); this section needs a "
+            f"p2p-collective release that supports it",
+            path,
+        )
+    return func  # type: ignore[no-any-return]
+
+
+def load_config_source(source: ConfigSource) -> Any:
+    """Turn a mapping, a YAML file path or YAML text into plain data.
+
+    Args:
+        source: A mapping (returned as is), a path to a YAML file, YAML text, or ``None``.
+
+    Returns:
+        The loaded data (usually a dict), or ``None``.
+
+    Raises:
+        TypeError: ``source`` is of another type.
+        ValueError: ``source`` looks like a path but no such file exists.
+        ConfigError: The YAML does not parse.
+    """
+    if source is None or isinstance(source, Mapping):
+        return source
+    if isinstance(source, os.PathLike):
+        return _load_yaml(Path(source).read_text(encoding="utf-8"), str(source))
+    if not isinstance(source, str):
+        raise TypeError(
+            f"config must be a mapping, a YAML file path or YAML text, got {type(source).__name__}"
+        )
+    text = source.strip()
+    one_line = "\n" not in text
+    is_path = one_line and bool(text) and not text.startswith("{")
+    is_path = is_path and (text.endswith((".yaml", ".yml")) or ":" not in text)
+    if is_path:
+        path = Path(text)
+        if not path.is_file():
+            raise ValueError(
+                f"config={source!r}: no such YAML file; pass a mapping, a YAML file path "
+                f"or YAML text"
+            )
+        return _load_yaml(path.read_text(encoding="utf-8"), text)
+    return _load_yaml(source, "<config text>")
+
+
+def _load_yaml(text: str, origin: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {origin}: not valid YAML: {exc}", "cluster") from exc
+
+
+def parse_cluster_config(source: ConfigSource, path: str = "cluster") -> ClusterConfig:
+    r"""Validate a job's ``cluster:`` configuration.
+
+    The whole tree is checked here, on the driver, before any worker starts: unknown
+    keys, wrong types and out-of-range values raise :class:`~p2p_asyncwork.ConfigError`
+    naming the key path. The ``collective`` section is parsed by
+    ``p2p_collective.parse_collective_config`` and ``net_emulation`` by
+    ``p2p_collective.parse_net_emulation``; the link emulation ends up inside the
+    collective config, which every worker's ``Collective`` is built with.
+
+    Args:
+        source: The job configuration: a mapping, a YAML file path or YAML text. A tree
+            with a top-level ``cluster`` key is accepted (its other top-level keys belong
+            to the rest of the job and are ignored); otherwise the mapping is taken to be
+            the ``cluster`` section itself. ``None`` gives the defaults.
+        path: Key path used in error messages.
+
+    Returns:
+        The validated :class:`ClusterConfig`.
+
+    Raises:
+        ConfigError: A key is unknown, a value has the wrong type or is out of range, or
+            the YAML does not parse.
+        TypeError: ``source`` is not a mapping, a path, a str or ``None``.
+        ValueError: ``source`` names a YAML file that does not exist.
+
+    Example:
+        >>> cfg = parse_cluster_config("cluster:\n  num_nodes: 2\n")
+        >>> cfg.num_nodes
+        2
+        >>> parse_cluster_config({"num_nodes": 1, "colective": {}})
+        Traceback (most recent call last):
+        ...
+        p2p_asyncwork._errors.ConfigError: cluster.colective: unknown key; allowed keys: num_nodes, collective, net_emulation
+    """  # noqa: E501
+    data = load_config_source(source)
+    if isinstance(data, Mapping) and "cluster" in data:
+        data = data["cluster"]
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping, got {type(data).__name__} ({data!r})", path)
+    for key in data:
+        if key not in _KEYS:
+            raise ConfigError(
+                f"{path}.{key}: unknown key; allowed keys: {', '.join(_KEYS)}", f"{path}.{key}"
+            )
+    num_nodes = _parse_num_nodes(data.get("num_nodes"), f"{path}.num_nodes")
+    collective: Any = None
+    coll_section = data.get("collective")
+    coll_path = f"{path}.collective"
+    if coll_section is not None and not isinstance(coll_section, Mapping):
+        raise ConfigError(
+            f"{coll_path}: expected a mapping, got {type(coll_section).__name__}", coll_path
+        )
+    try:
+        parse_collective = _collective_function("parse_collective_config", coll_path)
+    except ConfigError:
+        if coll_section:
+            raise
+        parse_collective = None  # p2p-collective without config support; workers use defaults
+    if parse_collective is not None:
+        collective = parse_collective(coll_section, path=coll_path)
+    net: Any = None
+    net_section = data.get("net_emulation")
+    if net_section is not None:
+        net_path = f"{path}.net_emulation"
+        net = _collective_function("parse_net_emulation", net_path)(net_section, path=net_path)
+        if net is not None and collective is not None:
+            if not any(f.name == "net_emulation" for f in dataclasses.fields(collective)):
+                raise ConfigError(
+                    f"{net_path}: the installed p2p-collective's CollectiveConfig has no "
+                    f"net_emulation field",
+                    net_path,
+                )
+            collective = dataclasses.replace(collective, net_emulation=net)
+    return ClusterConfig(num_nodes=num_nodes, collective=collective, net_emulation=net)
+
+
+def _parse_num_nodes(value: Any, path: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{path}: expected an integer >= 1, got {value!r}", path)
+    return value

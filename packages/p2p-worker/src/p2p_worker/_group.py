@@ -1,0 +1,505 @@
+"""WorkerGroup: create a group of workers of one class and call them all at once."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from p2p_worker._actor import CONTROL_GROUP, Boot, Probe, Setup, make_actor_class
+from p2p_worker._address import WorkerAddress, check_group_name
+from p2p_worker._args import looks_large
+from p2p_worker._errors import PlacementError, WorkerError
+from p2p_worker._handle import GroupCallHandle
+from p2p_worker._info import WorkerInfo
+from p2p_worker._placement import PlacementStrategy, WorkerPlacement, default_placement
+from p2p_worker._worker import Worker
+
+if TYPE_CHECKING:
+    from p2p_worker._cluster import Cluster
+
+W = TypeVar("W", bound=Worker)
+
+# Public Worker members that make no sense as a remote call on every worker.
+_NOT_REMOTE = frozenset({"create_group", "timer", "worker_timer"})
+
+
+def public_methods(cls: type) -> dict[str, Callable[..., Any]]:
+    """Return the public instance methods of a worker class, by name."""
+    out: dict[str, Callable[..., Any]] = {}
+    for name in dir(cls):
+        if name.startswith("_") or name in _NOT_REMOTE:
+            continue
+        attr = inspect.getattr_static(cls, name)
+        if inspect.isfunction(attr):
+            out[name] = attr
+    return out
+
+
+class WorkerGroup(Generic[W]):
+    """A group of workers of one :class:`Worker` class, called as one.
+
+    Create it with ``MyWorker.create_group(*init_args, **init_kwargs)`` and start it with
+    :meth:`launch`. Every public method of the worker class then becomes a method of
+    the group that runs on all its workers in parallel and returns a
+    :class:`GroupCallHandle` (``wait()`` gives the per-rank results as a list).
+    :meth:`execute_on` restricts the next call to some ranks. A method whose name
+    clashes with the group's own API (``launch``, ``shutdown``, ``name``, ...) is
+    reached with :meth:`call`.
+
+    Attributes:
+        worker_cls: The worker class.
+        name: The group name (root of its workers' addresses), once launched.
+        cluster: The cluster it runs on, once launched.
+
+    Example:
+        >>> group = MyWorker.create_group(lr=0.1).launch(cluster, name="trainer")  # doctest: +SKIP
+        >>> group.execute_on(0, 3).hello().wait()  # doctest: +SKIP
+        [0, 3]
+    """
+
+    def __init__(self, worker_cls: type[W], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
+            raise TypeError(f"worker_cls must be a subclass of Worker, got {worker_cls!r}")
+        self.worker_cls = worker_cls
+        self._init_args = args
+        self._init_kwargs = kwargs
+        self.name: str = ""
+        self.cluster: Cluster | None = None
+        self._placements: list[WorkerPlacement] = []
+        self._ray_node_ids: list[str] = []
+        self._actors: list[Any] = []
+        self._probes: list[Probe] = []
+        self._infos: list[WorkerInfo] = []
+        self._pg: Any = None
+        self._methods: dict[str, Callable[..., Any]] = {}
+        self._next_ranks: tuple[int, ...] | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- launching -------------------------------------------------------------------------
+
+    @property
+    def launched(self) -> bool:
+        """Whether the workers run (launched and not shut down)."""
+        return self.cluster is not None and not self._closed
+
+    def launch(
+        self,
+        cluster: Cluster,
+        placement_strategy: PlacementStrategy | None = None,
+        name: str | None = None,
+        *,
+        max_concurrency: int = 1,
+        timeout: float | None = 120.0,
+    ) -> WorkerGroup[W]:
+        """Start the workers on ``cluster`` and return this group.
+
+        Resources are checked against the cluster first (a request that cannot fit
+        raises :class:`PlacementError` before anything starts), then reserved at once in
+        a Ray placement group. Each worker's environment is set before its ``__init__``
+        runs; if any worker fails to start, every worker of the group is stopped.
+
+        Args:
+            cluster: The :class:`Cluster` to run on.
+            placement_strategy: Where the workers go; default: one worker per GPU of
+                the cluster, or one CPU-only worker on a cluster without GPUs.
+            name: Group name (letters, digits, ``_ . -``); default
+                ``"Worker_group_<ClassName>"``.
+            max_concurrency: Methods one worker may run at once. 1 (default) runs them
+                one at a time in call order; more lets them overlap in threads, in no
+                guaranteed order.
+            timeout: Seconds for the whole launch (reservation, start, ``__init__``).
+
+        Returns:
+            This group, launched.
+
+        Raises:
+            TypeError: An argument has the wrong type.
+            ValueError: The group is already launched, or the name is invalid or in use.
+            PlacementError: The cluster lacks the resources, or they stay held by others
+                past ``timeout``.
+            WorkerError: A worker failed to start (its ``__init__`` raised, its codec
+                library is missing, its process died) or the launch timed out.
+
+        Example:
+            >>> group = MyWorker.create_group().launch(  # doctest: +SKIP
+            ...     cluster, PackedPlacementStrategy(2, cpus_per_worker=0), name="trainer"
+            ... )
+        """
+        from p2p_worker._cluster import Cluster
+
+        if self.cluster is not None:
+            raise ValueError(f"this group was already launched as {self.name!r}")
+        if not isinstance(cluster, Cluster):
+            raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
+            raise TypeError(f"max_concurrency must be an int, got {max_concurrency!r}")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        group_name = check_group_name(
+            f"Worker_group_{self.worker_cls.__name__}" if name is None else name
+        )
+        cluster._check_open()
+        if cluster._name_taken(group_name):
+            raise ValueError(
+                f"name={group_name!r}: a group of that name is already running; shut it "
+                f"down first or pick another name"
+            )
+        strategy = (
+            default_placement(cluster.nodes) if placement_strategy is None else (placement_strategy)
+        )
+        if not isinstance(strategy, PlacementStrategy):
+            raise TypeError(
+                f"placement_strategy must be a PlacementStrategy, got {type(strategy).__name__}"
+            )
+        placements = strategy.plan(cluster._capacity())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.name = group_name
+        self._placements = placements
+        self._ray_node_ids = [cluster.nodes[p.node_rank].ray_node_id for p in placements]
+        cluster._register(self)
+        self.cluster = cluster
+        try:
+            self._start(cluster, strategy, max_concurrency, deadline, timeout)
+        except BaseException:
+            self._teardown(graceful=False, timeout=10.0)
+            self.cluster = None
+            raise
+        self._methods = public_methods(self.worker_cls)
+        for method_name in self._methods:
+            if not hasattr(type(self), method_name):
+                setattr(self, method_name, self._make_method(method_name))
+        return self
+
+    def _start(
+        self,
+        cluster: Cluster,
+        strategy: PlacementStrategy,
+        max_concurrency: int,
+        deadline: float | None,
+        timeout: float | None,
+    ) -> None:
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        bundles, selectors = [], []
+        for p in self._placements:
+            node = cluster.nodes[p.node_rank]
+            bundle: dict[str, float] = {}
+            if p.num_cpus > 0:
+                bundle["CPU"] = p.num_cpus
+            if p.num_gpus > 0:
+                bundle["GPU"] = p.num_gpus
+            if not bundle:  # Ray refuses empty bundles; a sliver of the node resource pins it
+                bundle[f"node:{node.ip}"] = 0.001
+            bundles.append(bundle)
+            selectors.append({"ray.io/node-id": node.ray_node_id})
+        self._pg = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
+        try:
+            ray.get(self._pg.ready(), timeout=left())
+        except ray.exceptions.GetTimeoutError as exc:
+            free = ray.available_resources()  # type: ignore[no-untyped-call]
+            raise PlacementError(
+                f"group {self.name!r}: Ray could not reserve the resources of {strategy!r} "
+                f"within {timeout} s although the cluster's totals suffice; other groups or "
+                f"jobs hold them ({free} available now)"
+            ) from exc
+        actor_cls = make_actor_class(self.worker_cls)
+        for p in self._placements:
+            address = WorkerAddress(self.name, p.rank).get_name()
+            options: dict[str, Any] = {
+                "name": address,
+                "num_cpus": p.num_cpus,
+                "num_gpus": p.num_gpus,
+                "max_concurrency": max_concurrency,
+                "max_restarts": 0,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=p.rank
+                ),
+            }
+            try:
+                actor = actor_cls.options(**options).remote(Boot(self.name, p.rank, p.rank == 0))
+            except ValueError as exc:
+                raise ValueError(
+                    f"name={self.name!r}: cannot create Ray actor {address!r}: {exc}"
+                ) from exc
+            self._actors.append(actor)
+        ranks = list(range(len(self._actors)))
+        probes = self._gather([a._p2p_probe.remote() for a in self._actors], left())
+        self._probes = probes
+        setups = self._setups(cluster, probes)
+        self._infos = [s.info for s in setups]
+        refs = [a._p2p_setup.remote(s) for a, s in zip(self._actors, setups, strict=True)]
+        GroupCallHandle(self.name, "__init__", ranks, refs).wait(left())
+
+    def _gather(self, refs: list[Any], timeout: float | None) -> list[Any]:
+        handle = GroupCallHandle(self.name, "__init__", list(range(len(refs))), refs)
+        try:
+            return handle.wait(timeout)
+        except WorkerError:
+            raise
+        except TimeoutError as exc:
+            raise WorkerError(
+                f"group {self.name!r}: the workers did not start within the launch timeout",
+                group_name=self.name,
+                method="__init__",
+            ) from exc
+
+    def _setups(self, cluster: Cluster, probes: list[Probe]) -> list[Setup]:
+        job = cluster._job_context()
+        world = len(probes)
+        master = probes[0]
+        on_node: dict[int, list[int]] = {}
+        for p in self._placements:
+            on_node.setdefault(p.node_rank, []).append(p.rank)
+        setups = []
+        for p, probe in zip(self._placements, probes, strict=True):
+            peers = on_node[p.node_rank]
+            visible = _sorted_ids({g for r in peers for g in probes[r].gpu_ids})
+            if probe.gpu_ids:
+                local_rank = visible.index(probe.gpu_ids[0])
+                cuda_visible: str | None = ",".join(visible)
+            else:
+                local_rank = peers.index(p.rank)
+                cuda_visible = None
+            address = WorkerAddress(self.name, p.rank)
+            env = {
+                "MASTER_ADDR": master.ip,
+                "MASTER_PORT": str(master.port),
+                "RANK": str(p.rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(local_rank),
+                "LOCAL_WORLD_SIZE": str(len(peers)),
+                "NODE_RANK": str(p.node_rank),
+                "P2P_WORKER_ADDRESS": address.get_name(),
+            }
+            info = WorkerInfo(
+                address=address,
+                rank=p.rank,
+                node_id=p.node_rank,
+                gpu_id=_gpu_int(probe.gpu_ids[0], 0) if probe.gpu_ids else None,
+                node_ip=probe.ip,
+                available_gpus=[_gpu_int(g, i) for i, g in enumerate(visible)]
+                if probe.gpu_ids
+                else [],
+                world_size=world,
+                local_rank=local_rank,
+                ray_node_id=probe.ray_node_id,
+                pid=probe.pid,
+            )
+            setups.append(
+                Setup(job, info, env, cuda_visible, self._init_args, dict(self._init_kwargs))
+            )
+        return setups
+
+    # -- calling ---------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        """Number of workers in the group."""
+        return len(self._placements)
+
+    def __len__(self) -> int:
+        return self.world_size
+
+    @property
+    def worker_infos(self) -> list[WorkerInfo]:
+        """The :class:`WorkerInfo` of every worker, by rank."""
+        return list(self._infos)
+
+    @property
+    def actors(self) -> list[Any]:
+        """The Ray actor handles of the workers, by rank (for plain Ray calls)."""
+        return list(self._actors)
+
+    def execute_on(self, *ranks: int) -> WorkerGroup[W]:
+        """Restrict the next call on this group to ``ranks`` (in that result order).
+
+        Args:
+            *ranks: Distinct ranks in ``range(world_size)``.
+
+        Returns:
+            This group, so ``group.execute_on(0, 3).hello()`` reads naturally.
+
+        Raises:
+            TypeError: A rank is not an int.
+            ValueError: No rank given, a rank is out of range, or repeated.
+            WorkerError: The group is not launched.
+
+        Example:
+            >>> group.execute_on(0, 3).hello().wait()  # doctest: +SKIP
+            [0, 3]
+        """
+        self._check_launched()
+        if not ranks:
+            raise ValueError("execute_on() needs at least one rank")
+        for r in ranks:
+            if isinstance(r, bool) or not isinstance(r, int):
+                raise TypeError(f"execute_on ranks must be ints, got {r!r}")
+            if not 0 <= r < self.world_size:
+                raise ValueError(
+                    f"execute_on rank {r} is out of range for group {self.name!r} "
+                    f"(ranks 0..{self.world_size - 1})"
+                )
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"execute_on ranks must be distinct, got {list(ranks)}")
+        with self._lock:
+            self._next_ranks = tuple(ranks)
+        return self
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> GroupCallHandle:
+        """Run ``method(*args, **kwargs)`` on the workers; same as ``group.<method>(...)``.
+
+        Args:
+            method: Name of a public method of the worker class.
+            *args: Positional arguments, passed to every worker.
+            **kwargs: Keyword arguments, passed to every worker.
+
+        Returns:
+            A :class:`GroupCallHandle` on the call.
+
+        Raises:
+            ValueError: ``method`` is not a public method of the worker class.
+            WorkerError: The group is not launched.
+
+        Example:
+            >>> group.call("shutdown").wait()  # a worker method named like the group's  # doctest: +SKIP
+        """  # noqa: E501
+        self._check_launched()
+        if method not in self._methods:
+            raise ValueError(
+                f"method={method!r} is not a public method of {self.worker_cls.__name__}; "
+                f"public methods: {sorted(self._methods)}"
+            )
+        return self._invoke(method, args, kwargs)
+
+    def _make_method(self, method: str) -> Callable[..., GroupCallHandle]:
+        def group_method(*args: Any, **kwargs: Any) -> GroupCallHandle:
+            self._check_launched()
+            return self._invoke(method, args, kwargs)
+
+        group_method.__name__ = method
+        group_method.__qualname__ = f"{type(self).__name__}.{method}"
+        group_method.__doc__ = self._methods[method].__doc__
+        return group_method
+
+    def _invoke(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> GroupCallHandle:
+        with self._lock:
+            ranks = self._next_ranks or tuple(range(self.world_size))
+            self._next_ranks = None
+        if len(ranks) > 1 and looks_large(args, kwargs):
+            packed = ray.put((args, kwargs))
+            refs = [self._actors[r]._p2p_call.remote(method, packed) for r in ranks]
+        else:
+            refs = [self._actors[r]._p2p_call.remote(method, args, kwargs) for r in ranks]
+        return GroupCallHandle(self.name, method, ranks, refs)
+
+    def _check_launched(self) -> None:
+        if self.cluster is None:
+            raise WorkerError(
+                f"this {self.worker_cls.__name__} group is not launched; call "
+                f".launch(cluster) first"
+            )
+        if self._closed:
+            raise WorkerError(f"group {self.name!r} was shut down", group_name=self.name)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        cls = self.__dict__.get("worker_cls")
+        if cls is not None and name in public_methods(cls):
+            self._check_launched()
+        raise AttributeError(
+            f"{type(self).__name__} has no attribute {name!r} (it is not a public method of "
+            f"{getattr(cls, '__name__', '?')})"
+        )
+
+    # -- teardown --------------------------------------------------------------------------
+
+    def shutdown(self, *, timeout: float | None = 30.0) -> None:
+        """Stop every worker of the group and release its resources. Idempotent.
+
+        Each worker first closes its Collective (this runs even while a method blocks),
+        then its actor is killed and the placement group removed. On the driver's node
+        this waits until the worker processes have exited.
+
+        Args:
+            timeout: Seconds to wait for the workers to close and exit.
+        """
+        if self.cluster is None or self._closed:
+            return
+        self._teardown(graceful=True, timeout=30.0 if timeout is None else timeout)
+
+    def _teardown(self, *, graceful: bool, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        self._closed = True
+        if graceful and self._actors:
+            refs = [
+                a._p2p_shutdown.options(concurrency_group=CONTROL_GROUP).remote()
+                for a in self._actors
+            ]
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.wait(refs, num_returns=len(refs), timeout=min(timeout, 10.0))
+        for actor in self._actors:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.kill(actor, no_restart=True)
+        if self._pg is not None:
+            with contextlib.suppress(ray.exceptions.RayError):
+                remove_placement_group(self._pg)
+        here = ray.get_runtime_context().get_node_id()
+        local_pids = [p.pid for p in self._probes if p.ray_node_id == here]
+        _wait_exit(local_pids, deadline)
+        if self.cluster is not None:
+            self.cluster._unregister(self)
+
+    def __enter__(self) -> WorkerGroup[W]:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        if self.cluster is None:
+            return f"<WorkerGroup of {self.worker_cls.__name__}, not launched>"
+        state = "shut down" if self._closed else f"{self.world_size} workers"
+        return f"<WorkerGroup {self.name!r} of {self.worker_cls.__name__}, {state}>"
+
+
+def _sorted_ids(ids: set[str]) -> list[str]:
+    return sorted(ids, key=lambda g: (0, int(g), g) if g.isdigit() else (1, 0, g))
+
+
+def _gpu_int(gpu: str, fallback: int) -> int:
+    return int(gpu) if gpu.isdigit() else fallback
+
+
+def _wait_exit(pids: Sequence[int], deadline: float) -> None:
+    """Wait until the processes ``pids`` (on this machine) are gone, or the deadline."""
+    pending = set(pids)
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                pending.discard(pid)
+            except PermissionError:  # pragma: no cover - pid reused by another user
+                pending.discard(pid)
+        if pending:
+            time.sleep(0.05)

@@ -1,0 +1,260 @@
+"""The handle a group call returns: per-rank results, errors, and timer durations."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+
+from p2p_asyncwork import AsyncWork, WorkTimeoutError
+from p2p_worker._actor import Failure
+from p2p_worker._errors import WorkerError
+from p2p_worker._timer import Reduction, reduce_durations
+
+_PENDING: Any = object()
+
+
+def failure_error(group_name: str, rank: int, method: str, failure: Failure) -> WorkerError:
+    """Build the WorkerError for a method that raised in worker ``rank``."""
+    err = WorkerError(
+        f"{failure.exc_type} in {method}() on worker {group_name}:{rank} (group "
+        f"{group_name!r}, rank {rank}): {failure.message}\n\n"
+        f"Remote traceback (worker {group_name}:{rank}):\n{failure.traceback.rstrip()}",
+        group_name=group_name,
+        rank=rank,
+        method=method,
+        remote_traceback=failure.traceback,
+    )
+    err.__cause__ = failure.exc
+    return err
+
+
+def ray_error(group_name: str, rank: int, method: str, exc: BaseException) -> WorkerError:
+    """Build the WorkerError for a Ray-level failure (a dead worker, a lost object)."""
+    what = "died" if isinstance(exc, ray.exceptions.RayActorError) else "failed in Ray"
+    err = WorkerError(
+        f"worker {group_name}:{rank} (group {group_name!r}, rank {rank}) {what} while "
+        f"running {method}(): {type(exc).__name__}: {exc}",
+        group_name=group_name,
+        rank=rank,
+        method=method,
+    )
+    err.__cause__ = exc
+    return err
+
+
+class GroupCallHandle(AsyncWork[list[Any]]):
+    """Handle on one method call that runs on several workers of a group in parallel.
+
+    ``wait()`` returns the per-rank results as a list, in the order of the ranks the
+    call ran on. As soon as any worker fails, the handle fails with a
+    :class:`~p2p_worker.WorkerError` naming the group, the rank, the method and the remote
+    traceback (the other workers keep running). It is an
+    :class:`~p2p_asyncwork.AsyncWork`: ``done()``, ``async_wait()``, ``await handle``
+    and ``then()`` work as usual.
+
+    Attributes:
+        group_name: Name of the group.
+        method: Name of the method.
+        ranks: The ranks the call ran on, in result order.
+        refs: Ray ``ObjectRef`` of each rank's reply.
+
+    Example:
+        >>> handle = group.step(batch)  # doctest: +SKIP
+        >>> handle.wait(timeout=60)  # doctest: +SKIP
+        [0.5, 0.25]
+        >>> handle.consume_durations()  # doctest: +SKIP
+        {'step': 1.25, 'forward': 0.75}
+    """
+
+    def __init__(
+        self, group_name: str, method: str, ranks: Sequence[int], refs: Sequence[Any]
+    ) -> None:
+        super().__init__()
+        self.group_name = group_name
+        self.method = method
+        self.ranks = tuple(ranks)
+        self.refs = list(refs)
+        self._index = {ref: i for i, ref in enumerate(self.refs)}
+        self._results: list[Any] = [_PENDING] * len(self.refs)
+        self._durations: list[dict[str, float]] = [{} for _ in self.refs]
+        self._remaining = len(self.refs)
+        self._state_lock = threading.Lock()
+        self._drive_lock = threading.Lock()
+        self._armed = False
+        self._consumed = False
+        if not self.refs:
+            self._complete(result=[])
+
+    # -- resolving replies ----------------------------------------------------------------
+
+    def _unresolved(self) -> list[Any]:
+        with self._state_lock:
+            return [r for i, r in enumerate(self.refs) if self._results[i] is _PENDING]
+
+    def _settle(self, i: int, reply: Any = None, exc: BaseException | None = None) -> None:
+        """Record rank ``i``'s reply (or Ray error); complete the handle when it decides."""
+        rank = self.ranks[i]
+        error: WorkerError | None = None
+        if exc is not None:
+            error = ray_error(self.group_name, rank, self.method, exc)
+        else:
+            ok, value, durations = reply
+            if not ok:
+                error = failure_error(self.group_name, rank, self.method, value)
+        with self._state_lock:
+            if self._results[i] is not _PENDING:
+                return
+            if error is None:
+                self._results[i] = value
+                self._durations[i] = durations
+            else:
+                self._results[i] = None
+            self._remaining -= 1
+            last = self._remaining == 0
+        if error is not None:
+            self._complete(exception=error)
+        elif last:
+            self._complete(result=list(self._results))
+
+    def _fetch(self, refs: Sequence[Any]) -> None:
+        for ref in refs:
+            try:
+                reply = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                self._settle(self._index[ref], exc=exc)
+            else:
+                self._settle(self._index[ref], reply)
+
+    def _drive(self, timeout: float | None) -> None:
+        """Wait for replies with ``ray.wait`` until the handle completes or time runs out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._drive_lock.acquire(timeout=-1 if timeout is None else timeout):
+            return
+        try:
+            while not self.done():
+                pending = self._unresolved()
+                if not pending:
+                    return
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if len(pending) == 1:
+                    ready, _ = ray.wait(pending, num_returns=1, timeout=left)
+                else:
+                    ready, rest = ray.wait(pending, num_returns=1, timeout=left)
+                    if ready and rest:
+                        more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+                        ready += more
+                if not ready:
+                    return
+                self._fetch(ready)
+        finally:
+            self._drive_lock.release()
+
+    def _arm(self) -> None:
+        """Resolve replies from Ray's callbacks (for async_wait, then, callbacks)."""
+        with self._state_lock:
+            if self._armed:
+                return
+            self._armed = True
+        for ref in self._unresolved():
+            ref.future().add_done_callback(lambda fut, ref=ref: self._on_future(ref, fut))
+
+    def _on_future(self, ref: Any, fut: Any) -> None:
+        try:
+            reply = fut.result()
+        except ray.exceptions.RayError as exc:
+            self._settle(self._index[ref], exc=exc)
+        except BaseException as exc:  # cancelled future or unexpected error
+            self._settle(self._index[ref], exc=exc)
+        else:
+            self._settle(self._index[ref], reply)
+
+    # -- AsyncWork interface ----------------------------------------------------------------
+
+    def _add_done_callback(self, fn: Callable[[AsyncWork[list[Any]]], None]) -> None:
+        self._arm()
+        super()._add_done_callback(fn)
+
+    def done(self) -> bool:
+        """Return True once every rank replied or one failed. Never blocks."""
+        if super().done():
+            return True
+        pending = self._unresolved()
+        if pending:
+            ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+            self._fetch(ready)
+        return super().done()
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        """Wait for every rank and return their results, in the order of :attr:`ranks`.
+
+        Args:
+            timeout: Seconds to wait; ``None`` waits without limit.
+
+        Returns:
+            One result per rank.
+
+        Raises:
+            WorkerError: A worker raised (the first failure seen) or died.
+            WorkTimeoutError: The call did not finish within ``timeout`` (it keeps running).
+        """
+        if not super().done():
+            self._drive(timeout)
+        if not super().done():
+            raise WorkTimeoutError(
+                f"{self.method}() on group {self.group_name!r} ranks {list(self.ranks)} did "
+                f"not finish within {timeout} s"
+            )
+        return super().wait(0)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait like :meth:`wait`; return the WorkerError, or ``None`` on success."""
+        try:
+            self.wait(timeout)
+        except WorkTimeoutError:
+            raise
+        except BaseException as exc:
+            return exc
+        return None
+
+    def consume_durations(
+        self, reduction: Reduction = "max", *, timeout: float | None = None
+    ) -> dict[str, float]:
+        """Return the timer durations of this call, reduced over its ranks; once.
+
+        Every ``@Worker.timer`` / ``worker_timer`` tag that finished during the call on
+        any of its ranks appears, nested tags included; a tag timed several times in one
+        call on one rank sums. The first call waits for the call to finish; later calls
+        return ``{}``.
+
+        Args:
+            reduction: How to combine ranks: ``"max"`` (default), ``"min"``, ``"mean"``,
+                ``"sum"`` or a function of a sequence of floats.
+            timeout: Seconds to wait for the call to finish.
+
+        Returns:
+            ``tag -> seconds``.
+
+        Raises:
+            WorkerError: The call failed.
+            WorkTimeoutError: It did not finish within ``timeout``.
+            ValueError: ``reduction`` is an unknown name.
+
+        Example:
+            >>> group.run_training(batch).consume_durations()  # doctest: +SKIP
+            {'run_training': 2.5, 'train_step': 2.25}
+        """
+        self.wait(timeout)
+        with self._state_lock:
+            if self._consumed:
+                return {}
+            self._consumed = True
+        return reduce_durations(self._durations, reduction)
+
+    def __repr__(self) -> str:
+        state = "done" if super().done() else "pending"
+        where = f"{self.group_name}.{self.method}() ranks={list(self.ranks)}"
+        return f"<GroupCallHandle {where} {state}>"

@@ -1,0 +1,141 @@
+"""What a worker process holds for its job: the store client and the one Collective."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from p2p_worker._address import WorkerAddress
+from p2p_worker._errors import WorkerError
+from p2p_worker._info import NodeInfo
+from p2p_worker._store import RendezvousStore
+
+STORE_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What the driver hands to every worker of a job (pickled into the actor).
+
+    Attributes:
+        store_host: IP of the job's rendezvous store.
+        store_port: Its port.
+        collective_config: The job's ``p2p_collective.CollectiveConfig`` (or ``None``).
+        codec_name: The configured compression codec, probed at worker start, or ``None``.
+        nodes: The cluster's nodes, indexed by node rank.
+    """
+
+    store_host: str
+    store_port: int
+    collective_config: Any
+    codec_name: str | None
+    nodes: tuple[NodeInfo, ...]
+
+
+def import_lower(module: str, name: str, purpose: str) -> Any:
+    """Import ``module.name`` lazily; raise WorkerError saying what is missing.
+
+    Raises:
+        WorkerError: The package or the name is missing.
+    """
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - declared dependency
+        raise WorkerError(f"{purpose} needs the {module} package: {exc}") from exc
+    obj = getattr(mod, name, None)
+    if obj is None:
+        raise WorkerError(
+            f"{purpose} needs {module}.{name}, which the installed {module} does not provide"
+        )
+    return obj
+
+
+def probe_codec(codec_name: str | None) -> None:
+    """Check that the configured codec's library works in this process.
+
+    Raises:
+        Exception: ``p2p_compress.CompressionError`` naming what to install.
+    """
+    if codec_name is None:
+        return
+    probe = import_lower("p2p_compress", "probe_codec_library", "probing the codec library")
+    probe(codec_name)
+
+
+class WorkerRuntime:
+    """Per-process state of a worker: its address, its store client and its Collective.
+
+    Both are created on first use, so a worker that never communicates opens no
+    connection. The Collective is built with the worker's address name, a TCPStore
+    client to the job's store, the node IP as its host, and the job's CollectiveConfig.
+
+    Args:
+        job: The job context from the driver.
+        address: The worker's address.
+        node_ip: IP of the worker's node.
+    """
+
+    def __init__(self, job: JobContext, address: WorkerAddress, node_ip: str) -> None:
+        self.job = job
+        self.address = address
+        self.node_ip = node_ip
+        self._lock = threading.Lock()
+        self._store: Any = None
+        self._collective: Any = None
+        self._closed = False
+
+    def store(self) -> Any:
+        """Return the TCPStore client to the job's rendezvous store (connecting once)."""
+        with self._lock:
+            if self._store is None:
+                self._store = RendezvousStore.connect(
+                    self.job.store_host, self.job.store_port, timeout=STORE_TIMEOUT
+                )
+            return self._store
+
+    def collective(self) -> Any:
+        """Return this process's ``p2p_collective.Collective`` (creating it once).
+
+        Raises:
+            WorkerError: The runtime is closed, or p2p-collective is missing.
+        """
+        if self._collective is not None:
+            return self._collective
+        store = self.store()
+        with self._lock:
+            if self._closed:
+                raise WorkerError(f"worker {self.address} is shutting down")
+            if self._collective is None:
+                collective_cls = import_lower("p2p_collective", "Collective", "Worker send/recv")
+                self._collective = collective_cls(
+                    self.address,
+                    store,
+                    host=self.node_ip,
+                    config=self.job.collective_config,
+                )
+            return self._collective
+
+    def close(self) -> None:
+        """Close the Collective (all its groups) and drop the store client. Idempotent."""
+        with self._lock:
+            self._closed = True
+            collective, self._collective = self._collective, None
+            self._store = None
+        if collective is not None:
+            collective.close()
+
+
+_current: WorkerRuntime | None = None
+
+
+def set_current_runtime(runtime: WorkerRuntime | None) -> None:
+    """Make ``runtime`` this process's worker runtime."""
+    global _current
+    _current = runtime
+
+
+def current_runtime() -> WorkerRuntime | None:
+    """Return this process's worker runtime, or ``None`` outside a launched worker."""
+    return _current

@@ -1,0 +1,302 @@
+"""The Worker base class: subclass it to get a Ray actor that knows its place in the job."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from p2p_worker._address import WorkerAddress, check_group_name
+from p2p_worker._errors import WorkerError
+from p2p_worker._info import WorkerInfo
+from p2p_worker._runtime import WorkerRuntime
+from p2p_worker._timer import timed, timer
+
+if TYPE_CHECKING:
+    from p2p_worker._group import WorkerGroup
+
+W = TypeVar("W", bound="Worker")
+
+
+class Worker:
+    """Base class of a remote worker: one Ray actor process of a :class:`WorkerGroup`.
+
+    Subclass it, then launch a group with ``MyWorker.create_group(...).launch(cluster)``.
+    Before the subclass's ``__init__`` runs, each worker already has:
+
+    - ``MASTER_ADDR``, ``MASTER_PORT`` (a free port on rank 0's node), ``RANK``,
+      ``LOCAL_RANK``, ``WORLD_SIZE`` (plus ``LOCAL_WORLD_SIZE`` and ``NODE_RANK``) in
+      ``os.environ``, so ``torch.distributed.init_process_group()`` works with its
+      defaults inside the worker;
+    - ``self._rank``, ``self._world_size``, :attr:`worker_info` and
+      :attr:`worker_address`;
+    - a checked compression codec library, when the job configures compression.
+
+    A worker talks to any other worker of the job by group name and rank:
+    :meth:`send` / :meth:`recv` move any picklable object (tensors, lists and dicts of
+    tensors on the optimized path) and :meth:`send_tensor` / :meth:`recv_tensor` move
+    one tensor into a buffer the receiver already holds. Messages between two workers
+    arrive in the order they were sent. The work is done by the process's single
+    ``p2p_collective.Collective``, created on first use.
+
+    Methods run one at a time, in call order (Ray runs them in a dedicated thread, so a
+    method that blocks does not stop the group from being shut down).
+
+    Example:
+        >>> import os
+        >>> from p2p_worker import Cluster, PackedPlacementStrategy, Worker
+        >>> class Hello(Worker):
+        ...     def __init__(self, greeting):
+        ...         super().__init__()
+        ...         self.greeting = greeting
+        ...     def hello(self):
+        ...         return f"{self.greeting} from rank {self._rank} of {os.environ['WORLD_SIZE']}"
+        >>> cluster = Cluster(num_nodes=1)  # doctest: +SKIP
+        >>> group = Hello.create_group("hi").launch(
+        ...     cluster, PackedPlacementStrategy(2, cpus_per_worker=0), name="hello"
+        ... )  # doctest: +SKIP
+        >>> group.hello().wait()  # doctest: +SKIP
+        ['hi from rank 0 of 2', 'hi from rank 1 of 2']
+    """
+
+    _rank: int
+    _world_size: int
+    timer = staticmethod(timer)
+
+    def __init__(self) -> None:
+        if "_p2p_runtime" not in self.__dict__:
+            # Constructed directly, not launched in a group: a stand-alone worker.
+            self._rank = 0
+            self._world_size = 1
+            self._p2p_runtime: WorkerRuntime | None = None
+            self._p2p_info: WorkerInfo | None = None
+
+    # -- identity ------------------------------------------------------------------------
+
+    @classmethod
+    def create_group(cls: type[W], *args: Any, **kwargs: Any) -> WorkerGroup[W]:
+        """Describe a group of this worker class; ``launch`` it to start the workers.
+
+        Args:
+            *args: Positional arguments for every worker's ``__init__``.
+            **kwargs: Keyword arguments for every worker's ``__init__``.
+
+        Returns:
+            An unlaunched :class:`WorkerGroup`.
+
+        Example:
+            >>> group = Worker.create_group()
+            >>> group.launched
+            False
+        """
+        from p2p_worker._group import WorkerGroup
+
+        return WorkerGroup(cls, args, kwargs)
+
+    @property
+    def worker_info(self) -> WorkerInfo:
+        """This worker's :class:`WorkerInfo`.
+
+        Raises:
+            WorkerError: The worker was not launched in a group.
+        """
+        info = self.__dict__.get("_p2p_info")
+        if info is None:
+            raise WorkerError(
+                f"{type(self).__name__} was not launched in a WorkerGroup, so it has no "
+                f"WorkerInfo; use {type(self).__name__}.create_group().launch(cluster)"
+            )
+        return info  # type: ignore[no-any-return]
+
+    @property
+    def worker_address(self) -> WorkerAddress:
+        """This worker's :class:`WorkerAddress` (see :attr:`worker_info`)."""
+        return self.worker_info.address
+
+    def worker_timer(self, tag: str) -> AbstractContextManager[None]:
+        """Time a block under ``tag``; the group call's handle reports it.
+
+        Args:
+            tag: Name the duration is reported under in ``consume_durations()``.
+
+        Returns:
+            A context manager.
+
+        Raises:
+            TypeError: ``tag`` is not a non-empty str.
+
+        Example:
+            >>> w = Worker()
+            >>> with w.worker_timer("load"):
+            ...     pass
+        """
+        local: dict[str, float] = self.__dict__.setdefault("_p2p_local_durations", {})
+        return timed(tag, local)
+
+    # -- communication -------------------------------------------------------------------
+
+    @property
+    def collective(self) -> Any:
+        """This process's ``p2p_collective.Collective``, created on first use.
+
+        Raises:
+            WorkerError: The worker was not launched in a group.
+        """
+        runtime = self.__dict__.get("_p2p_runtime")
+        if runtime is None:
+            raise WorkerError(
+                f"{type(self).__name__} was not launched in a WorkerGroup; it cannot communicate"
+            )
+        return runtime.collective()
+
+    def _p2p_peer_group(self, group_name: str, rank: int | Sequence[int], arg: str) -> Any:
+        check_group_name(group_name, f"{arg}_group_name")
+        try:
+            peer = WorkerAddress(group_name, rank)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{arg}_rank={rank!r}: {exc}") from None
+        me = self.worker_address
+        if peer == me:
+            raise ValueError(
+                f"{arg}_group_name={group_name!r}, {arg}_rank={rank!r} is this worker "
+                f"({me}); a worker cannot send to or receive from itself"
+            )
+        return self.collective.create_collective_group([me, peer])
+
+    def send(
+        self,
+        object: Any,  # the name seed 004 uses
+        dst_group_name: str,
+        dst_rank: int | Sequence[int],
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """Send ``object`` to the worker ``dst_rank`` of group ``dst_group_name``.
+
+        Tensors, lists/tuples of tensors, dicts of tensors and dataclasses with tensor
+        fields take the optimized tensor path; any other picklable object is pickled.
+        The receiver calls :meth:`recv` with this worker's group name and rank.
+
+        Args:
+            object: What to send.
+            dst_group_name: Name of the receiver's group.
+            dst_rank: The receiver's rank (or rank path) in that group.
+            async_op: Return an ``AsyncWork`` at once instead of waiting.
+            timeout: Seconds the send may take; ``None`` uses the job's default.
+
+        Returns:
+            ``None``, or an ``AsyncWork`` completing when the send is done.
+
+        Raises:
+            ValueError: The destination is this worker, or the payload is refused.
+            TypeError: A name or rank has the wrong type.
+            WorkerError: The worker was not launched in a group.
+            p2p_collective.CollectiveError: The transfer failed.
+
+        Example:
+            >>> self.send({"w": torch.ones(4)}, dst_group_name="learner", dst_rank=0)  # doctest: +SKIP
+        """  # noqa: E501
+        group = self._p2p_peer_group(dst_group_name, dst_rank, "dst")
+        return group.send(object, async_op=async_op, timeout=timeout)
+
+    def recv(
+        self,
+        src_group_name: str,
+        src_rank: int | Sequence[int],
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """Receive the next object that worker ``src_rank`` of ``src_group_name`` sent.
+
+        Args:
+            src_group_name: Name of the sender's group.
+            src_rank: The sender's rank (or rank path) in that group.
+            async_op: Return an ``AsyncWork`` at once instead of waiting.
+            timeout: Seconds to wait; ``None`` uses the job's default.
+
+        Returns:
+            The object, or an ``AsyncWork`` whose ``wait()`` returns it.
+
+        Raises:
+            ValueError: The source is this worker.
+            TypeError: A name or rank has the wrong type.
+            WorkerError: The worker was not launched in a group.
+            p2p_collective.CollectiveError: The transfer failed or timed out.
+
+        Example:
+            >>> obj = self.recv(src_group_name="actor", src_rank=0)  # doctest: +SKIP
+        """
+        group = self._p2p_peer_group(src_group_name, src_rank, "src")
+        return group.recv(async_op=async_op, timeout=timeout)
+
+    def send_tensor(
+        self,
+        tensor: Any,
+        dst_group_name: str,
+        dst_rank: int | Sequence[int],
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """Send one tensor with no metadata; the receiver must call :meth:`recv_tensor`.
+
+        The receiver already holds a tensor of the same dtype and shape, so nothing but
+        the payload travels. Never answer it with :meth:`recv`.
+
+        Args:
+            tensor: A contiguous tensor.
+            dst_group_name: Name of the receiver's group.
+            dst_rank: The receiver's rank (or rank path) in that group.
+            async_op: Return an ``AsyncWork`` at once instead of waiting.
+            timeout: Seconds the send may take; ``None`` uses the job's default.
+
+        Returns:
+            ``None``, or an ``AsyncWork``.
+
+        Raises:
+            ValueError: The destination is this worker, or the tensor is refused.
+            TypeError: A name or rank has the wrong type.
+            WorkerError: The worker was not launched in a group.
+            p2p_collective.CollectiveError: The transfer failed.
+
+        Example:
+            >>> self.send_tensor(torch.ones(2, 1), "recv_group", 0)  # doctest: +SKIP
+        """
+        group = self._p2p_peer_group(dst_group_name, dst_rank, "dst")
+        return group.send_tensor(tensor, async_op=async_op, timeout=timeout)
+
+    def recv_tensor(
+        self,
+        tensor: Any,
+        src_group_name: str,
+        src_rank: int | Sequence[int],
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """Receive one tensor in place, sent by the peer's :meth:`send_tensor`.
+
+        Args:
+            tensor: The buffer to fill: same dtype and shape as the sent tensor.
+            src_group_name: Name of the sender's group.
+            src_rank: The sender's rank (or rank path) in that group.
+            async_op: Return an ``AsyncWork`` at once instead of waiting.
+            timeout: Seconds to wait; ``None`` uses the job's default.
+
+        Returns:
+            ``tensor`` filled, or an ``AsyncWork`` whose ``wait()`` returns it.
+
+        Raises:
+            ValueError: The source is this worker.
+            TypeError: A name or rank has the wrong type.
+            WorkerError: The worker was not launched in a group.
+            p2p_collective.CollectiveError: The transfer failed or timed out.
+
+        Example:
+            >>> buf = torch.empty(2, 1)  # doctest: +SKIP
+            >>> self.recv_tensor(buf, "send_group", 0)  # doctest: +SKIP
+        """
+        group = self._p2p_peer_group(src_group_name, src_rank, "src")
+        return group.recv_tensor(tensor, async_op=async_op, timeout=timeout)
