@@ -23,6 +23,26 @@ def _p2p_missing() -> str | None:
     return f"p2p_worker lacks {missing} (issue 6 not landed yet)" if missing else None
 
 
+def _collective_missing() -> str | None:
+    try:
+        from p2p_collective import Collective  # noqa: F401
+    except ImportError as exc:
+        return f"p2p_collective not importable yet (issue 4): {exc}"
+    return None
+
+
+def _has_channels() -> bool:
+    try:
+        from p2p_worker import Worker
+    except ImportError:
+        return False
+    return hasattr(Worker, "create_channel") and hasattr(Worker, "connect_channel")
+
+
+needs_collective = pytest.mark.skipif(
+    _collective_missing() is not None, reason=str(_collective_missing())
+)
+
 pytestmark = [
     pytest.mark.ray,
     pytest.mark.slow,
@@ -44,6 +64,7 @@ def test_placement_puts_one_group_on_each_node(netns_cluster: Any, drive: Any) -
     assert sorted(n["ip"] for n in res["nodes"]) == sorted(ray_ids)
 
 
+@needs_collective
 def test_every_payload_kind_crosses_the_link_both_ways(netns_cluster: Any, drive: Any) -> None:
     before = {r: netns_cluster.link_stats(r) for r in ("head", "worker")}
     res = drive("p2p_driver.py", "payloads")
@@ -56,11 +77,14 @@ def test_every_payload_kind_crosses_the_link_both_ways(netns_cluster: Any, drive
         # The receiver holds TCP connections to the sender's node address (gloo), and
         # none of the transfer could have gone over loopback between namespaces.
         assert receiver_peer in got["tcp_peers"], got["tcp_peers"]
+    assert res["ping_pong"] == [[True], [True]]
     big = 16 * 1024**2
     for role in ("head", "worker"):
         assert after[role]["tx_bytes"] - before[role]["tx_bytes"] >= big
 
 
+@needs_collective
+@pytest.mark.skipif(not _has_channels(), reason="Worker.create_channel not there yet (issue 7)")
 def test_channels_across_nodes(drive: Any) -> None:
     res = drive("p2p_driver.py", "channels")
     for name in ("mn_to1", "mn_to0"):
@@ -77,9 +101,9 @@ def test_group_calls_across_nodes(netns_cluster: Any, drive: Any) -> None:
     assert res["error"] is not None
     assert "boom on rank 1" in res["error"]["message"]
     assert res["after_error"] == [0, 1]
-    assert res["ping_pong"] == [[True], [True]]
 
 
+@needs_collective
 def test_pending_recv_fails_within_seconds_when_the_peer_node_dies(
     netns_cluster: Any, drivers_dir: Path
 ) -> None:

@@ -57,6 +57,11 @@ def cmd_payloads(cluster: Any) -> dict[str, Any]:
         send = src.send_all(dname, 0, seed)
         recv = dst.recv_all(sname, 0, seed)
         out[f"{sname}->{dname}"] = {"sent": send.wait()[0], "received": recv.wait()[0]}
+    # Rank 0 (node 0) and rank 1 (node 1) of one group spanning both nodes talk too.
+    strategy = NodePlacementStrategy([0, 1], cpus_per_worker=0)
+    group = Peer.create_group().launch(cluster, placement_strategy=strategy, name="mn_ab")
+    ping, pong = group.execute_on(0).ping("mn_ab", 1), group.execute_on(1).pong("mn_ab", 0)
+    out["ping_pong"] = [ping.wait(), pong.wait()]
     return out
 
 
@@ -85,9 +90,6 @@ def cmd_group_calls(cluster: Any) -> dict[str, Any]:
     except Exception as exc:
         out["error"] = {"type": type(exc).__name__, "message": str(exc)[:2000]}
     out["after_error"] = [w["rank"] for w in group.work().wait()]
-    # Rank 0 (node 0) and rank 1 (node 1) of the same group talk to each other.
-    ping, pong = group.execute_on(0).ping("mn_ab", 1), group.execute_on(1).pong("mn_ab", 0)
-    out["ping_pong"] = [ping.wait(), pong.wait()]
     return out
 
 
