@@ -310,7 +310,7 @@ def known_tags() -> list[str]:
     tags = {ns[len(PREFIX) + 1 :].rsplit("-", 1)[0] for ns in list_namespaces()}
     if STATE_ROOT.is_dir():
         tags.update(p.name for p in STATE_ROOT.iterdir() if p.is_dir())
-    return sorted(t for t in tags if _TAG_RE.match(t))
+    return sorted(t for t in tags if _TAG_RE.match(t) and not t.startswith("probe"))
 
 
 def teardown(tag: str, *, keep_logs: bool = False) -> None:
@@ -332,7 +332,14 @@ def teardown(tag: str, *, keep_logs: bool = False) -> None:
 
 
 def cleanup_stale() -> list[str]:
-    """Tear down every cluster whose owning process is gone; return their tags."""
+    """Tear down every cluster whose owning process is gone; return their tags.
+
+    Also deletes namespaces left by a ``check_support`` probe whose process died.
+    """
+    for ns in list_namespaces():
+        match = re.match(rf"^{PREFIX}-probe(\d+)-\d$", ns)
+        if match and _proc_start_time(int(match.group(1))) is None:
+            _run(f"ip netns del {ns}", check=False)
     stale = [t for t in known_tags() if not _owner_alive(read_state(t))]
     for tag in stale:
         teardown(tag)
