@@ -200,7 +200,7 @@ def write_outputs(result: RunResult, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / JSON_NAME, "markdown": out / MARKDOWN_NAME, "plot": out / PLOT_NAME}
     write_json(result, paths["json"])
-    note = f"{result.meta.get('cpus', '?')} CPUs · {result.meta.get('cluster', '')}"
+    note = f"{result.meta.get('cluster', 'Ray')} · median of {result.meta.get('reps', '?')} reps"
     drew = plot_throughput(result.summaries(), paths["plot"], title_note=note)
     if not drew:
         del paths["plot"]
@@ -217,7 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: command-line arguments without the program name (default ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 when the report was written, 1 when the run failed.
+        The exit status: 0 when every requested part ran or is reported unavailable; 1
+        when a part failed (the report is still written when the run got that far);
+        2 for bad arguments.
 
     Example:
         >>> main(["--quick", "--out", "/tmp/p2p-bench-out"])  # doctest: +SKIP
@@ -249,11 +251,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print("• " + ratio_line(line).replace("**", ""))
     for gap in result.unavailable:
         console.print(f"[yellow]• {gap.what}: unavailable — {gap.reason}")
+    for failure in result.failures:
+        console.print(f"[red]• {failure.what}: FAILED — {failure.reason}")
     paths = write_outputs(result, options.out)
     console.print(f"wall time {result.meta.get('wall_s')} s; wrote:")
     for path in paths.values():
         console.print(f"  {path}")
-    return 0
+    return 1 if result.failures else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,112 +3,102 @@
 A codec and a link profile are job-level settings (``cluster.collective.
 tensor_compression`` and ``cluster.net_emulation``), so every (codec, link) block gets
 its own :class:`p2p_worker.Cluster` object carrying that configuration. All of them
-share the one Ray connection of the process (the first, configuration-free Cluster
-started or attached to it), so a block costs two worker launches, not a Ray start.
+share the one Ray connection of the process (opened by the first, configuration-free
+Cluster of the run), so a block costs two worker launches, not a Ray start.
 
-Nothing is assumed about what the installed stack does with a setting: before a block
-is measured, a probe sends a highly compressible tensor and checks the transport's
-own byte counters (a codec that is accepted but not applied on the wire
-shows up as wire bytes >= payload bytes) and the elapsed time against the emulated
-link's capacity. A block that fails its probe is reported as unavailable, with the
-evidence, and none of its cells is measured.
+Nothing is assumed about what the installed stack does with a setting: before the
+first block of a codec is measured, a probe sends a highly compressible tensor and
+reads the transport's own byte counters (a codec that is accepted but not applied
+shows up as wire bytes >= payload bytes); before the first emulated link, a probe job
+on a slow emulated link checks that the transfer takes the time that link needs. A
+setting that fails its probe is reported as unavailable, with the evidence, and none
+of its cells is measured.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from p2p_asyncwork import P2PError
+from p2p_worker import Cluster, NodePlacementStrategy, Worker, WorkerAddress
+from p2p_worker.bench._payloads import payload_nbytes
 from p2p_worker.bench._report import RunResult
 from p2p_worker.bench._results import Sample, samples_from_timings
 from p2p_worker.bench._spec import Cell, LinkProfile, Skipped, format_size, series_name
 from p2p_worker.bench._timing import PayloadCache, receiver_loop, sender_loop
 
 PROBE_BYTES = 1 << 20
-_REQUIRED = ("Cluster", "Worker", "WorkerAddress", "NodePlacementStrategy")
+EMULATION_PROBE_MBPS = 8.0
 _counter = itertools.count()
 
 
-def p2p_missing() -> str | None:
-    """Why the p2p method cannot run with the installed p2p_worker, or ``None`` if it can."""
-    import p2p_worker
-
-    absent = [name for name in _REQUIRED if not hasattr(p2p_worker, name)]
-    if absent:
-        return f"the installed p2p_worker does not export {', '.join(absent)} yet"
-    return None
-
-
-def _endpoint_class() -> type:
-    """Build the Worker subclass lazily (p2p_worker.Worker may not exist yet)."""
-    from p2p_worker import Worker, WorkerAddress
-
-    class BenchEndpoint(Worker):  # type: ignore[misc, valid-type]
-        """One end of the p2p method; also runs the probes."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self._cache = PayloadCache()
-            self._ack = torch.zeros(1, dtype=torch.int64)
-
-        def node_rank(self) -> int:
-            return int(self.worker_info.node_id)
-
-        def _send_stats(self, peer: str) -> dict[str, Any]:
-            me = self.worker_address
-            group = self.collective.create_collective_group([me, WorkerAddress(peer, 0)])
-            return dict(group.stats()["send"])
-
-        def _run_sender(self, peer: str, payload: Any, reps: int) -> tuple[list[float], int, int]:
-            before = self._send_stats(peer)
-            secs = sender_loop(
-                lambda: self.send(payload, peer, 0),
-                lambda: self.recv_tensor(self._ack, peer, 0),
-                reps,
-            )
-            after = self._send_stats(peer)
-            sent = max(1, after["messages"] - before["messages"])
-            wire = (after["wire_bytes"] - before["wire_bytes"]) // sent
-            logical = (after["payload_bytes"] - before["payload_bytes"]) // sent
-            return secs, int(wire), int(logical)
-
-        def _run_receiver(self, peer: str, expected: Any, reps: int, what: str) -> None:
-            receiver_loop(
-                lambda: self.recv(peer, 0),
-                lambda: self.send_tensor(self._ack, peer, 0),
-                reps,
-                expected,
-                what,
-            )
-
-        def p2p_send(self, peer: str, kind: str, size: int, reps: int) -> tuple[Any, ...]:
-            from p2p_worker.bench._payloads import payload_nbytes
-
-            payload = self._cache.get(kind, size)
-            secs, wire, _ = self._run_sender(peer, payload, reps)
-            return payload_nbytes(payload), secs, wire
-
-        def p2p_recv(self, peer: str, kind: str, size: int, reps: int) -> None:
-            self._run_receiver(peer, self._cache.get(kind, size), reps, f"p2p {kind} {size}")
-
-        def probe_send(self, peer: str) -> tuple[float, int, int]:
-            secs, wire, logical = self._run_sender(peer, _probe_payload(), 1)
-            return secs[0], wire, logical
-
-        def probe_recv(self, peer: str) -> None:
-            self._run_receiver(peer, _probe_payload(), 1, "probe")
-
-    return BenchEndpoint
-
-
 def _probe_payload() -> torch.Tensor:
-    """1 MiB of int64 token ids below 256: any codec shrinks it several times."""
-    return (torch.arange(PROBE_BYTES // 8, dtype=torch.int64) % 251).contiguous()
+    """1 MiB of int64 values below 251: any codec shrinks it several times."""
+    return torch.arange(PROBE_BYTES // 8, dtype=torch.int64) % 251
+
+
+class BenchEndpoint(Worker):
+    """One end of the p2p method (a worker of a one-worker group); also runs the probes.
+
+    The sender calls ``Worker.send`` with the payload and waits for the receiver's
+    one-element acknowledgement (``send_tensor``/``recv_tensor``, no header).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cache = PayloadCache()
+        self._ack = torch.zeros(1, dtype=torch.int64)
+
+    def _send_stats(self, peer: str) -> dict[str, Any]:
+        me = self.worker_address
+        group = self.collective.create_collective_group([me, WorkerAddress(peer, 0)])
+        return dict(group.stats()["send"])
+
+    def _run_sender(self, peer: str, payload: Any, reps: int) -> tuple[list[float], int, int]:
+        before = self._send_stats(peer)
+        secs = sender_loop(
+            lambda: self.send(payload, peer, 0),
+            lambda: self.recv_tensor(self._ack, peer, 0),
+            reps,
+        )
+        after = self._send_stats(peer)
+        sent = max(1, after["messages"] - before["messages"])
+        wire = (after["wire_bytes"] - before["wire_bytes"]) // sent
+        logical = (after["payload_bytes"] - before["payload_bytes"]) // sent
+        return secs, int(wire), int(logical)
+
+    def _run_receiver(self, peer: str, expected: Any, reps: int, what: str) -> None:
+        receiver_loop(
+            lambda: self.recv(peer, 0),
+            lambda: self.send_tensor(self._ack, peer, 0),
+            reps,
+            expected,
+            what,
+        )
+
+    def p2p_send(self, peer: str, kind: str, size: int, reps: int) -> tuple[int, list[float], int]:
+        """Sender side of a cell: ``(payload bytes, seconds per rep, wire bytes per send)``."""
+        payload = self._cache.get(kind, size)
+        secs, wire, _ = self._run_sender(peer, payload, reps)
+        return payload_nbytes(payload), secs, wire
+
+    def p2p_recv(self, peer: str, kind: str, size: int, reps: int) -> None:
+        """Receiver side of a cell (checks the warm-up payload bit for bit)."""
+        self._run_receiver(peer, self._cache.get(kind, size), reps, f"p2p {kind} {size}")
+
+    def probe_send(self, peer: str) -> tuple[float, int, int]:
+        """Send the probe once: ``(seconds, wire bytes, payload bytes)``."""
+        secs, wire, logical = self._run_sender(peer, _probe_payload(), 1)
+        return secs[0], wire, logical
+
+    def probe_recv(self, peer: str) -> None:
+        """Receive the probe."""
+        self._run_receiver(peer, _probe_payload(), 1, "probe")
 
 
 @dataclass
@@ -116,15 +106,15 @@ class P2PSession:
     """The Ray connection of a run and where the two ends of every method live.
 
     Attributes:
-        base: the configuration-free ``p2p_worker.Cluster`` that owns the connection
-            (``None`` when p2p_worker has no Cluster yet and Ray was started directly).
+        base: the configuration-free Cluster that owns the Ray connection.
         address: the Ray address given on the command line, ``None`` for embedded.
         description: one line for the report.
         sender_rank / receiver_rank: node ranks of the two ends.
         sender_node / receiver_node: the same nodes as Ray node ids (for the baselines).
+        emulation_gap / codec_gaps: probe verdicts, ``None`` when the feature works.
     """
 
-    base: Any
+    base: Cluster
     address: str | None
     description: str
     sender_rank: int = 0
@@ -136,34 +126,24 @@ class P2PSession:
     codec_gaps: dict[str, str | None] = field(default_factory=dict)
 
     def close(self) -> None:
-        """Shut the base cluster down (Ray too when it was embedded)."""
-        if self.base is not None:
-            self.base.shutdown()
-        else:
-            import ray
-
-            if ray.is_initialized():
-                ray.shutdown()
+        """Shut the base cluster down (and Ray with it when it was embedded)."""
+        self.base.shutdown()
 
 
-def open_cluster(address: str | None, *, timeout: float, p2p: bool) -> P2PSession:
+def open_cluster(address: str | None, *, timeout: float) -> P2PSession:
     """Start an embedded local Ray cluster (``address=None``) or attach to ``address``.
 
     With two or more nodes the sender runs on node 0 (the driver's) and the receiver on
     node 1, so every method crosses the real network; with one node both share it.
     """
-    if not p2p:
-        return _plain_ray_session(address)
-    from p2p_worker import Cluster
-
     base = Cluster(address=address or "local", timeout=timeout)
     nodes = base.nodes
     receiver = 1 if len(nodes) > 1 else 0
-    kind = "embedded local Ray (127.0.0.1)" if base.is_embedded else f"Ray at {address}"
+    where = "embedded local Ray (127.0.0.1)" if base.is_embedded else f"Ray at {address}"
     return P2PSession(
         base=base,
         address=address,
-        description=f"{kind}, {len(nodes)} node(s), {base.num_cpus:g} CPUs",
+        description=f"{where}, {len(nodes)} node(s), {base.num_cpus:g} CPUs",
         sender_rank=0,
         receiver_rank=receiver,
         sender_node=nodes[0].ray_node_id,
@@ -171,45 +151,26 @@ def open_cluster(address: str | None, *, timeout: float, p2p: bool) -> P2PSessio
     )
 
 
-def _plain_ray_session(address: str | None) -> P2PSession:
-    """Ray without p2p_worker.Cluster (only the baselines can run then)."""
-    import ray
-
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-    if address is None:
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-        tmp = os.environ.get("P2P_RAY_TMPDIR") or "/tmp/p2pray"
-        os.makedirs(tmp, exist_ok=True)
-        kwargs.update(address="local", _node_ip_address="127.0.0.1", _temp_dir=tmp)
-    else:
-        kwargs["address"] = address
-    if not ray.is_initialized():
-        ray.init(**kwargs)
-    where = "embedded local Ray (127.0.0.1)" if address is None else f"Ray at {address}"
-    return P2PSession(base=None, address=address, description=where)
-
-
-class _Job:
-    """One p2p job: a Cluster object with the block's configuration and the two groups."""
+class P2PJob:
+    """One p2p job: a Cluster object with the block's configuration and its two groups."""
 
     def __init__(self, session: P2PSession, config: dict[str, Any], timeout: float) -> None:
-        from p2p_worker import Cluster, NodePlacementStrategy
-
         self.timeout = timeout
         self.cluster = Cluster(config=config, address=session.address or "local")
         try:
-            endpoint = _endpoint_class()
             n = next(_counter)
             self.names = (f"p2p_bench_send_{n}", f"p2p_bench_recv_{n}")
-            self.snd = endpoint.create_group().launch(
+            self.snd = BenchEndpoint.create_group().launch(
                 self.cluster,
                 NodePlacementStrategy([session.sender_rank], cpus_per_worker=0),
                 name=self.names[0],
+                timeout=timeout,
             )
-            self.rcv = endpoint.create_group().launch(
+            self.rcv = BenchEndpoint.create_group().launch(
                 self.cluster,
                 NodePlacementStrategy([session.receiver_rank], cpus_per_worker=0),
                 name=self.names[1],
+                timeout=timeout,
             )
         except BaseException:
             self.cluster.shutdown()
@@ -217,15 +178,16 @@ class _Job:
 
     def probe(self) -> tuple[float, int, int]:
         """Send the probe tensor once: ``(seconds, wire bytes, payload bytes)``."""
-        recv = self.rcv.probe_recv(self.names[0])
-        secs, wire, logical = self.snd.probe_send(self.names[1]).wait(timeout=self.timeout)[0]
+        recv = self.rcv.call("probe_recv", self.names[0])
+        send = self.snd.call("probe_send", self.names[1])
+        secs, wire, logical = send.wait(timeout=self.timeout)[0]
         recv.wait(timeout=self.timeout)
         return float(secs), int(wire), int(logical)
 
     def run_cell(self, cell: Cell, reps: int) -> list[Sample]:
         """Measure one cell."""
-        recv = self.rcv.p2p_recv(self.names[0], cell.kind, cell.size, reps)
-        send = self.snd.p2p_send(self.names[1], cell.kind, cell.size, reps)
+        recv = self.rcv.call("p2p_recv", self.names[0], cell.kind, cell.size, reps)
+        send = self.snd.call("p2p_send", self.names[1], cell.kind, cell.size, reps)
         nbytes, secs, wire = send.wait(timeout=self.timeout)[0]
         recv.wait(timeout=self.timeout)
         return samples_from_timings(cell, nbytes, secs, wire_bytes=wire)
@@ -235,36 +197,45 @@ class _Job:
         self.cluster.shutdown()
 
 
-EMULATION_PROBE_MBPS = 8.0
-
-
 def emulation_missing(session: P2PSession, timeout: float) -> str | None:
-    """Whether ``cluster.net_emulation`` really paces sends (checked once per run).
+    """Whether ``cluster.net_emulation`` really paces sends (probed once per run).
 
-    Runs a probe job on an emulated 8 Mbit/s link: the 1 MiB probe (whatever the
-    wire bytes) must take at least half of its wire time. Returns ``None`` when
-    emulation works, else the reason with the measured evidence.
+    Runs a probe job on an emulated 8 Mbit/s link: the 1 MiB probe must take at least
+    half the time its wire bytes need on that link.
+
+    Returns:
+        ``None`` when emulation works, else the reason with the measured evidence.
     """
+    from p2p_worker.bench._runner import job_config
+
     if session.emulation_checked:
         return session.emulation_gap
     probe_link = LinkProfile("probe", EMULATION_PROBE_MBPS * 1e6)
-    from p2p_worker.bench._runner import job_config
-
-    job = _Job(session, job_config("raw", probe_link), timeout)
+    job = P2PJob(session, job_config("raw", probe_link), timeout)
     try:
         secs, wire, _ = job.probe()
     finally:
         job.close()
-    floor = wire * 8 / probe_link.bandwidth_bps  # type: ignore[operator]
+    floor = wire * 8 / (EMULATION_PROBE_MBPS * 1e6)
     gap = None
     if secs < 0.5 * floor:
         gap = (
             f"cluster.net_emulation is accepted, but {format_size(wire)} on an emulated "
-            f"{EMULATION_PROBE_MBPS:g} Mbit/s link took {secs * 1e3:.1f} ms where the link needs "
-            f"{floor * 1e3:.0f} ms: the installed p2p_collective does not pace sends yet"
+            f"{EMULATION_PROBE_MBPS:g} Mbit/s link took {secs * 1e3:.1f} ms where the link "
+            f"needs {floor * 1e3:.0f} ms: the installed p2p_collective does not pace sends yet"
         )
     session.emulation_checked, session.emulation_gap = True, gap
     return gap
+
+
+def _codec_gap(codec: str, wire: int, logical: int) -> str | None:
+    if wire < logical:
+        return None
+    return (
+        f"cluster.collective.tensor_compression ({codec}) is accepted, but the installed "
+        f"p2p_collective sent a {format_size(logical)} tensor of small int64 values as "
+        f"{wire} wire bytes: no compression on the wire yet"
+    )
 
 
 def run_p2p_block(
@@ -279,7 +250,6 @@ def run_p2p_block(
     """Launch the two groups of one (codec, link) job, probe it, measure its cells."""
     from p2p_worker.bench._runner import job_config
 
-    label = series_name("p2p", codec, link.name)
     gap = emulation_missing(session, options.timeout) if link.emulated else None
     if gap is not None:
         _report_gap(result, progress, f"link {link.name}", gap, cells)
@@ -287,22 +257,26 @@ def run_p2p_block(
     if session.codec_gaps.get(codec) is not None:
         _report_gap(result, progress, f"codec {codec}", session.codec_gaps[codec] or "", cells)
         return
-    job = _Job(session, job_config(codec, link), options.timeout)
+    label = series_name("p2p", codec, link.name)
+    progress.block(f"{label}: launching two worker groups")
+    try:
+        job = P2PJob(session, job_config(codec, link), options.timeout)
+    except P2PError as exc:
+        # Recorded, not raised: the rest of the matrix still runs, the report names the
+        # error, and the command exits non-zero.
+        reason = f"could not start the job: {type(exc).__name__}: {exc}"
+        result.failures.append(Skipped(label, reason))
+        progress.note(f"{label}: FAILED — {reason}")
+        for cell in cells:
+            progress.cell_done(cell, [])
+        return
     try:
         if codec != "raw" and codec not in session.codec_gaps:
             _, wire, logical = job.probe()
-            session.codec_gaps[codec] = None
-            if wire >= logical:
-                session.codec_gaps[codec] = (
-                    f"cluster.collective.tensor_compression ({codec}) is accepted, but the "
-                    f"installed p2p_collective sent a {format_size(logical)} tensor of small "
-                    f"int64 values as {wire} wire bytes: no compression on the wire yet"
-                )
-                _report_gap(
-                    result, progress, f"codec {codec}", session.codec_gaps[codec] or "", cells
-                )
+            session.codec_gaps[codec] = gap = _codec_gap(codec, wire, logical)
+            if gap is not None:
+                _report_gap(result, progress, f"codec {codec}", gap, cells)
                 return
-        progress.block(f"{label}: measuring {len(cells)} cells")
         for cell in cells:
             samples = job.run_cell(cell, options.reps)
             result.samples.extend(samples)

@@ -55,7 +55,13 @@ def plot_throughput(summaries: Sequence[Summary], path: Path, title_note: str = 
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, NullLocator
+    from matplotlib.ticker import (
+        FixedLocator,
+        FuncFormatter,
+        LogLocator,
+        NullFormatter,
+        NullLocator,
+    )
 
     sized = [s for s in summaries if s.cell.kind in TENSOR_KINDS]
     if not sized:
@@ -64,7 +70,12 @@ def plot_throughput(summaries: Sequence[Summary], path: Path, title_note: str = 
     kinds = [k for k in TENSOR_KINDS if any(s.cell.kind == k for s in sized)]
     nrows, ncols, panels = _layout(links, kinds)
     fig, axes = plt.subplots(
-        nrows, ncols, figsize=(5.6 * ncols, 4.2 * nrows + 1.0), squeeze=False, sharey=True
+        nrows,
+        ncols,
+        figsize=(5.6 * ncols, 3.9 * nrows + 1.2),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
     )
     handles: dict[str, Any] = {}
     for idx, ax in enumerate(axes.flat):
@@ -105,6 +116,9 @@ def plot_throughput(summaries: Sequence[Summary], path: Path, title_note: str = 
         sizes = sorted({s.nbytes for s in here})
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(_plain_number))
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.xaxis.set_major_locator(FixedLocator(sizes))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticklabels([format_size(n) for n in sizes], fontsize=8)
@@ -118,20 +132,25 @@ def plot_throughput(summaries: Sequence[Summary], path: Path, title_note: str = 
     title = "p2p-bench: throughput against payload size — higher is better"
     if title_note:
         title += f"\n{title_note}"
-    fig.suptitle(title, fontsize=12)
-    fig.legend(
+    legend = fig.legend(
         list(handles.values()),
         list(handles),
-        loc="upper center",
+        loc="outside upper center",
         ncol=min(5, len(handles)),
-        bbox_to_anchor=(0.5, 1.0 - 0.9 / (4.2 * nrows + 1.0)),
         frameon=False,
-        fontsize=9,
+        fontsize=10,
+        title=title,
+        title_fontsize=12,
     )
-    fig.tight_layout(rect=(0, 0, 1, 1.0 - 1.3 / (4.2 * nrows + 1.0)))
+    legend.get_title().set_multialignment("center")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _plain_number(value: float, _pos: object = None) -> str:
+    """Tick label without scientific notation: 0.1, 1, 10, 100, 1000."""
+    return f"{value:g}" if value < 1e6 else f"{value:.0e}"
 
 
 def data_caption() -> str:

@@ -35,6 +35,7 @@ class RunResult:
         meta: facts about the run (command, versions, CPUs, wall time, timestamps).
         unavailable: dimensions or methods that could not run, and why.
         skipped: cells left out on purpose (e.g. over the time budget), and why.
+        failures: parts that should have run but failed, with the error.
         compression: codec name -> the ``tensor_compression`` section used for it.
     """
 
@@ -43,6 +44,7 @@ class RunResult:
     unavailable: list[Skipped] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     compression: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failures: list[Skipped] = field(default_factory=list)
 
     def summaries(self) -> list[Summary]:
         """Per-cell aggregates, in run order."""
@@ -62,6 +64,7 @@ class RunResult:
             "compression": self.compression,
             "unavailable": [asdict(u) for u in self.unavailable],
             "skipped": [asdict(s) for s in self.skipped],
+            "failures": [asdict(f) for f in self.failures],
             "samples": [s.to_dict() for s in self.samples],
             "summaries": [
                 {
@@ -90,12 +93,16 @@ def mbps(bytes_per_s: float) -> str:
     """Format a throughput in MB/s (10**6 bytes per second) with 3 significant digits.
 
     Example:
-        >>> mbps(1.5e9), mbps(2.345e6), mbps(1234.0)
-        ('1500', '2.35', '0.00123')
+        >>> mbps(1.5e9), mbps(25e6), mbps(2.345e6), mbps(1234.0)
+        ('1500', '25.0', '2.35', '0.00123')
     """
     value = bytes_per_s / 1e6
     if value >= 100:
         return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    if value >= 1:
+        return f"{value:.2f}"
     return f"{value:.3g}"
 
 
@@ -182,6 +189,10 @@ def render_markdown(result: RunResult, plot_name: str | None = PLOT_NAME) -> str
         "- no ratio: a method and its baseline were not both measured in this run"
     ]
     lines += ["", "A ratio above 1 means the first method moves the payload faster.", ""]
+    if result.failures:
+        lines += ["## Failures", ""]
+        lines += [f"- **{f.what}**: {f.reason}" for f in result.failures]
+        lines.append("")
     if result.unavailable or result.skipped:
         lines += ["## Not measured in this run", ""]
         lines += [f"- **{u.what}**: unavailable — {u.reason}" for u in result.unavailable]
@@ -222,7 +233,7 @@ def render_markdown(result: RunResult, plot_name: str | None = PLOT_NAME) -> str
         lines += ["## Ratios", ""]
         for r in all_ratios:
             lines.append(
-                f"- {r.kind} {format_size(r.size)} ({r.link}): {r.series} = "
+                f"- {r.kind} {format_size(r.nbytes or r.size)} ({r.link}): {r.series} = "
                 f"{r.value:.2f}x {r.against}"
             )
         lines.append("")

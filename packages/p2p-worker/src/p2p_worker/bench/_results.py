@@ -175,6 +175,8 @@ class Ratio:
     series: str
     against: str
     value: float
+    nbytes: int = 0
+    """Logical payload bytes at this point (the ``object`` kind's real size)."""
 
 
 def ratios(summaries: Sequence[Summary]) -> list[Ratio]:
@@ -208,16 +210,14 @@ def ratios(summaries: Sequence[Summary]) -> list[Ratio]:
                             s.series,
                             other.series,
                             s.throughput / other.throughput,
+                            s.nbytes,
                         )
                     )
         if c.codec != "raw":
             raw = index.get(Cell("p2p", "raw", c.link, c.kind, c.size))
             if raw is not None:
-                out.append(
-                    Ratio(
-                        c.kind, c.size, c.link, s.series, raw.series, s.throughput / raw.throughput
-                    )
-                )
+                value = s.throughput / raw.throughput
+                out.append(Ratio(c.kind, c.size, c.link, s.series, raw.series, value, s.nbytes))
     return out
 
 

@@ -16,10 +16,8 @@ from p2p_worker.bench._results import Sample
 from p2p_worker.bench._spec import (
     Cell,
     LinkProfile,
-    Skipped,
     build_matrix,
     job_blocks,
-    series_name,
 )
 
 OBJECT_KIND_SIZE = 0
@@ -161,8 +159,7 @@ def run_matrix(options: Options, progress: ProgressSink) -> RunResult:
     }
     result.compression = {c: COMPRESSION_SECTIONS[c] for c in options.codecs if c != "raw"}
     progress.start(len(cells))
-    missing = _p2p.p2p_missing()
-    session = _p2p.open_cluster(options.address, timeout=options.timeout, p2p=missing is None)
+    session = _p2p.open_cluster(options.address, timeout=options.timeout)
     result.meta["cluster"] = session.description
     pair = None
     try:
@@ -177,11 +174,6 @@ def run_matrix(options: Options, progress: ProgressSink) -> RunResult:
                 pair.close()
                 pair = None
             link = next(lk for lk in options.links if lk.name == link_name)
-            label = series_name(method, codec, link_name)
-            if missing is not None:
-                _unavailable(result, progress, block, label, missing)
-                continue
-            progress.block(f"{label}: launching sender and receiver workers")
             _p2p.run_p2p_block(session, codec, link, block, options, result, progress)
     finally:
         if pair is not None:
@@ -189,20 +181,6 @@ def run_matrix(options: Options, progress: ProgressSink) -> RunResult:
         session.close()
     result.meta["wall_s"] = round(time.time() - started, 1)
     return result
-
-
-def _unavailable(
-    result: RunResult,
-    progress: ProgressSink,
-    block: Sequence[Cell],
-    label: str,
-    reason: str,
-) -> None:
-    if not any(u.what == label for u in result.unavailable):
-        result.unavailable.append(Skipped(label, reason))
-        progress.note(f"{label}: unavailable — {reason}")
-    for cell in block:
-        progress.cell_done(cell, [])
 
 
 def _baseline_pair(session: Any, options: Options) -> Any:
