@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,11 @@ EXTRA_REQUIREMENTS: dict[str, list[str]] = {
         "p2p_worker:Worker.recv_tensor",
     ],
     "workers_torch_distributed.py": ["p2p_worker:Worker.create_group"],
+    "workers_timers.py": [
+        "p2p_worker:Worker.create_group",
+        "p2p_worker:Worker.timer",
+        "p2p_worker:Worker.worker_timer",
+    ],
     "channels.py": [
         "p2p_worker:Worker.create_group",
         "p2p_worker:Worker.create_channel",
@@ -83,6 +89,15 @@ def missing_requirements(path: Path) -> list[str]:
     wanted = [f"{mod}:{name}" for mod, names in p2p_imports(path).items() for name in names]
     wanted += [f"{mod}:" for mod, names in p2p_imports(path).items() if not names]
     wanted += EXTRA_REQUIREMENTS.get(path.name, [])
+    return missing_names(wanted)
+
+
+def missing_requirements_of(names: dict[str, list[str]]) -> list[str]:
+    return missing_names([f"{mod}:{name}" for mod, items in names.items() for name in items])
+
+
+def missing_names(wanted: list[str]) -> list[str]:
+    """The ``module:Object.attribute`` items of ``wanted`` that do not exist yet."""
     missing: list[str] = []
     for item in wanted:
         mod_name, _, dotted = item.partition(":")
@@ -174,6 +189,51 @@ def test_every_example_is_shown_and_every_include_exists() -> None:
             included.add(resolved)
     orphans = [p.name for p in example_files() if p.resolve() not in included]
     assert not orphans, f"examples not included by any docs page: {orphans}"
+
+
+CODE_BLOCK = re.compile(r"^(\s*)\.\.\s+code-block::\s*(\S+)\s*$", re.MULTILINE)
+
+
+def code_blocks(language: str) -> list[tuple[Path, str]]:
+    """The bodies of ``.. code-block:: <language>`` directives in the docs pages."""
+    found: list[tuple[Path, str]] = []
+    for page in doc_pages():
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            match = CODE_BLOCK.match(line)
+            if not match or match.group(2) != language:
+                continue
+            indent = len(match.group(1))
+            body: list[str] = []
+            for nxt in lines[i + 1 :]:
+                if nxt.strip() and len(nxt) - len(nxt.lstrip()) <= indent:
+                    break
+                body.append(nxt)
+            found.append((page, textwrap.dedent("\n".join(body)).strip("\n")))
+    return found
+
+
+def test_no_python_outside_examples() -> None:
+    """Python in the docs comes from docs/examples (run above), never from inline blocks."""
+    for language in ("python", "py", "pycon", "python3"):
+        blocks = code_blocks(language)
+        assert not blocks, f"inline {language} code in {[str(p.name) for p, _ in blocks]}"
+
+
+def test_yaml_config_blocks_are_valid() -> None:
+    """Every ``cluster:`` YAML block of the docs passes the real configuration parser."""
+    yaml = pytest.importorskip("yaml")
+    blocks = [(page, yaml.safe_load(body)) for page, body in code_blocks("yaml")]
+    assert blocks, "the docs show configuration blocks; none were found"
+    missing = missing_requirements_of({"p2p_worker": ["parse_cluster_config"]})
+    if missing:
+        pytest.skip(f"waits for {', '.join(missing)}")
+    from p2p_worker import parse_cluster_config
+
+    for page, data in blocks:
+        assert isinstance(data, dict), f"{page.name}: a YAML block is not a mapping"
+        assert set(data) == {"cluster"}, f"{page.name}: a YAML block is not a cluster: tree"
+        parse_cluster_config(data)  # raises ConfigError naming the key path
 
 
 def test_examples_use_public_names_only() -> None:
