@@ -1,3 +1,96 @@
-"""p2p-compress."""
+"""Lossless lz4/zstd compression of CPU tensors into pooled buffers.
 
-__all__: list[str] = []
+Codecs read a contiguous CPU tensor's memory and write a preallocated ``torch.uint8``
+buffer, and decode straight into the preallocated target, with no Python ``bytes`` in
+between. A :class:`TensorCodecProvider` hands out codecs (one shared lz4 codec, or a
+bounded LIFO stack of zstd contexts); a :class:`TensorBufferPool` bounds and reuses
+buffers; :func:`plan_compression` is the sender's per-tensor decision. Configuration
+is parsed from plain dicts with :func:`parse_tensor_compression` and
+:func:`parse_tensor_buffer_pool`.
+
+Example:
+    >>> import torch
+    >>> from p2p_compress import compress_tensors
+    >>> ids = torch.randint(0, 1000, (1 << 16,))
+    >>> with compress_tensors({"ids": ids}, "lz4") as packed:
+    ...     restored = packed.decompress()["ids"]
+    >>> bool(torch.equal(restored, ids))
+    True
+"""
+
+from p2p_compress._api import (
+    CompressedTensor,
+    CompressedTensors,
+    compress_tensors,
+    decompress_tensors,
+    default_buffer_pool,
+    default_codec_provider,
+)
+from p2p_compress._codec import CODEC_LZ4, CODEC_NAMES, CODEC_RAW, CODEC_ZSTD, TensorCodec
+from p2p_compress._config import (
+    Lz4CodecConfig,
+    TensorBufferPoolConfig,
+    TensorCompressionConfig,
+    ZstdCodecConfig,
+    parse_tensor_buffer_pool,
+    parse_tensor_compression,
+)
+from p2p_compress._errors import CompressionError, CompressionTimeoutError
+from p2p_compress._lz4 import LZ4_MAX_INPUT_SIZE, Lz4Codec
+from p2p_compress._plan import (
+    RAW_REASONS,
+    CompressionPlan,
+    WireEntry,
+    decompress_into_tensor,
+    plan_compression,
+)
+from p2p_compress._pool import BufferLease, TensorBufferPool
+from p2p_compress._probe import probe_codec_library
+from p2p_compress._provider import TensorCodecProvider
+from p2p_compress._synthetic import SYNTHETIC_KINDS, make_synthetic_tensor
+from p2p_compress._zstd import ZstdCodec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # errors
+    "CompressionError",
+    "CompressionTimeoutError",
+    # configuration
+    "Lz4CodecConfig",
+    "ZstdCodecConfig",
+    "TensorCompressionConfig",
+    "TensorBufferPoolConfig",
+    "parse_tensor_compression",
+    "parse_tensor_buffer_pool",
+    "probe_codec_library",
+    # codecs
+    "TensorCodec",
+    "Lz4Codec",
+    "ZstdCodec",
+    "CODEC_RAW",
+    "CODEC_LZ4",
+    "CODEC_ZSTD",
+    "CODEC_NAMES",
+    "LZ4_MAX_INPUT_SIZE",
+    # provider and pool
+    "TensorCodecProvider",
+    "TensorBufferPool",
+    "BufferLease",
+    # the sender's decision and the receiver's decode
+    "plan_compression",
+    "CompressionPlan",
+    "WireEntry",
+    "RAW_REASONS",
+    "decompress_into_tensor",
+    # standalone use
+    "compress_tensors",
+    "decompress_tensors",
+    "CompressedTensors",
+    "CompressedTensor",
+    "default_buffer_pool",
+    "default_codec_provider",
+    "make_synthetic_tensor",
+    "SYNTHETIC_KINDS",
+    "__version__",
+]

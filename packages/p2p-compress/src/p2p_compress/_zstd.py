@@ -1,0 +1,198 @@
+"""The zstd codec over python-zstandard, streaming straight into tensor memory.
+
+Compression runs a ``ZstdCompressor.stream_reader`` over a memoryview of the source
+tensor and ``readinto`` the destination buffer's memoryview; decompression does the
+same with a ``ZstdDecompressor``. Both write into the caller's memory, with no Python
+``bytes`` in between. Frames carry the content size and a content checksum, and the
+frame's block structure is walked before decoding, so a corrupt, truncated or
+mismatched payload raises :class:`CompressionError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Final
+
+import torch
+
+from p2p_compress._codec import CODEC_ZSTD, TensorCodec
+from p2p_compress._config import ZSTD_MAX_LEVEL
+from p2p_compress._errors import CompressionError
+from p2p_compress._memory import memory_view
+
+_INSTALL_HINT: Final = "install python-zstandard: pip install 'zstandard>=0.22'"
+_BLOCK_RESERVED: Final = 3
+_BLOCK_RLE: Final = 1
+
+
+def import_zstandard() -> Any:
+    """Import python-zstandard.
+
+    Raises:
+        CompressionError: it is not installed; the message says what to install.
+    """
+    try:
+        import zstandard
+    except ImportError as exc:
+        raise CompressionError(
+            f"the zstd codec library is unavailable ({exc}); {_INSTALL_HINT}"
+        ) from exc
+    return zstandard
+
+
+def zstd_bound(nbytes: int) -> int:
+    """``ZSTD_COMPRESSBOUND``: the largest frame ``nbytes`` can compress to."""
+    small = ((128 << 10) - nbytes) >> 11 if nbytes < (128 << 10) else 0
+    return nbytes + (nbytes >> 8) + small
+
+
+def frame_end(view: memoryview, header_size: int, has_checksum: bool) -> int | None:
+    """Walk a zstd frame's block headers; return where the frame ends.
+
+    Returns:
+        The frame's byte length, or None when ``view`` ends inside it.
+
+    Raises:
+        CompressionError: a block uses the reserved block type.
+    """
+    size = len(view)
+    pos = header_size
+    while True:
+        if pos + 3 > size:
+            return None
+        header = view[pos] | (view[pos + 1] << 8) | (view[pos + 2] << 16)
+        pos += 3
+        block_type = (header >> 1) & 3
+        if block_type == _BLOCK_RESERVED:
+            raise CompressionError(f"corrupt zstd payload: reserved block type at byte {pos - 3}")
+        pos += 1 if block_type == _BLOCK_RLE else header >> 3
+        if header & 1:
+            break
+    if has_checksum:
+        pos += 4
+    return pos if pos <= size else None
+
+
+class ZstdCodec(TensorCodec):
+    """zstd codec holding one compression and one decompression context.
+
+    Not thread-safe: one thread at a time (the provider hands each out exclusively).
+
+    Args:
+        level: compression level, 1 to 22.
+
+    Raises:
+        ValueError: ``level`` is out of range.
+        CompressionError: python-zstandard is not installed.
+
+    Example:
+        >>> codec = ZstdCodec(level=3)
+        >>> src = torch.arange(4096, dtype=torch.int32) % 7
+        >>> buf = torch.empty(codec.max_compressed_size(src.nbytes), dtype=torch.uint8)
+        >>> n = codec.compress_into(src, buf)
+        >>> out = torch.empty_like(src)
+        >>> codec.decompress_into(buf[:n], out)
+        >>> bool(torch.equal(out, src))
+        True
+    """
+
+    name: ClassVar[str] = "zstd"
+    codec_id: ClassVar[int] = CODEC_ZSTD
+
+    def __init__(self, level: int = 1) -> None:
+        if (
+            isinstance(level, bool)
+            or not isinstance(level, int)
+            or not 1 <= level <= ZSTD_MAX_LEVEL
+        ):
+            raise ValueError(f"level must be an integer from 1 to {ZSTD_MAX_LEVEL}, got {level!r}")
+        self.level = level
+        zstd = import_zstandard()
+        self._zstd = zstd
+        self._cctx = zstd.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
+        self._dctx = zstd.ZstdDecompressor()
+        self._probe = bytearray(1)
+        # The stream reader never returns on an empty source, so empty inputs use this
+        # constant frame (13 bytes: header, one empty last block, checksum of nothing).
+        self._empty_frame: bytes = self._cctx.compress(b"")
+
+    def max_compressed_size(self, nbytes: int) -> int | None:
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        return zstd_bound(nbytes)
+
+    def _compress(self, src: torch.Tensor, nbytes: int, dst: torch.Tensor, capacity: int) -> int:
+        target = memory_view(dst, capacity, writable=True)
+        if nbytes == 0:
+            target[: len(self._empty_frame)] = self._empty_frame
+            target.release()
+            return len(self._empty_frame)
+        source = memory_view(src, nbytes, writable=False)
+        written = 0
+        try:
+            with self._cctx.stream_reader(source, size=nbytes, closefd=False) as reader:
+                while written < capacity:
+                    got = reader.readinto(target[written:])
+                    if got == 0:
+                        break
+                    written += got
+                else:
+                    if reader.readinto(self._probe):
+                        raise CompressionError(
+                            f"zstd output of {nbytes} bytes overran its {capacity}-byte buffer"
+                        )
+        except self._zstd.ZstdError as exc:
+            raise CompressionError(f"zstd compression of {nbytes} bytes failed: {exc}") from exc
+        finally:
+            source.release()
+            target.release()
+        return written
+
+    def _decompress(self, src: torch.Tensor, wire: int, dst: torch.Tensor, nbytes: int) -> None:
+        source = memory_view(src, wire, writable=False)
+        target = memory_view(dst, nbytes, writable=True)
+        try:
+            has_checksum = self._check_frame(source, wire, nbytes)
+            if nbytes == 0:
+                # Nothing to decode; the checksum of nothing must still be intact.
+                if has_checksum and source[wire - 4 :] != self._empty_frame[-4:]:
+                    raise CompressionError("corrupt zstd payload: bad checksum of an empty frame")
+                return
+            done = 0
+            with self._dctx.stream_reader(
+                source, read_across_frames=False, closefd=False
+            ) as reader:
+                while done < nbytes:
+                    got = reader.readinto(target[done:])
+                    if got == 0:
+                        break
+                    done += got
+                extra = reader.readinto(self._probe)
+            if done != nbytes or extra:
+                raise CompressionError(
+                    f"zstd payload decoded to {done + extra}+ bytes, the target holds {nbytes}"
+                    if extra
+                    else f"zstd payload decoded to {done} bytes, the target holds {nbytes}"
+                )
+        except self._zstd.ZstdError as exc:
+            raise CompressionError(
+                f"corrupt zstd payload ({wire} bytes, target {nbytes} bytes): {exc}"
+            ) from exc
+        finally:
+            source.release()
+            target.release()
+
+    def _check_frame(self, source: memoryview, wire: int, nbytes: int) -> bool:
+        params = self._zstd.get_frame_parameters(source)
+        if params.content_size != nbytes:
+            raise CompressionError(
+                f"zstd frame declares {params.content_size} content bytes, the target holds "
+                f"{nbytes}"
+            )
+        end = frame_end(source, self._zstd.frame_header_size(source), params.has_checksum)
+        if end is None:
+            raise CompressionError(f"truncated zstd payload: {wire} bytes end inside the frame")
+        if end != wire:
+            raise CompressionError(
+                f"zstd payload has {wire - end} trailing bytes after its {end}-byte frame"
+            )
+        return bool(params.has_checksum)
