@@ -1,3 +1,57 @@
-"""p2p-collective."""
+"""Ordered, framed, asynchronous two-party send/recv over torch.distributed.
 
-__all__: list[str] = []
+A :class:`Collective` (one per process) creates and caches :class:`CollectiveGroup` s,
+each an ordered channel between this process and one peer, found through a rendezvous
+store such as ``torch.distributed.TCPStore``. No Ray is needed.
+
+Example:
+    >>> import datetime, torch, torch.distributed as dist  # doctest: +SKIP
+    >>> from p2p_collective import Collective  # doctest: +SKIP
+    >>> store = dist.TCPStore("127.0.0.1", 29500, is_master=True,  # doctest: +SKIP
+    ...                       timeout=datetime.timedelta(seconds=60))
+    >>> group = Collective("a", store).create_collective_group(["a", "b"])  # doctest: +SKIP
+    >>> group.send({"x": torch.ones(3)})  # the peer "b" calls group.recv()  # doctest: +SKIP
+"""
+
+from p2p_collective._collective import Collective
+from p2p_collective._config import (
+    DEFAULT_INIT_TIMEOUT,
+    DEFAULT_OP_TIMEOUT,
+    CollectiveConfig,
+    NetEmulationConfig,
+    parse_collective_config,
+    parse_net_emulation,
+)
+from p2p_collective._errors import (
+    CollectiveError,
+    CollectiveTimeoutError,
+    FramingError,
+    GroupBrokenError,
+    GroupClosedError,
+    PeerError,
+)
+from p2p_collective._framing import HEADER_MAX
+from p2p_collective._group import CollectiveGroup
+from p2p_collective._rendezvous import Store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Collective",
+    "CollectiveGroup",
+    "Store",
+    "CollectiveConfig",
+    "NetEmulationConfig",
+    "parse_collective_config",
+    "parse_net_emulation",
+    "DEFAULT_INIT_TIMEOUT",
+    "DEFAULT_OP_TIMEOUT",
+    "HEADER_MAX",
+    "CollectiveError",
+    "CollectiveTimeoutError",
+    "FramingError",
+    "PeerError",
+    "GroupBrokenError",
+    "GroupClosedError",
+    "__version__",
+]

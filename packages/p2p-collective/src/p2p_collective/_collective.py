@@ -1,0 +1,226 @@
+"""Collective: the per-process factory and cache of two-party groups."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from p2p_collective._config import CollectiveConfig
+from p2p_collective._errors import GroupClosedError
+from p2p_collective._group import CollectiveGroup
+from p2p_collective._rendezvous import as_torch_store
+from p2p_collective._transport import make_device
+
+
+class _Default(enum.Enum):
+    CONFIG = "config"
+
+    def __repr__(self) -> str:
+        return "config.init_timeout"
+
+
+_USE_CONFIG = _Default.CONFIG
+
+
+def address_name(address: object, what: str = "address") -> str:
+    """The name of an address: a non-empty string, or an object's ``get_name()``.
+
+    Raises:
+        TypeError: ``address`` is neither a string nor has ``get_name()``.
+        ValueError: The name is empty.
+    """
+    if isinstance(address, str):
+        name = address
+    else:
+        get_name = getattr(address, "get_name", None)
+        if not callable(get_name):
+            raise TypeError(
+                f"{what}: expected a str or an object with get_name(), got {type(address).__name__}"
+            )
+        name = get_name()
+        if not isinstance(name, str):
+            raise TypeError(f"{what}: get_name() returned {type(name).__name__}, expected str")
+    if not name:
+        raise ValueError(f"{what}: got an empty name; allowed: a non-empty string")
+    return name
+
+
+def _close_groups(groups: dict[str, CollectiveGroup], lock: threading.Lock) -> None:
+    with lock:
+        items = list(groups.values())
+        groups.clear()
+    for group in items:
+        group.close(timeout=1.0)
+
+
+class _DeviceProvider:
+    """Creates the process's gloo device for ``host`` once, at the first connection."""
+
+    def __init__(self, host: str) -> None:
+        self._host = host
+        self._lock = threading.Lock()
+        self._device: Any = None
+
+    def __call__(self) -> Any:
+        with self._lock:
+            if self._device is None:
+                self._device = make_device(self._host)
+            return self._device
+
+
+class Collective:
+    """One per process: creates and caches the :class:`CollectiveGroup` s of this process.
+
+    Args:
+        address: This process's address: a name string, or an object with ``get_name()``
+            (a p2p-worker ``WorkerAddress``).
+        store: The rendezvous store shared with the peers: a
+            ``torch.distributed.TCPStore`` works as is; any object with ``set``, ``get``,
+            ``add`` and ``wait(keys, timedelta)`` is wrapped.
+        host: Address of this machine that the gloo transport binds to (default
+            loopback). Use the node's IP on a multi-node cluster; never ``0.0.0.0``.
+        config: Job-level configuration (timeouts; compression arrives with issue 5).
+        timeout: Seconds the first operation of each direction of a group waits for the
+            peer to join it (None: no limit). Defaults to ``config.init_timeout`` (60 s).
+
+    Raises:
+        TypeError: ``address`` or ``store`` is not usable.
+        ValueError: ``host`` is empty or ``0.0.0.0``, or ``timeout`` is negative.
+
+    Example:
+        >>> import datetime, torch.distributed as dist  # doctest: +SKIP
+        >>> store = dist.TCPStore("127.0.0.1", 29500, is_master=True,  # doctest: +SKIP
+        ...                       timeout=datetime.timedelta(seconds=60))
+        >>> coll = Collective("trainer", store)  # doctest: +SKIP
+        >>> group = coll.create_collective_group(["trainer", "rollout"])  # doctest: +SKIP
+        >>> group.send({"step": 1})  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        address: object,
+        store: Any,
+        *,
+        host: str = "127.0.0.1",
+        config: CollectiveConfig | None = None,
+        timeout: float | _Default | None = _USE_CONFIG,
+    ) -> None:
+        self.name = address_name(address)
+        self._store = as_torch_store(store)
+        if not isinstance(host, str) or not host or host in ("0.0.0.0", "::"):
+            raise ValueError(
+                f"host: got {host!r}; allowed: an address of this machine such as 127.0.0.1"
+                " or the node IP (never a wildcard address)"
+            )
+        self.host = host
+        if config is not None and not isinstance(config, CollectiveConfig):
+            raise TypeError(f"config: expected a CollectiveConfig, got {type(config).__name__}")
+        self.config = config if config is not None else CollectiveConfig()
+        if timeout is _USE_CONFIG:
+            self.init_timeout = self.config.init_timeout
+        elif timeout is None or (isinstance(timeout, (int, float)) and timeout >= 0):
+            self.init_timeout = None if timeout is None else float(timeout)
+        else:
+            raise ValueError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
+        self._lock = threading.Lock()
+        self._groups: dict[str, CollectiveGroup] = {}
+        self._device = _DeviceProvider(host)
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _close_groups, self._groups, self._lock)
+
+    def __repr__(self) -> str:
+        return f"<Collective {self.name!r} host={self.host} groups={len(self._groups)}>"
+
+    def create_collective_group(
+        self, worker_addresses: Sequence[object], group_name: str | None = None
+    ) -> CollectiveGroup:
+        """Return the group of these two addresses, creating it on first request.
+
+        Groups are cached by their key: ``group_name`` when given, else the sorted member
+        names joined with ``"+"``. Nothing touches the network here; each direction
+        connects at its first operation. A cached group that was closed is replaced by a
+        new one (the peer must re-create its side too).
+
+        Args:
+            worker_addresses: Exactly two addresses (str or ``get_name()``), one of them
+                this process's own.
+            group_name: Optional key shared by both sides, instead of the member names.
+
+        Returns:
+            The group; its ``rank`` is the index of this process's name in sorted order.
+
+        Raises:
+            TypeError: An address is neither a string nor has ``get_name()``.
+            ValueError: Not exactly two distinct addresses, or none of them is this
+                process's own address.
+            GroupClosedError: This Collective was closed.
+
+        Example:
+            >>> group = coll.create_collective_group(["trainer", "rollout"])  # doctest: +SKIP
+            >>> group.rank, group.peer_name  # doctest: +SKIP
+            (1, 'rollout')
+        """
+        if isinstance(worker_addresses, (str, bytes)) or not isinstance(worker_addresses, Sequence):
+            raise TypeError(
+                "worker_addresses: expected a sequence of two addresses, got"
+                f" {type(worker_addresses).__name__}"
+            )
+        names = [address_name(a, f"worker_addresses[{i}]") for i, a in enumerate(worker_addresses)]
+        if len(names) != 2 or names[0] == names[1]:
+            raise ValueError(
+                f"worker_addresses: got {names!r}; allowed: exactly two distinct addresses"
+            )
+        if self.name not in names:
+            raise ValueError(
+                f"worker_addresses: got {names!r}; allowed: a pair that includes this"
+                f" process's own address {self.name!r}"
+            )
+        if group_name is not None and (not isinstance(group_name, str) or not group_name):
+            raise ValueError(f"group_name: got {group_name!r}; allowed: a non-empty string or None")
+        ordered = sorted(names)
+        key = group_name if group_name is not None else "+".join(ordered)
+        with self._lock:
+            if self._closed:
+                raise GroupClosedError(f"Collective {self.name!r} is closed")
+            group = self._groups.get(key)
+            if group is None or group.closed:
+                rank = ordered.index(self.name)
+                group = CollectiveGroup(
+                    name=key,
+                    rank=rank,
+                    self_name=self.name,
+                    peer_name=ordered[1 - rank],
+                    store=self._store,
+                    device=self._device,
+                    config=self.config,
+                    init_timeout=self.init_timeout,
+                )
+                self._groups[key] = group
+            return group
+
+    @property
+    def groups(self) -> dict[str, CollectiveGroup]:
+        """A copy of the cache: group key -> group."""
+        with self._lock:
+            return dict(self._groups)
+
+    def close(self) -> None:
+        """Close every group of this Collective; also runs at interpreter exit.
+
+        Idempotent; later ``create_collective_group`` calls raise ``GroupClosedError``.
+
+        Example:
+            >>> coll.close()  # doctest: +SKIP
+        """
+        with self._lock:
+            self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> Collective:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

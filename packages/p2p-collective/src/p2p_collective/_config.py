@@ -1,0 +1,192 @@
+"""Configuration of the collective layer, parsed from the job's plain-dict config tree.
+
+``cluster.collective`` holds the compression and buffer-pool sections of seed 000 (parsed
+by p2p-compress) and this layer's timeouts; ``cluster.net_emulation`` is a sibling
+section parsed by :func:`parse_net_emulation`. Errors are
+:class:`p2p_asyncwork.ConfigError` naming the key path, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2p_asyncwork import ConfigError
+from p2p_compress import (
+    TensorBufferPoolConfig,
+    TensorCompressionConfig,
+    parse_tensor_buffer_pool,
+    parse_tensor_compression,
+)
+
+DEFAULT_INIT_TIMEOUT = 60.0
+"""Seconds the first operation of a direction waits for the peer to join it."""
+DEFAULT_OP_TIMEOUT = 1800.0
+"""Seconds an operation may take, queueing included, when the call passes no timeout."""
+
+
+def _fail(path: str, value: object, allowed: str, what: str = "") -> ConfigError:
+    lead = f"{path}: {what}; " if what else f"{path}: "
+    return ConfigError(f"{lead}got {value!r}; allowed: {allowed}", path=path)
+
+
+def _timeout(value: object, path: str) -> float | None:
+    allowed = "a number of seconds > 0, or null for no limit"
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _fail(path, value, allowed)
+    if not value > 0 or math.isnan(value):
+        raise _fail(path, value, allowed)
+    return float(value)
+
+
+def _positive(value: object, path: str, *, zero_ok: bool) -> float:
+    allowed = "a number >= 0" if zero_ok else "a number > 0"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise _fail(path, value, allowed)
+    if value < 0 or (value == 0 and not zero_ok) or math.isinf(value):
+        raise _fail(path, value, allowed)
+    return float(value)
+
+
+def _mapping(section: object, path: str, keys: tuple[str, ...]) -> Mapping[str, Any]:
+    if not isinstance(section, Mapping):
+        raise _fail(path, section, "a mapping of keys to values (or omit the section)")
+    for key, value in section.items():
+        if key not in keys:
+            raise _fail(f"{path}.{key}", value, "keys " + ", ".join(keys), "unknown key")
+    return section
+
+
+@dataclass(frozen=True)
+class NetEmulationConfig:
+    """Link emulation, paced at the sender (``cluster.net_emulation``; applied in issue 5).
+
+    Attributes:
+        bandwidth_mbps: Link bandwidth in Mbit/s; None leaves bandwidth unlimited.
+        delay_ms: One-way delay added per message, in milliseconds.
+    """
+
+    bandwidth_mbps: float | None = None
+    delay_ms: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as a plain dict that :func:`parse_net_emulation` accepts."""
+        return {"enabled": True, "bandwidth_mbps": self.bandwidth_mbps, "delay_ms": self.delay_ms}
+
+
+def parse_net_emulation(
+    section: Mapping[str, Any] | None, path: str = "cluster.net_emulation"
+) -> NetEmulationConfig | None:
+    """Parse the ``net_emulation`` section.
+
+    Args:
+        section: ``{enabled, bandwidth_mbps, delay_ms}`` as a plain dict, or None.
+        path: The section's key path, for error messages.
+
+    Returns:
+        The config, or None when the section is omitted or ``enabled`` is false.
+
+    Raises:
+        ConfigError: An unknown key or a value out of range.
+
+    Example:
+        >>> parse_net_emulation({"bandwidth_mbps": 1000, "delay_ms": 0.5})
+        NetEmulationConfig(bandwidth_mbps=1000.0, delay_ms=0.5)
+    """
+    if section is None:
+        return None
+    sec = _mapping(section, path, ("enabled", "bandwidth_mbps", "delay_ms"))
+    enabled = sec.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise _fail(f"{path}.enabled", enabled, "true or false")
+    bw = sec.get("bandwidth_mbps")
+    bandwidth = None if bw is None else _positive(bw, f"{path}.bandwidth_mbps", zero_ok=False)
+    delay = _positive(sec.get("delay_ms", 0.0), f"{path}.delay_ms", zero_ok=True)
+    return NetEmulationConfig(bandwidth, delay) if enabled else None
+
+
+@dataclass(frozen=True)
+class CollectiveConfig:
+    """Job-level configuration of every :class:`~p2p_collective.Collective` of a job.
+
+    Attributes:
+        compression: Tensor compression on the wire (issue 5), or None for raw.
+        buffer_pool: Bound on the pooled compression buffers of one process.
+        net_emulation: Link emulation (issue 5), or None.
+        init_timeout: Seconds the first operation of each direction waits for the peer
+            to join that direction (None: no limit). Default 60.
+        op_timeout: Seconds an operation may take from submission to completion when
+            the call passes ``timeout=None`` (None: no limit). Default 1800.
+
+    Example:
+        >>> CollectiveConfig().op_timeout
+        1800.0
+    """
+
+    compression: TensorCompressionConfig | None = None
+    buffer_pool: TensorBufferPoolConfig = field(default_factory=TensorBufferPoolConfig)
+    net_emulation: NetEmulationConfig | None = None
+    init_timeout: float | None = DEFAULT_INIT_TIMEOUT
+    op_timeout: float | None = DEFAULT_OP_TIMEOUT
+
+    def __post_init__(self) -> None:
+        _timeout(self.init_timeout, "init_timeout")
+        _timeout(self.op_timeout, "op_timeout")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``cluster.collective`` section as a plain dict (net_emulation is separate)."""
+        out: dict[str, Any] = {
+            "tensor_buffer_pool": self.buffer_pool.to_dict(),
+            "init_timeout": self.init_timeout,
+            "op_timeout": self.op_timeout,
+        }
+        if self.compression is not None:
+            out["tensor_compression"] = self.compression.to_dict()
+        return out
+
+
+def parse_collective_config(
+    section: Mapping[str, Any] | None, path: str = "cluster.collective"
+) -> CollectiveConfig:
+    """Parse the ``cluster.collective`` section.
+
+    Keys: ``tensor_compression`` and ``tensor_buffer_pool`` (seed 000, parsed by
+    p2p-compress), ``init_timeout`` and ``op_timeout`` (seconds or null).
+    ``net_emulation`` lives at ``cluster.net_emulation``; attach it with
+    ``dataclasses.replace(config, net_emulation=parse_net_emulation(...))``.
+
+    Args:
+        section: The section as a plain dict, or None for all defaults.
+        path: The section's key path, for error messages.
+
+    Returns:
+        The frozen config.
+
+    Raises:
+        ConfigError: An unknown key or a bad value, anywhere in the section.
+
+    Example:
+        >>> cfg = parse_collective_config({"tensor_compression": {"codec": "lz4"}})
+        >>> cfg.compression.codec_name, cfg.buffer_pool.max_bytes
+        ('lz4', 2147483648)
+    """
+    if section is None:
+        return CollectiveConfig()
+    keys = ("tensor_compression", "tensor_buffer_pool", "init_timeout", "op_timeout")
+    sec = _mapping(section, path, keys)
+    return CollectiveConfig(
+        compression=parse_tensor_compression(
+            sec.get("tensor_compression"), f"{path}.tensor_compression"
+        ),
+        buffer_pool=parse_tensor_buffer_pool(
+            sec.get("tensor_buffer_pool"), f"{path}.tensor_buffer_pool"
+        ),
+        init_timeout=_timeout(
+            sec.get("init_timeout", DEFAULT_INIT_TIMEOUT), f"{path}.init_timeout"
+        ),
+        op_timeout=_timeout(sec.get("op_timeout", DEFAULT_OP_TIMEOUT), f"{path}.op_timeout"),
+    )

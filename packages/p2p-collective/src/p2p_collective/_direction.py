@@ -1,0 +1,278 @@
+"""One direction of a group: a FIFO of operations executed strictly one at a time.
+
+Operations run in submission order, never concurrently, so the messages of two
+operations never interleave on the wire. A synchronous operation submitted while the
+direction is idle runs at once in the caller's thread (no thread hand-off, which keeps
+small-message latency close to a raw gloo message); everything else is executed by the
+direction's own daemon thread, started on first need.
+
+An operation that fails after it may have touched the wire breaks the direction: it
+completes its own handle with the error, and every queued and later operation fails fast
+with :class:`GroupBrokenError` whose ``__cause__`` is that first error. An operation that
+fails before touching the wire (it raises :class:`CleanFailure`) leaves the direction
+usable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from p2p_asyncwork import AsyncResultWork, WorkTimeoutError
+from p2p_collective._errors import CollectiveTimeoutError, GroupBrokenError, GroupClosedError
+from p2p_collective._transport import remaining
+
+_GRACE = 2.0  # seconds a waiting caller allows past the deadline the executor enforces
+
+
+class CleanFailure(Exception):
+    """Raised by an operation that failed before touching the wire; carries the real error."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass
+class DirectionStats:
+    """Counters of one direction (updated only by the executing operation)."""
+
+    messages: int = 0  # completed operations (frames, or send_tensor/recv_tensor calls)
+    payload_bytes: int = 0  # tensor bytes plus pickled object bytes
+    wire_bytes: int = 0  # every byte on the wire, headers included
+    transport_messages: int = 0  # gloo messages
+    busy_seconds: float = 0.0  # time spent executing operations
+    failures: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A plain-dict copy."""
+        return asdict(self)
+
+
+class _Op:
+    __slots__ = ("deadline", "label", "run", "started", "work")
+
+    def __init__(self, run: Callable[[float | None], Any], label: str, deadline: float | None):
+        self.run = run
+        self.label = label
+        self.deadline = deadline
+        self.started = False
+        self.work: AsyncResultWork[Any] = AsyncResultWork()
+
+
+class Direction:
+    """Ordered executor of one direction's operations."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.stats = DirectionStats()
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: deque[_Op] = deque()
+        self._busy = False
+        self._closed = False
+        self._broken: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- submission ---------------------------------------------------------------------
+
+    def submit(
+        self,
+        run: Callable[[float | None], Any],
+        *,
+        label: str,
+        deadline: float | None,
+        async_op: bool,
+    ) -> Any:
+        """Queue ``run(deadline)``; return its handle (async) or its result (sync).
+
+        Raises:
+            GroupBrokenError: The direction is broken (synchronous calls only; an async
+                call returns a handle that has already failed).
+            GroupClosedError: The direction is closed (likewise).
+            CollectiveTimeoutError: A synchronous call ran out of time.
+            Exception: What the operation raised (synchronous calls).
+        """
+        op = _Op(run, label, deadline)
+        inline = False
+        me = threading.current_thread()
+        with self._cond:
+            err = self._unusable_error(label)
+            if err is not None:
+                op.work.set_exception(err)
+                return op.work if async_op else op.work.wait()
+            if not async_op and not self._busy and not self._queue:
+                self._busy = True
+                inline = True
+            else:
+                self._queue.append(op)
+                if not (me is self._thread and not async_op):
+                    self._ensure_thread()
+                    self._cond.notify_all()
+        if inline:
+            self._execute(op)
+            return op.work.wait()
+        if async_op:
+            return op.work
+        if me is self._thread:
+            # A then-callback on this direction's own thread waits for a synchronous op:
+            # execute the queue here, in order, up to and including that op.
+            self._drain_until(op)
+            return op.work.wait()
+        return self._wait_sync(op)
+
+    def _unusable_error(self, label: str) -> BaseException | None:
+        if self._closed:
+            return GroupClosedError(f"{self.name}: {label} after the group was closed")
+        if self._broken is not None:
+            err = GroupBrokenError(
+                f"{self.name}: {label} refused, an earlier failure broke this direction"
+                f" ({type(self._broken).__name__}: {self._broken}); close the group on both"
+                " sides and create a new one"
+            )
+            err.__cause__ = self._broken
+            return err
+        return None
+
+    def _wait_sync(self, op: _Op) -> Any:
+        left = remaining(op.deadline)
+        try:
+            return op.work.wait(None if left is None else left + _GRACE)
+        except WorkTimeoutError:
+            pass
+        err = CollectiveTimeoutError(
+            f"{self.name}: {op.label} did not complete before its deadline"
+            + (" (it was still running; the direction is now broken)" if op.started else "")
+        )
+        failed: list[tuple[_Op, BaseException]] = []
+        with self._cond:
+            if op.started and not op.work.done():
+                failed = self._break_locked(err)
+        _fail_all(failed)
+        op.work.set_exception(err)
+        return op.work.wait()
+
+    # -- execution ----------------------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (self._busy or not self._queue):
+                    self._cond.wait()
+                if self._closed and not self._queue:
+                    return
+                if self._busy:
+                    continue
+                op = self._queue.popleft()
+                self._busy = True
+            self._execute(op)
+
+    def _drain_until(self, target: _Op) -> None:
+        while not target.work.done():
+            with self._cond:
+                while self._busy:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                op = self._queue.popleft()
+                self._busy = True
+            self._execute(op)
+
+    def _execute(self, op: _Op) -> None:
+        """Run one popped operation (``_busy`` is set by the caller) and complete its work."""
+        result: Any = None
+        error: BaseException | None = None
+        t0 = time.perf_counter()
+        try:
+            if op.work.done():  # abandoned by its synchronous caller (timed out while queued)
+                return
+            if op.deadline is not None and time.monotonic() >= op.deadline:
+                error = CollectiveTimeoutError(
+                    f"{self.name}: {op.label} timed out while waiting in the queue"
+                )
+                return
+            op.started = True
+            try:
+                result = op.run(op.deadline)
+            except CleanFailure as clean:
+                error = clean.error
+            except BaseException as exc:
+                error = exc
+                with self._cond:
+                    failed = self._break_locked(exc)
+                _fail_all(failed)
+        finally:
+            if op.started:
+                self.stats.busy_seconds += time.perf_counter() - t0
+            if error is not None:
+                self.stats.failures += 1
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+            if error is not None:
+                op.work.set_exception(error)
+            else:
+                op.work.set_result(result)
+
+    def _break_locked(self, exc: BaseException) -> list[tuple[_Op, BaseException]]:
+        """Mark broken; return the queued ops and their errors, to fail outside the lock."""
+        if self._broken is not None:
+            return []
+        self._broken = exc
+        failed: list[tuple[_Op, BaseException]] = []
+        while self._queue:
+            pending = self._queue.popleft()
+            err = self._unusable_error(pending.label)
+            if err is not None:
+                failed.append((pending, err))
+        return failed
+
+    # -- state --------------------------------------------------------------------------
+
+    @property
+    def broken(self) -> BaseException | None:
+        """The error that broke this direction, or None."""
+        return self._broken
+
+    def snapshot(self) -> dict[str, Any]:
+        """Stats as a plain dict, plus the direction's state."""
+        with self._cond:
+            out = self.stats.as_dict()
+            out["queued"] = len(self._queue)
+            out["broken"] = self._broken is not None
+        return out
+
+    def close(self, timeout: float | None) -> None:
+        """Fail queued operations with GroupClosedError, stop the thread (wait ``timeout``).
+
+        An operation already running on the wire cannot be interrupted; it ends when it
+        completes, fails, or reaches its deadline.
+        """
+        with self._cond:
+            self._closed = True
+            pending = list(self._queue)
+            self._queue.clear()
+            busy = self._busy
+            self._cond.notify_all()
+        _fail_all(
+            [
+                (op, GroupClosedError(f"{self.name}: {op.label} cancelled by close()"))
+                for op in pending
+            ]
+        )
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread() and not busy:
+            thread.join(timeout)
+
+
+def _fail_all(failed: list[tuple[_Op, BaseException]]) -> None:
+    for op, err in failed:
+        op.work.set_exception(err)

@@ -1,0 +1,45 @@
+"""Error types of p2p-collective.
+
+Every type here derives from :class:`p2p_asyncwork.P2PError`, whose ``__reduce__`` keeps
+the message and the ``__cause__`` when an error is pickled (for instance across a Ray
+actor boundary).
+"""
+
+from __future__ import annotations
+
+from p2p_asyncwork import P2PError
+
+
+class CollectiveError(P2PError):
+    """Base of every run-time error raised by p2p-collective."""
+
+
+class FramingError(CollectiveError):
+    """A received frame is not what this side expected.
+
+    Raised when the magic, version or per-direction sequence number of a frame does not
+    match, or its metadata is inconsistent. The usual cause is an unpaired call: one side
+    called ``send_tensor`` and the other ``recv``, or ``send`` answered by ``recv_tensor``.
+    The direction of the group is broken afterwards.
+    """
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """An operation or a rendezvous did not complete within its timeout."""
+
+
+class PeerError(CollectiveError):
+    """The transport to the peer failed, typically because the peer process died."""
+
+
+class GroupBrokenError(CollectiveError):
+    """An earlier failure broke this direction of the group; its ``__cause__`` is that failure.
+
+    A direction breaks when an operation fails after it may have put bytes on the wire
+    (or taken them off), since the two sides can no longer agree where the next message
+    starts. Close the group on both sides and create a new one.
+    """
+
+
+class GroupClosedError(CollectiveError):
+    """The group (or its :class:`~p2p_collective.Collective`) was closed."""

@@ -1,0 +1,312 @@
+"""The binary frame of one ``send``: fixed header, tensor metadata, inline object.
+
+Wire layout of one frame (all integers little-endian)::
+
+    header message (<= HEADER_MAX bytes, the receiver always posts HEADER_MAX):
+      fixed part, 40 bytes  struct "<4sBBHQIIQQ"
+        magic      4s  b"P2PF"
+        version    u8  FRAME_VERSION
+        kind       u8  payload kind (Kind)
+        flags      u16 Flag bits
+        seq        u64 per-direction sequence number, starts at 0
+        n_tensors  u32 number of tensor entries in the metadata
+        meta_len   u32 bytes of tensor metadata (+ names section)
+        obj_len    u64 bytes of the pickled object part (may be 0)
+        wire_total u64 sum of the tensors' wire bytes (cross-check)
+      then, unless Flag.EXT: metadata (meta_len bytes), then object (obj_len bytes)
+    extension message (only with Flag.EXT): metadata + object, meta_len + obj_len bytes
+    one payload message per tensor whose wire_bytes > 0, in metadata order
+
+Tensor entry in the metadata, 24 bytes ``"<BBBBB3xQQ"`` followed by ``ndim`` int64 dims:
+dtype code, ndim, device kind, codec id (0 = raw), tensor flags (bit 0: requires_grad),
+raw bytes, wire bytes. With ``Flag.NAMES`` a names section follows the entries: u32
+count, then per name u32 length + UTF-8 bytes (string dict keys, dataclass field names).
+
+The receiver never posts a receive whose size it has not read from a frame it validated:
+a longer message than the posted receive aborts the receiving process inside gloo.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from p2p_collective._errors import FramingError
+
+MAGIC = b"P2PF"
+FRAME_VERSION = 1
+HEADER_MAX = 4096
+"""Bytes the receiver posts for every header message; a header message never exceeds it."""
+
+FIXED = struct.Struct("<4sBBHQIIQQ")
+SEQ_OFFSET = 8  # byte offset of ``seq`` inside FIXED, patched just before sending
+_SEQ = struct.Struct("<Q")
+_ENTRY = struct.Struct("<BBBBB3xQQ")
+_U32 = struct.Struct("<I")
+
+MAX_TENSORS = 1 << 20
+MAX_NDIM = 64
+MAX_META = 1 << 30
+
+
+class Kind(enum.IntEnum):
+    """Payload kind carried in the fixed header."""
+
+    TENSOR = 1
+    LIST = 2
+    TUPLE = 3
+    DICT = 4
+    DATACLASS = 5
+    OBJECT = 6
+
+
+class Flag(enum.IntFlag):
+    """Bits of the fixed header's ``flags``."""
+
+    EXT = 0x1  # metadata and object travel in a second message
+    NAMES = 0x2  # a names section follows the tensor entries
+    ORDERED = 0x4  # the dict is a collections.OrderedDict
+
+
+class Device(enum.IntEnum):
+    """Device kind of a tensor entry; the receiver picks its own device index."""
+
+    CPU = 0
+    CUDA = 1
+
+
+TFLAG_REQUIRES_GRAD = 0x1
+
+_DTYPE_NAMES = (
+    # Codes are part of the wire format: append only, never renumber.
+    (1, "float32"),
+    (2, "float64"),
+    (3, "float16"),
+    (4, "bfloat16"),
+    (5, "uint8"),
+    (6, "int8"),
+    (7, "int16"),
+    (8, "int32"),
+    (9, "int64"),
+    (10, "bool"),
+    (11, "complex64"),
+    (12, "complex128"),
+    (13, "complex32"),
+    (14, "uint16"),
+    (15, "uint32"),
+    (16, "uint64"),
+    (17, "float8_e4m3fn"),
+    (18, "float8_e5m2"),
+    (19, "float8_e4m3fnuz"),
+    (20, "float8_e5m2fnuz"),
+    (21, "float8_e8m0fnu"),
+)
+DTYPE_TO_CODE: dict[torch.dtype, int] = {}
+CODE_TO_DTYPE: dict[int, torch.dtype] = {}
+for _code, _name in _DTYPE_NAMES:
+    _dt = getattr(torch, _name, None)
+    if isinstance(_dt, torch.dtype):
+        DTYPE_TO_CODE[_dt] = _code
+        CODE_TO_DTYPE[_code] = _dt
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Metadata of one tensor of a frame."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    device: int
+    codec_id: int
+    tflags: int
+    raw_bytes: int
+    wire_bytes: int
+
+
+@dataclass(frozen=True)
+class FixedHeader:
+    """The validated fixed part of a frame's header message."""
+
+    kind: Kind
+    flags: Flag
+    seq: int
+    n_tensors: int
+    meta_len: int
+    obj_len: int
+    wire_total: int
+
+    @property
+    def inline_len(self) -> int:
+        """Bytes of the header message: fixed part plus, unless EXT, metadata and object."""
+        if self.flags & Flag.EXT:
+            return FIXED.size
+        return FIXED.size + self.meta_len + self.obj_len
+
+
+def pack_entry(meta: TensorMeta) -> bytes:
+    """Encode one tensor entry (24 bytes plus 8 per dimension)."""
+    head = _ENTRY.pack(
+        DTYPE_TO_CODE[meta.dtype],
+        len(meta.shape),
+        meta.device,
+        meta.codec_id,
+        meta.tflags,
+        meta.raw_bytes,
+        meta.wire_bytes,
+    )
+    return head + struct.pack(f"<{len(meta.shape)}q", *meta.shape)
+
+
+def pack_names(names: list[str]) -> bytes:
+    """Encode the names section."""
+    parts = [_U32.pack(len(names))]
+    for name in names:
+        raw = name.encode("utf-8")
+        parts.append(_U32.pack(len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def pack_fixed(
+    buf: memoryview,
+    *,
+    kind: Kind,
+    flags: Flag,
+    n_tensors: int,
+    meta_len: int,
+    obj_len: int,
+    wire_total: int,
+) -> None:
+    """Write the fixed header into the first 40 bytes of ``buf`` (sequence number 0)."""
+    FIXED.pack_into(
+        buf, 0, MAGIC, FRAME_VERSION, kind, flags, 0, n_tensors, meta_len, obj_len, wire_total
+    )
+
+
+def patch_seq(buf: memoryview, seq: int) -> None:
+    """Write the sequence number into a packed fixed header."""
+    _SEQ.pack_into(buf, SEQ_OFFSET, seq)
+
+
+def looks_like_header(buf: memoryview, expected_seq: int) -> bool:
+    """Whether ``buf`` starts with a frame header for ``expected_seq`` (desync probe)."""
+    if len(buf) < FIXED.size or bytes(buf[:4]) != MAGIC:
+        return False
+    return buf[4] == FRAME_VERSION and _SEQ.unpack_from(buf, SEQ_OFFSET)[0] == expected_seq
+
+
+def parse_fixed(buf: memoryview, expected_seq: int, peer: str) -> FixedHeader:
+    """Validate and decode the fixed header at the start of ``buf``.
+
+    Raises:
+        FramingError: Wrong magic, version, sequence number, kind or out-of-range sizes.
+    """
+    magic, version, kind, flags, seq, n_tensors, meta_len, obj_len, wire_total = FIXED.unpack_from(
+        buf, 0
+    )
+    if magic != MAGIC:
+        raise FramingError(
+            f"expected a frame header from {peer!r} (sequence {expected_seq}) but got bytes"
+            f" starting {bytes(buf[:8]).hex()}; the peer probably called send_tensor() where"
+            " this side called recv()"
+        )
+    if version != FRAME_VERSION:
+        raise FramingError(
+            f"frame from {peer!r} has version {version}, this side speaks {FRAME_VERSION}"
+        )
+    if seq != expected_seq:
+        raise FramingError(
+            f"frame from {peer!r} has sequence number {seq}, expected {expected_seq}; the two"
+            " sides paired send/recv and send_tensor/recv_tensor calls differently"
+        )
+    try:
+        kind_e = Kind(kind)
+    except ValueError:
+        raise FramingError(f"frame from {peer!r} has unknown payload kind {kind}") from None
+    if flags & ~int(Flag.EXT | Flag.NAMES | Flag.ORDERED):
+        raise FramingError(f"frame from {peer!r} has unknown flag bits {flags:#x}")
+    if n_tensors > MAX_TENSORS or meta_len > MAX_META:
+        raise FramingError(
+            f"frame from {peer!r} announces {n_tensors} tensors / {meta_len} metadata bytes,"
+            f" over the limits {MAX_TENSORS} / {MAX_META}"
+        )
+    hdr = FixedHeader(kind_e, Flag(flags), seq, n_tensors, meta_len, obj_len, wire_total)
+    if not hdr.flags & Flag.EXT and hdr.inline_len > HEADER_MAX:
+        raise FramingError(
+            f"frame from {peer!r} claims an inline header of {hdr.inline_len} bytes,"
+            f" more than {HEADER_MAX}"
+        )
+    return hdr
+
+
+def parse_meta(
+    buf: memoryview, hdr: FixedHeader, peer: str
+) -> tuple[list[TensorMeta], list[str] | None]:
+    """Decode the tensor entries (and names section) of a validated header.
+
+    Raises:
+        FramingError: The metadata is truncated or inconsistent with the fixed header.
+    """
+    try:
+        return _parse_meta(buf, hdr, peer)
+    except (struct.error, UnicodeDecodeError, OverflowError) as exc:
+        raise FramingError(f"frame from {peer!r} has malformed tensor metadata: {exc}") from exc
+
+
+def _parse_meta(
+    buf: memoryview, hdr: FixedHeader, peer: str
+) -> tuple[list[TensorMeta], list[str] | None]:
+    metas: list[TensorMeta] = []
+    off = 0
+    wire_total = 0
+    for i in range(hdr.n_tensors):
+        code, ndim, device, codec_id, tflags, raw_bytes, wire_bytes = _ENTRY.unpack_from(buf, off)
+        off += _ENTRY.size
+        dtype = CODE_TO_DTYPE.get(code)
+        if dtype is None or ndim > MAX_NDIM:
+            raise FramingError(
+                f"frame from {peer!r}: tensor {i} has unknown dtype code {code} or ndim {ndim}"
+            )
+        shape = struct.unpack_from(f"<{ndim}q", buf, off)
+        off += 8 * ndim
+        numel = math.prod(shape)
+        if min(shape, default=0) < 0 or numel * dtype.itemsize != raw_bytes:
+            raise FramingError(
+                f"frame from {peer!r}: tensor {i} of shape {shape} and dtype {dtype} does"
+                f" not hold {raw_bytes} bytes"
+            )
+        if codec_id == 0 and wire_bytes != raw_bytes:
+            raise FramingError(
+                f"frame from {peer!r}: raw tensor {i} has {wire_bytes} wire bytes for"
+                f" {raw_bytes} raw bytes"
+            )
+        wire_total += wire_bytes
+        metas.append(
+            TensorMeta(dtype, tuple(shape), device, codec_id, tflags, raw_bytes, wire_bytes)
+        )
+    if wire_total != hdr.wire_total:
+        raise FramingError(
+            f"frame from {peer!r}: tensor entries sum to {wire_total} wire bytes, the header"
+            f" says {hdr.wire_total}"
+        )
+    names: list[str] | None = None
+    if hdr.flags & Flag.NAMES:
+        (count,) = _U32.unpack_from(buf, off)
+        off += 4
+        names = []
+        for _ in range(count):
+            (length,) = _U32.unpack_from(buf, off)
+            off += 4
+            if off + length > hdr.meta_len:
+                raise FramingError(f"frame from {peer!r}: names section overruns the metadata")
+            names.append(bytes(buf[off : off + length]).decode("utf-8"))
+            off += length
+    if off != hdr.meta_len:
+        raise FramingError(
+            f"frame from {peer!r}: metadata is {hdr.meta_len} bytes but its entries use {off}"
+        )
+    return metas, names

@@ -1,0 +1,428 @@
+"""CollectiveGroup: the ordered, framed, asynchronous two-party channel."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from p2p_collective._config import CollectiveConfig
+from p2p_collective._direction import CleanFailure, Direction
+from p2p_collective._errors import CollectiveError, FramingError, GroupClosedError
+from p2p_collective._framing import FIXED, HEADER_MAX, looks_like_header
+from p2p_collective._payload import OutFrame, check_tensor, encode, flat_bytes, rebuild
+from p2p_collective._rendezvous import meet, private_client
+from p2p_collective._transport import GlooLink, StoreLike, deadline_after, remaining
+from p2p_collective._wire import patch_frame_seq, read_frame
+
+
+class _Side:
+    """The transport state of one direction: lazily connected link and sequence counter."""
+
+    def __init__(self, group: CollectiveGroup, role: str) -> None:
+        self.role = role
+        src, dst = (group.rank, 1 - group.rank) if role == "send" else (1 - group.rank, group.rank)
+        self.base = f"p2p/{group.name}/{src}to{dst}"
+        self.direction = Direction(f"p2p[{group.name}].{role}")
+        self.link: GlooLink | None = None
+        self.epoch: int | None = None
+        self.store: StoreLike | None = None
+        self.seq = 0
+        self.scratch = torch.zeros(HEADER_MAX, dtype=torch.uint8)  # header / small recv_tensor
+        self.scratch_view = self.scratch.numpy().data
+        self._group = group
+
+    def ensure_link(self, deadline: float | None) -> GlooLink:
+        """Return the link, joining the peer first if this is the direction's first use."""
+        if self.link is not None:
+            return self.link
+        g = self._group
+        if g.closed:
+            raise CleanFailure(GroupClosedError(f"p2p[{g.name}]: the group was closed"))
+        wait = _min_timeout(g.init_timeout, remaining(deadline))
+        peer_role = "recv" if self.role == "send" else "send"
+        if self.store is None:
+            self.store = private_client(g.store)
+        try:
+            self.epoch, prefix = meet(
+                self.store,
+                self.base,
+                self.role,
+                peer_role,
+                self.epoch,
+                g.peer_name,
+                wait,
+                cancelled=lambda: g.closed,
+            )
+        except CollectiveError as exc:  # nothing is on the wire yet: retry later is fine
+            raise CleanFailure(exc) from exc
+        self.link = GlooLink.connect(
+            self.store, prefix, g.rank, g.device(), g.peer_name, g.init_timeout
+        )
+        return self.link
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+        self.store = None
+
+
+def _min_timeout(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+class CollectiveGroup:
+    """Ordered, asynchronous point-to-point channel between this process and one peer.
+
+    Create it with :meth:`Collective.create_collective_group`. Each direction (this side
+    sending, this side receiving) has its own gloo process group, FIFO queue and thread,
+    so messages of one direction never interleave and always arrive in order. Process
+    groups are created lazily, at the first operation of each direction; that operation
+    waits up to ``init_timeout`` for the peer's first matching operation.
+
+    Timeouts: every call takes ``timeout`` (seconds, from the call to completion,
+    queueing included); ``None`` means the configured default ``op_timeout`` (1800 s
+    unless configured). A sending call refuses bad input with ``ValueError`` before
+    anything is queued; all other failures complete the operation's handle with a
+    :class:`CollectiveError`, and failures that may have left bytes on the wire break
+    that direction (later operations raise :class:`GroupBrokenError`).
+
+    Pairing: ``send``/``recv`` and ``send_tensor``/``recv_tensor`` must be paired in the
+    same order on both sides. A mismatch is reported as :class:`FramingError` except in one
+    case that cannot be caught: ``send_tensor`` of more than 4096 bytes answered by
+    ``recv`` makes gloo abort the receiving process.
+
+    Attributes:
+        name: The group's key (its sorted member names, or the group name given).
+        rank: This side's rank, 0 or 1 (index of its name among the sorted names).
+        peer_name: The other member's name.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        rank: int,
+        self_name: str,
+        peer_name: str,
+        store: StoreLike,
+        device: Callable[[], Any],
+        config: CollectiveConfig,
+        init_timeout: float | None,
+    ) -> None:
+        self.name = name
+        self.rank = rank
+        self.self_name = self_name
+        self.peer_name = peer_name
+        self.store = store
+        self.device = device
+        self.config = config
+        self.init_timeout = init_timeout
+        self.world_size = 2
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._send = _Side(self, "send")
+        self._recv = _Side(self, "recv")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<CollectiveGroup {self.name!r} rank={self.rank} peer={self.peer_name!r} {state}>"
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def _deadline(self, timeout: float | None) -> float | None:
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ValueError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
+        return deadline_after(self.config.op_timeout if timeout is None else float(timeout))
+
+    # -- send / recv of any payload -----------------------------------------------------
+
+    def send(self, obj: Any, async_op: bool = False, *, timeout: float | None = None) -> Any:
+        """Send ``obj`` to the peer, in order after everything sent before.
+
+        ``obj`` is a tensor, a list/tuple of tensors, a dict whose values are all tensors,
+        a dataclass with tensor fields, or any other picklable object. The payload is
+        checked and encoded at once, in the calling thread (so later changes to ``obj``
+        do not affect it; tensors are not copied, so do not modify them before the send
+        completes). A small header names the kind; tensor metadata travels in compact
+        binary form; a small pickled object travels inline, so it costs one gloo
+        message; each tensor with bytes is one more message.
+
+        Args:
+            obj: The payload. Tensors must be dense, contiguous CPU tensors.
+            async_op: Return an :class:`~p2p_asyncwork.AsyncWork` at once instead of
+                waiting.
+            timeout: Seconds from now until the send must have completed (None: the
+                configured ``op_timeout``).
+
+        Returns:
+            None, or an AsyncWork whose result is None when ``async_op`` is True.
+
+        Raises:
+            ValueError: A tensor is non-contiguous, not on CPU or of an unsupported kind
+                (the message names its position, e.g. ``payload['x']``), or the object
+                cannot be pickled. Nothing was sent; the group stays usable.
+            CollectiveTimeoutError: The peer did not join or the send did not finish in
+                time.
+            PeerError: The connection to the peer failed (for instance it died).
+            GroupBrokenError: An earlier failure broke this direction.
+            GroupClosedError: The group is closed.
+
+        Example:
+            >>> group.send({"step": 3, "loss": 0.25})  # doctest: +SKIP
+            >>> work = group.send([torch.ones(4)], async_op=True)  # doctest: +SKIP
+            >>> work.wait()  # doctest: +SKIP
+        """
+        deadline = self._deadline(timeout)
+        frame = encode(obj)
+        return self._send.direction.submit(
+            lambda dl: self._do_send(frame, dl),
+            label=f"send({frame.kind.name.lower()})",
+            deadline=deadline,
+            async_op=async_op,
+        )
+
+    def recv(self, async_op: bool = False, *, timeout: float | None = None) -> Any:
+        """Receive the next object the peer sent with :meth:`send`.
+
+        Tensors arrive in freshly allocated CPU tensors of the sent dtype and shape;
+        containers keep their type (list, tuple, dict / OrderedDict with key order,
+        dataclass with its other fields).
+
+        Args:
+            async_op: Return an AsyncWork at once instead of waiting.
+            timeout: Seconds from now until the object must have arrived (None: the
+                configured ``op_timeout``).
+
+        Returns:
+            The object, or an AsyncWork whose result is the object.
+
+        Raises:
+            FramingError: The peer sent something else (for instance it called
+                ``send_tensor``); the receive direction is broken.
+            CollectiveTimeoutError: Nothing arrived in time.
+            PeerError: The connection failed, for instance because the peer died.
+            CollectiveError: The object could not be unpickled (the direction stays
+                usable).
+            GroupBrokenError: An earlier failure broke this direction.
+            GroupClosedError: The group is closed.
+
+        Example:
+            >>> obj = group.recv(timeout=30.0)  # doctest: +SKIP
+            >>> work = group.recv(async_op=True)  # doctest: +SKIP
+            >>> shapes = work.then(lambda o: {k: v.shape for k, v in o.items()})  # doctest: +SKIP
+        """
+        deadline = self._deadline(timeout)
+        return self._recv.direction.submit(
+            self._do_recv, label="recv()", deadline=deadline, async_op=async_op
+        )
+
+    # -- send_tensor / recv_tensor --------------------------------------------------------
+
+    def send_tensor(
+        self, tensor: torch.Tensor, async_op: bool = False, *, timeout: float | None = None
+    ) -> Any:
+        """Send one tensor's bytes as a single message, without header or metadata.
+
+        Pair it with :meth:`recv_tensor` on the peer, given a tensor of the same number of
+        bytes. Never compressed.
+
+        Args:
+            tensor: A dense, contiguous CPU tensor.
+            async_op: Return an AsyncWork at once instead of waiting.
+            timeout: Seconds from now until the send must have completed (None: the
+                configured ``op_timeout``).
+
+        Returns:
+            None, or an AsyncWork whose result is None.
+
+        Raises:
+            TypeError: ``tensor`` is not a tensor.
+            ValueError: ``tensor`` is non-contiguous, not on CPU or unsupported.
+            CollectiveTimeoutError, PeerError, GroupBrokenError, GroupClosedError: As
+                for :meth:`send`.
+
+        Example:
+            >>> group.send_tensor(torch.arange(1024))  # doctest: +SKIP
+        """
+        payload = self._raw_view(tensor, "send_tensor(tensor)")
+        deadline = self._deadline(timeout)
+        return self._send.direction.submit(
+            lambda dl: self._do_send_tensor(payload, dl),
+            label="send_tensor()",
+            deadline=deadline,
+            async_op=async_op,
+        )
+
+    def recv_tensor(
+        self, tensor: torch.Tensor, async_op: bool = False, *, timeout: float | None = None
+    ) -> Any:
+        """Receive one :meth:`send_tensor` message into ``tensor`` (in place).
+
+        Args:
+            tensor: A dense, contiguous CPU tensor with as many bytes as the peer sends. A
+                shorter message leaves the rest of ``tensor`` unchanged; a longer one makes
+                gloo abort this process, so sizes must agree.
+            async_op: Return an AsyncWork at once instead of waiting.
+            timeout: Seconds from now until the tensor must have arrived (None: the
+                configured ``op_timeout``).
+
+        Returns:
+            ``tensor``, or an AsyncWork whose result is ``tensor``.
+
+        Raises:
+            TypeError: ``tensor`` is not a tensor.
+            ValueError: ``tensor`` is non-contiguous, not on CPU or unsupported.
+            FramingError: The peer called :meth:`send` instead of :meth:`send_tensor`.
+            CollectiveTimeoutError, PeerError, GroupBrokenError, GroupClosedError: As
+                for :meth:`recv`.
+
+        Example:
+            >>> buf = torch.empty(1024, dtype=torch.int64)  # doctest: +SKIP
+            >>> work = group.recv_tensor(buf, async_op=True)  # doctest: +SKIP
+            >>> work.then(lambda t: t.sum()).wait()  # doctest: +SKIP
+        """
+        flat = self._raw_view(tensor, "recv_tensor(tensor)")
+        deadline = self._deadline(timeout)
+        return self._recv.direction.submit(
+            lambda dl: self._do_recv_tensor(tensor, flat, dl),
+            label="recv_tensor()",
+            deadline=deadline,
+            async_op=async_op,
+        )
+
+    @staticmethod
+    def _raw_view(tensor: torch.Tensor, op: str) -> torch.Tensor:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{op}: expected a torch.Tensor, got {type(tensor).__name__}")
+        check_tensor(tensor, "tensor", op)
+        return flat_bytes(tensor)
+
+    # -- operations (run by the direction, one at a time, in order) -----------------------
+
+    def _do_send(self, frame: OutFrame, deadline: float | None) -> None:
+        side = self._send
+        link = side.ensure_link(deadline)
+        patch_frame_seq(frame, side.seq)
+        side.seq += 1
+        messages = [*frame.header_messages(), *frame.payloads]
+        for msg in messages:
+            link.send(msg, deadline)
+        st = side.direction.stats
+        st.messages += 1
+        st.transport_messages += len(messages)
+        st.payload_bytes += frame.payload_bytes
+        st.wire_bytes += frame.wire_bytes
+
+    def _do_recv(self, deadline: float | None) -> Any:
+        side = self._recv
+        link = side.ensure_link(deadline)
+        expected = side.seq
+        side.seq += 1
+        got = read_frame(link, side.scratch, side.scratch_view, expected, deadline)
+        st = side.direction.stats
+        st.messages += 1
+        st.transport_messages += got.transport_messages
+        st.payload_bytes += got.payload_bytes
+        st.wire_bytes += got.wire_bytes
+        try:
+            return rebuild(got.kind, got.flags, got.metas, got.names, got.obj, got.tensors)
+        except Exception as exc:
+            err = CollectiveError(
+                f"p2p[{self.name}]: received a {got.kind.name.lower()} payload from"
+                f" {self.peer_name!r} but could not rebuild it: {exc}"
+            )
+            err.__cause__ = exc
+            raise CleanFailure(err) from exc
+
+    def _do_send_tensor(self, payload: torch.Tensor, deadline: float | None) -> None:
+        side = self._send
+        link = side.ensure_link(deadline)
+        side.seq += 1
+        if payload.numel():
+            link.send(payload, deadline)
+        st = side.direction.stats
+        st.messages += 1
+        st.transport_messages += 1 if payload.numel() else 0
+        st.payload_bytes += payload.numel()
+        st.wire_bytes += payload.numel()
+
+    def _do_recv_tensor(
+        self, tensor: torch.Tensor, flat: torch.Tensor, deadline: float | None
+    ) -> torch.Tensor:
+        side = self._recv
+        link = side.ensure_link(deadline)
+        expected = side.seq
+        side.seq += 1
+        n = flat.numel()
+        if n:
+            if n < HEADER_MAX:
+                # Post a full header-sized receive so a frame header sent by a mismatched
+                # send() is caught here instead of overrunning a small buffer.
+                side.scratch[: FIXED.size].zero_()
+                link.recv(side.scratch, deadline)
+                probe = side.scratch_view
+            else:
+                flat[: FIXED.size].zero_()
+                link.recv(flat, deadline)
+                probe = flat[: FIXED.size].numpy().data
+            if looks_like_header(probe, expected):
+                raise FramingError(
+                    f"p2p[{self.name}]: recv_tensor() got a frame header from"
+                    f" {self.peer_name!r}; the peer called send() instead of send_tensor()"
+                )
+            if n < HEADER_MAX:
+                flat.copy_(side.scratch[:n])
+        st = side.direction.stats
+        st.messages += 1
+        st.transport_messages += 1 if n else 0
+        st.payload_bytes += n
+        st.wire_bytes += n
+        return tensor
+
+    # -- state ----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per-direction counters.
+
+        Returns:
+            ``{"send": {...}, "recv": {...}}``; each holds ``messages`` (completed
+            operations), ``payload_bytes`` (tensor bytes plus pickled object bytes),
+            ``wire_bytes`` (every byte on the wire, headers included),
+            ``transport_messages`` (gloo messages), ``busy_seconds`` (time spent
+            executing operations), ``failures``, ``queued`` and ``broken``.
+
+        Example:
+            >>> group.stats()["send"]["messages"]  # doctest: +SKIP
+            3
+        """
+        return {"send": self._send.direction.snapshot(), "recv": self._recv.direction.snapshot()}
+
+    def close(self, *, timeout: float | None = 5.0) -> None:
+        """Fail queued operations, stop both direction threads and drop the process groups.
+
+        Idempotent. An operation already on the wire cannot be interrupted: it ends when
+        it completes, fails (the peer's close makes it fail at once) or reaches its
+        deadline. The peer's pending operations fail with :class:`PeerError`.
+
+        Args:
+            timeout: Seconds to wait for each idle direction thread to exit.
+
+        Example:
+            >>> group.close()  # doctest: +SKIP
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        for side in (self._send, self._recv):
+            side.direction.close(timeout)
+            side.close()

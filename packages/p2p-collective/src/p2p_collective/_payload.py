@@ -1,0 +1,230 @@
+"""Turning a payload into a frame and back: classification, validation, (un)pickling.
+
+Everything here runs before the operation is queued (sending side), so a bad payload is
+refused with a ``ValueError`` before a single byte is on the wire and the group stays
+usable. Receiving-side rebuilding runs after the whole frame has been taken off the wire.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import io
+import pickle
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from p2p_collective._framing import (
+    DTYPE_TO_CODE,
+    FIXED,
+    HEADER_MAX,
+    TFLAG_REQUIRES_GRAD,
+    Device,
+    Flag,
+    Kind,
+    TensorMeta,
+    pack_entry,
+    pack_fixed,
+    pack_names,
+)
+
+_NO_OBJECT: Any = object()
+
+
+@dataclass
+class OutFrame:
+    """An encoded frame, ready for the sending thread to put on the wire."""
+
+    kind: Kind
+    buffer: torch.Tensor  # uint8: fixed header + metadata + pickled object
+    ext: bool  # metadata/object travel in a second message
+    tensors: list[torch.Tensor]  # the payload's tensors, in frame order
+    metas: list[TensorMeta]
+    payloads: list[torch.Tensor]  # flat uint8 views of the tensors with bytes, frame order
+    obj_len: int
+
+    def header_messages(self) -> list[torch.Tensor]:
+        """The header message and, with EXT, the extension message."""
+        if self.ext:
+            return [self.buffer[: FIXED.size], self.buffer[FIXED.size :]]
+        return [self.buffer]
+
+    @property
+    def payload_bytes(self) -> int:
+        """Raw tensor bytes plus pickled object bytes."""
+        return sum(m.raw_bytes for m in self.metas) + self.obj_len
+
+    @property
+    def wire_bytes(self) -> int:
+        """Every byte this frame puts on the wire, header included."""
+        return int(self.buffer.numel()) + sum(m.wire_bytes for m in self.metas)
+
+
+def check_tensor(t: torch.Tensor, where: str, op: str) -> None:
+    """Refuse tensors that cannot travel as raw bytes on the CPU transport.
+
+    Raises:
+        ValueError: ``t`` is not a dense, contiguous CPU tensor of a supported dtype.
+    """
+    if t.layout != torch.strided or t.is_quantized or t.is_nested:
+        raise ValueError(
+            f"{op}: {where} has layout {t.layout} (quantized={t.is_quantized}); only dense"
+            " strided tensors can be sent"
+        )
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"{op}: {where} is on device {t.device}; this version moves CPU tensors only"
+            " (the accelerator transport is not available yet); move it with .cpu()"
+        )
+    if not t.is_contiguous():
+        raise ValueError(
+            f"{op}: {where} is not contiguous (shape {tuple(t.shape)}, stride"
+            f" {tuple(t.stride())}); call .contiguous() on it before sending"
+        )
+    if t.dtype not in DTYPE_TO_CODE:
+        raise ValueError(f"{op}: {where} has dtype {t.dtype}, which cannot be sent")
+
+
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor's bytes (no copy unless conj/neg bits)."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _classify(obj: Any) -> tuple[Kind, Flag, list[Any], list[str], list[str] | None, Any]:
+    """Return kind, flags, tensors, their position names, names section, object part."""
+    if isinstance(obj, torch.Tensor):
+        return Kind.TENSOR, Flag(0), [obj], ["payload"], None, _NO_OBJECT
+    tp = type(obj)
+    if tp in (list, tuple) and obj and all(isinstance(x, torch.Tensor) for x in obj):
+        kind = Kind.LIST if tp is list else Kind.TUPLE
+        return (
+            kind,
+            Flag(0),
+            list(obj),
+            [f"payload[{i}]" for i in range(len(obj))],
+            None,
+            _NO_OBJECT,
+        )
+    if tp in (dict, OrderedDict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        flags = Flag.ORDERED if tp is OrderedDict else Flag(0)
+        keys = list(obj.keys())
+        where = [f"payload[{k!r}]" for k in keys]
+        if all(type(k) is str for k in keys):
+            return Kind.DICT, flags | Flag.NAMES, list(obj.values()), where, keys, _NO_OBJECT
+        return Kind.DICT, flags, list(obj.values()), where, None, keys
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = [
+            f.name
+            for f in dataclasses.fields(obj)
+            if isinstance(getattr(obj, f.name, None), torch.Tensor)
+        ]
+        if names:
+            skeleton = copy.copy(obj)
+            for name in names:
+                object.__setattr__(skeleton, name, None)
+            tensors = [getattr(obj, n) for n in names]
+            return (
+                Kind.DATACLASS,
+                Flag.NAMES,
+                tensors,
+                [f"payload.{n}" for n in names],
+                names,
+                skeleton,
+            )
+    return Kind.OBJECT, Flag(0), [], [], None, obj
+
+
+def encode(obj: Any, op: str = "send(obj)") -> OutFrame:
+    """Classify, check and encode ``obj``; nothing is sent.
+
+    Raises:
+        ValueError: A tensor is not contiguous / not on CPU / of an unsupported kind (the
+            message names its position, e.g. ``payload['x']``), or the object part cannot
+            be pickled.
+    """
+    kind, flags, tensors, where, names, objpart = _classify(obj)
+    metas: list[TensorMeta] = []
+    payloads: list[torch.Tensor] = []
+    for t, pos in zip(tensors, where, strict=True):
+        check_tensor(t, pos, op)
+        nbytes = t.numel() * t.element_size()
+        tflags = TFLAG_REQUIRES_GRAD if t.requires_grad else 0
+        metas.append(TensorMeta(t.dtype, tuple(t.shape), Device.CPU, 0, tflags, nbytes, nbytes))
+        if nbytes:
+            payloads.append(flat_bytes(t))
+    meta = b"".join(pack_entry(m) for m in metas)
+    if names is not None:
+        meta += pack_names(names)
+    bio = io.BytesIO()
+    bio.write(bytes(FIXED.size))
+    bio.write(meta)
+    if objpart is not _NO_OBJECT:
+        try:
+            pickle.dump(objpart, bio, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise ValueError(
+                f"{op}: the payload (type {type(obj).__name__}) cannot be pickled: {exc}"
+            ) from exc
+    view = bio.getbuffer()
+    obj_len = len(view) - FIXED.size - len(meta)
+    ext = len(view) > HEADER_MAX
+    if ext:
+        flags |= Flag.EXT
+    pack_fixed(
+        view,
+        kind=kind,
+        flags=flags,
+        n_tensors=len(metas),
+        meta_len=len(meta),
+        obj_len=obj_len,
+        wire_total=sum(m.wire_bytes for m in metas),
+    )
+    buffer = torch.frombuffer(view, dtype=torch.uint8)
+    return OutFrame(kind, buffer, ext, tensors, metas, payloads, obj_len)
+
+
+def allocate(meta: TensorMeta) -> torch.Tensor:
+    """A fresh CPU tensor for a received tensor entry."""
+    return torch.empty(meta.shape, dtype=meta.dtype)
+
+
+def rebuild(
+    kind: Kind,
+    flags: Flag,
+    metas: list[TensorMeta],
+    names: list[str] | None,
+    obj_bytes: memoryview | None,
+    tensors: list[torch.Tensor],
+) -> Any:
+    """Rebuild the sent object from a fully received frame.
+
+    Raises:
+        Exception: Whatever unpickling the object part raises (the caller wraps it).
+    """
+    for t, m in zip(tensors, metas, strict=True):
+        if m.tflags & TFLAG_REQUIRES_GRAD and (t.is_floating_point() or t.is_complex()):
+            t.requires_grad_(True)
+    if kind == Kind.TENSOR:
+        return tensors[0]
+    if kind == Kind.LIST:
+        return tensors
+    if kind == Kind.TUPLE:
+        return tuple(tensors)
+    obj = pickle.loads(obj_bytes) if obj_bytes is not None and len(obj_bytes) else None
+    if kind == Kind.DICT:
+        keys: list[Any] = names if names is not None else list(obj or ())
+        pairs = zip(keys, tensors, strict=True)
+        return OrderedDict(pairs) if flags & Flag.ORDERED else dict(pairs)
+    if kind == Kind.DATACLASS:
+        for name, t in zip(names or [], tensors, strict=True):
+            object.__setattr__(obj, name, t)
+        return obj
+    return obj

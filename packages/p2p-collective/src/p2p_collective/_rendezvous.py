@@ -1,0 +1,178 @@
+"""Rendezvous through a key-value store: the ``Store`` protocol and the per-direction meeting.
+
+A ``torch.distributed.TCPStore`` (or any ``torch.distributed.Store``) is used as is. Any
+other object with ``set``/``get``/``add``/``wait`` is wrapped in a ``torch.distributed.Store``
+subclass so gloo can use it too.
+
+Each direction of a group meets under its own key prefix. Both members count how often
+they have opened that direction in their role (``store.add``), so the k-th opening on one
+side meets the k-th opening on the other, and a group re-created after a restart never
+reads the stale addresses of an earlier incarnation.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch.distributed as dist
+
+from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
+from p2p_collective._transport import StoreLike, to_timedelta
+
+_TorchStore: Any = dist.Store  # type: ignore[attr-defined]
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What p2p-collective needs from a rendezvous store.
+
+    ``torch.distributed.TCPStore`` satisfies it. ``wait`` must raise (any exception whose
+    message mentions a timeout, or a ``TimeoutError``) when the keys do not appear in time.
+    """
+
+    def set(self, key: str, value: bytes) -> None:
+        """Store ``value`` under ``key``."""
+
+    def get(self, key: str) -> bytes:
+        """Return the value of ``key``, waiting for it with the store's own timeout."""
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the integer under ``key``; return the new value."""
+
+    def wait(self, keys: Sequence[str], timeout: datetime.timedelta) -> None:
+        """Block until every key exists, or raise after ``timeout``."""
+
+
+class _StoreAdapter(_TorchStore):  # type: ignore[misc]
+    """A ``torch.distributed.Store`` that forwards to a duck-typed :class:`Store`."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self._inner = inner
+
+    def set(self, key: str, value: Any) -> None:
+        self._inner.set(key, bytes(value) if not isinstance(value, str) else value.encode())
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._inner.get(key))
+
+    def add(self, key: str, value: int) -> int:
+        return int(self._inner.add(key, value))
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        self._inner.wait(keys, timeout if timeout is not None else to_timedelta(None))
+
+    def check(self, keys: list[str]) -> bool:
+        checker = getattr(self._inner, "check", None)
+        if checker is not None:
+            return bool(checker(keys))
+        try:
+            self._inner.wait(keys, datetime.timedelta(milliseconds=1))
+        except Exception:
+            return False
+        return True
+
+    def clone(self) -> StoreLike:
+        raise NotImplementedError("a wrapped store is shared, not cloned")
+
+
+def as_torch_store(store: Any) -> StoreLike:
+    """Return ``store`` as a ``torch.distributed.Store`` (wrapping it when needed).
+
+    Raises:
+        TypeError: ``store`` lacks one of ``set``/``get``/``add``/``wait``.
+    """
+    if isinstance(store, _TorchStore):
+        return store
+    missing = [m for m in ("set", "get", "add", "wait") if not callable(getattr(store, m, None))]
+    if missing:
+        raise TypeError(
+            f"store: {type(store).__name__} is not a rendezvous store; it lacks"
+            f" {', '.join(missing)} (a torch.distributed.TCPStore works)"
+        )
+    return _StoreAdapter(store)
+
+
+def private_client(store: StoreLike) -> StoreLike:
+    """A store client of its own for one direction, when the store can clone itself.
+
+    A ``TCPStore`` client serializes its requests: one thread blocked in ``wait`` holds up
+    every other thread's ``set`` on the same client, which would let the rendezvous of one
+    group stall another's. A clone opens its own connection to the same server.
+    """
+    clone = getattr(store, "clone", None)
+    if clone is None:
+        return store
+    try:
+        cloned = clone()
+    except Exception:  # stores that cannot clone (NotImplementedError) are used as they are
+        return store
+    return cloned if isinstance(cloned, _TorchStore) else store
+
+
+def _wait_key(
+    store: StoreLike, key: str, timeout: float | None, cancelled: Callable[[], bool]
+) -> bool:
+    """Poll ``store.check`` for ``key`` until it exists (True) or time runs out (False)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 0.0005
+    while True:
+        if store.check([key]):
+            return True
+        if cancelled():
+            raise CollectiveError(f"rendezvous at {key!r} cancelled: the group was closed")
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(pause if deadline is None else min(pause, max(deadline - time.monotonic(), 0)))
+        pause = min(pause * 2, 0.05)
+
+
+def meet(
+    store: StoreLike,
+    base: str,
+    role: str,
+    peer_role: str,
+    epoch: int | None,
+    peer: str,
+    timeout: float | None,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> tuple[int, str]:
+    """Announce this side of one direction and wait for the peer's matching announcement.
+
+    Args:
+        store: The rendezvous store (a client private to this direction).
+        base: Key prefix of the direction (group key and direction).
+        role: ``"send"`` or ``"recv"``: this side's role in the direction.
+        peer_role: The other role.
+        epoch: The epoch from an earlier attempt that timed out, or None for a new one.
+        peer: Peer name, for error messages.
+        timeout: Seconds to wait for the peer (None: no limit).
+        cancelled: Polled while waiting; True stops the wait with a CollectiveError.
+
+    Returns:
+        ``(epoch, prefix)``: the epoch (keep it to retry after a timeout) and the key
+        prefix under which the process group of this direction is built.
+
+    Raises:
+        CollectiveTimeoutError: The peer did not announce itself in time.
+        CollectiveError: The store failed, or the wait was cancelled.
+    """
+    try:
+        if epoch is None:
+            epoch = int(store.add(f"{base}/{role}", 1))
+        prefix = f"{base}/{epoch}"
+        store.set(f"{prefix}/{role}", b"1")
+        found = _wait_key(store, f"{prefix}/{peer_role}", timeout, cancelled)
+    except CollectiveError:
+        raise
+    except Exception as exc:
+        raise CollectiveError(f"rendezvous store failed at {base!r}: {exc}") from exc
+    if not found:
+        raise CollectiveTimeoutError(
+            f"peer {peer!r} did not join {base!r} (as {peer_role}) within {timeout} s;"
+            " is it running and using the same group?"
+        )
+    return epoch, prefix + "/pg"

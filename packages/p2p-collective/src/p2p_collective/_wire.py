@@ -1,0 +1,92 @@
+"""Putting a frame on a link and taking one off it, message by message.
+
+The receiving side posts a receive only for sizes it has read from a frame header it
+validated (magic, version, sequence number, consistent metadata): gloo aborts the whole
+process when a message is longer than the receive posted for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from p2p_collective._errors import FramingError
+from p2p_collective._framing import FIXED, Device, Flag, Kind, TensorMeta, parse_fixed, parse_meta
+from p2p_collective._framing import patch_seq as _patch_seq
+from p2p_collective._payload import OutFrame, allocate, flat_bytes
+from p2p_collective._transport import GlooLink
+
+
+def patch_frame_seq(frame: OutFrame, seq: int) -> None:
+    """Write the direction's sequence number into an encoded frame's header."""
+    _patch_seq(frame.buffer.numpy().data, seq)
+
+
+@dataclass
+class Received:
+    """A frame taken off the wire, not yet rebuilt into the sent object."""
+
+    kind: Kind
+    flags: Flag
+    metas: list[TensorMeta]
+    names: list[str] | None
+    obj: memoryview | None
+    tensors: list[torch.Tensor]
+    transport_messages: int
+    payload_bytes: int
+    wire_bytes: int
+
+
+def read_frame(
+    link: GlooLink,
+    scratch: torch.Tensor,
+    scratch_view: memoryview,
+    expected_seq: int,
+    deadline: float | None,
+) -> Received:
+    """Receive one whole frame: header, optional extension, one message per tensor.
+
+    Args:
+        link: The direction's link.
+        scratch: A HEADER_MAX-byte uint8 tensor the header message is received into.
+        scratch_view: A memoryview of ``scratch``.
+        expected_seq: The sequence number the frame must carry.
+        deadline: ``time.monotonic()`` deadline, or None.
+
+    Raises:
+        FramingError: The header or metadata is not a valid frame for ``expected_seq``,
+            or it announces something this version cannot receive.
+        CollectiveTimeoutError, PeerError: From the link.
+    """
+    peer = link.peer
+    scratch[: FIXED.size].zero_()  # a short stray message must not leave an old header behind
+    link.recv(scratch, deadline)
+    hdr = parse_fixed(scratch_view, expected_seq, peer)
+    messages = 1
+    wire = hdr.inline_len
+    if hdr.flags & Flag.EXT:
+        ext = torch.empty(hdr.meta_len + hdr.obj_len, dtype=torch.uint8)
+        if ext.numel():
+            link.recv(ext, deadline)
+            messages += 1
+            wire += ext.numel()
+        body = ext.numpy().data
+    else:
+        body = scratch_view[FIXED.size : hdr.inline_len]
+    metas, names = parse_meta(body[: hdr.meta_len], hdr, peer)
+    for i, m in enumerate(metas):
+        if m.device != Device.CPU or m.codec_id != 0:
+            raise FramingError(
+                f"frame from {peer!r}: tensor {i} has device kind {m.device} and codec"
+                f" {m.codec_id}; this version receives raw CPU tensors only"
+            )
+    tensors = [allocate(m) for m in metas]
+    for t, m in zip(tensors, metas, strict=True):
+        if m.wire_bytes:
+            link.recv(flat_bytes(t), deadline)
+            messages += 1
+            wire += m.wire_bytes
+    obj = body[hdr.meta_len : hdr.meta_len + hdr.obj_len] if hdr.obj_len else None
+    payload = sum(m.raw_bytes for m in metas) + hdr.obj_len
+    return Received(hdr.kind, hdr.flags, metas, names, obj, tensors, messages, payload, wire)

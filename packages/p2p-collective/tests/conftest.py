@@ -1,0 +1,96 @@
+"""Fixtures: a warm pair of real peer processes joined through a real TCPStore."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import collective_tasks
+import pytest
+import torch.distributed as dist
+
+
+def make_store() -> dist.TCPStore:
+    """A TCPStore server on loopback, on a free port, in the test process."""
+    return dist.TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=60),
+    )
+
+
+class PeerPair:
+    """Two spawned processes that run tasks from :mod:`collective_tasks` on command."""
+
+    def __init__(self) -> None:
+        self.store = make_store()
+        self._ctx = mp.get_context("spawn")
+        self._commands = [self._ctx.Queue() for _ in range(2)]
+        self._results = [self._ctx.Queue() for _ in range(2)]
+        self.procs = [
+            self._ctx.Process(
+                target=collective_tasks.serve,
+                args=(rank, self.store.port, self._commands[rank], self._results[rank]),
+                daemon=True,
+            )
+            for rank in range(2)
+        ]
+        for p in self.procs:
+            p.start()
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def run(
+        self,
+        task_a: Callable[..., Any],
+        args_a: tuple[Any, ...],
+        task_b: Callable[..., Any],
+        args_b: tuple[Any, ...],
+        timeout: float = 120.0,
+    ) -> tuple[Any, Any]:
+        """Run ``task_a`` on peer-a and ``task_b`` on peer-b concurrently; return both."""
+        self._commands[0].put((task_a, args_a))
+        self._commands[1].put((task_b, args_b))
+        out = []
+        for rank in range(2):
+            status, value = self._results[rank].get(timeout=timeout)
+            out.append((status, value))
+        for rank, (status, value) in enumerate(out):
+            if status != "ok":
+                raise AssertionError(f"peer {rank} failed:\n{value}")
+        return out[0][1], out[1][1]
+
+    def close(self) -> None:
+        for q in self._commands:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=15)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def pair() -> Iterator[PeerPair]:
+    """The warm pair; replaced when a test leaves it dead."""
+    holder = PeerPair()
+    yield holder
+    holder.close()
+
+
+@pytest.fixture
+def peers(pair: PeerPair, request: pytest.FixtureRequest) -> PeerPair:
+    if not pair.alive():  # pragma: no cover - only after a crash in an earlier test
+        pytest.fail("the peer processes died in an earlier test")
+    return pair
+
+
+@pytest.fixture
+def gname(request: pytest.FixtureRequest) -> str:
+    """A group name unique to the test, so tests never share a group."""
+    return request.node.name
