@@ -155,15 +155,20 @@ def _p2p_driver(args: argparse.Namespace) -> dict[str, Any]:
                 self.send(src, dst_group_name="bn_recv", dst_rank=0)
 
     class Receiver(Worker):
-        def run(self, kind: str, nbytes: int, reps: int) -> float:
+        def run(self, kind: str, nbytes: int, reps: int) -> dict[str, float]:
             self.recv(src_group_name="bn_send", src_rank=0)
+            group = self.collective.create_collective_group(
+                [self.worker_address.get_name(), "bn_send:0"]
+            )
+            wire0 = group.stats()["recv"]["wire_bytes"]
             start = time.perf_counter()
             for _ in range(reps):
                 out = self.recv(src_group_name="bn_send", src_rank=0)
             seconds = (time.perf_counter() - start) / reps
+            wire = (group.stats()["recv"]["wire_bytes"] - wire0) / reps
             if not torch.equal(out, make_tensor(kind, nbytes)):
                 raise AssertionError(f"{kind}: received tensor differs")
-            return seconds
+            return {"seconds": seconds, "wire": wire}
 
     config = json.loads(args.config)
     cluster = Cluster(num_nodes=2, config=config)
@@ -175,7 +180,7 @@ def _p2p_driver(args: argparse.Namespace) -> dict[str, Any]:
     for kind in KINDS:
         s, r = send.run(kind, nbytes, args.reps), recv.run(kind, nbytes, args.reps)
         s.wait()
-        rows.append({"kind": kind, "seconds": r.wait()[0], "raw": nbytes})
+        rows.append({"kind": kind, "raw": nbytes, **r.wait()[0]})
     cluster.shutdown(timeout=60)
     return {"rows": rows}
 
@@ -265,6 +270,12 @@ def run_all(args: argparse.Namespace, harness: Any) -> dict[str, Any]:
         for codec in CODECS:
             for row in _driver(cluster, args, "p2p", p2p_config(codec, None))["rows"]:
                 report["p2p"].append({**row, "codec": codec})
+        coded = [r for r in report["p2p"] if r["codec"] != "raw"]
+        if coded and all(r["wire"] >= 0.98 * r["raw"] for r in coded):
+            report["notes"].append(
+                "p2p lz4/zstd rows moved raw bytes (wire/raw = 1): tensor_compression is "
+                "parsed but not applied on the wire yet (issue 5)"
+            )
         why = emulation_missing()
         if why:
             report["notes"].append(f"emulated link not compared: {why}")
@@ -275,6 +286,13 @@ def run_all(args: argparse.Namespace, harness: Any) -> dict[str, Any]:
             config = p2p_config(codec, rate / 1e6)
             for row in _driver(cluster, args, "p2p", config)["rows"]:
                 report["p2p_emulated"].append({**row, "codec": codec})
+        raw_emu = [r for r in report["p2p_emulated"] if r["codec"] == "raw"]
+        if any(_mbps(r) > 1.5 * rate / 1e6 for r in raw_emu):
+            report["emulation_applied"] = False
+            report["notes"].append(
+                "net_emulation is parsed but does not pace the sender yet (issue 5): raw "
+                "transfers ran at the unshaped veth's speed, so no comparison is made"
+            )
     finally:
         cluster.down()
     return report
@@ -300,7 +318,7 @@ def render(report: dict[str, Any]) -> str:
                 f"| {mode} | {r['kind']} | {r['codec']} | {_mbps(r):.0f} | {_mbps(r) / rate:.2f} | "
                 f"{_mbps(r) / raw[r['kind']]:.2f} | {wire} |"
             )
-    if report.get("p2p") and report.get("p2p_emulated"):
+    if report.get("p2p") and report.get("p2p_emulated") and report.get("emulation_applied", True):
         lines += [
             "",
             "| data | codec | shaped veth / emulated | within 15% |",
