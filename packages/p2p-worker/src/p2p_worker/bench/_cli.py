@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,7 @@ class RichProgress:
         )
 
         self.console = console
+        self.t0 = time.monotonic()
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -178,7 +180,7 @@ class RichProgress:
 
     def block(self, text: str) -> None:
         """Print the block being started above the bar."""
-        self.progress.console.print(f"[cyan]▶ {text}")
+        self.progress.console.print(f"[cyan]{time.monotonic() - self.t0:5.1f} s ▶ {text}")
 
     def cell_done(self, cell: Cell, samples: Sequence[Sample]) -> None:
         """Advance the bar and show the last cell's throughput."""
@@ -201,7 +203,9 @@ def write_outputs(result: RunResult, out: Path) -> dict[str, Path]:
     paths = {"json": out / JSON_NAME, "markdown": out / MARKDOWN_NAME, "plot": out / PLOT_NAME}
     write_json(result, paths["json"])
     note = f"{result.meta.get('cluster', 'Ray')} · median of {result.meta.get('reps', '?')} reps"
-    drew = plot_throughput(result.summaries(), paths["plot"], title_note=note)
+    gaps = [u.what for u in result.unavailable] + [f.what for f in result.failures]
+    footnote = f"not measured in this run: {', '.join(gaps)} (see the report)" if gaps else ""
+    drew = plot_throughput(result.summaries(), paths["plot"], title_note=note, footnote=footnote)
     if not drew:
         del paths["plot"]
     paths["markdown"].write_text(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,21 +158,23 @@ class P2PJob:
     def __init__(self, session: P2PSession, config: dict[str, Any], timeout: float) -> None:
         self.timeout = timeout
         self.cluster = Cluster(config=config, address=session.address or "local")
+        n = next(_counter)
+        self.names = (f"p2p_bench_send_{n}", f"p2p_bench_recv_{n}")
+        ranks = (session.sender_rank, session.receiver_rank)
+
+        def launch(i: int) -> Any:
+            return BenchEndpoint.create_group().launch(
+                self.cluster,
+                NodePlacementStrategy([ranks[i]], cpus_per_worker=0),
+                name=self.names[i],
+                timeout=timeout,
+            )
+
         try:
-            n = next(_counter)
-            self.names = (f"p2p_bench_send_{n}", f"p2p_bench_recv_{n}")
-            self.snd = BenchEndpoint.create_group().launch(
-                self.cluster,
-                NodePlacementStrategy([session.sender_rank], cpus_per_worker=0),
-                name=self.names[0],
-                timeout=timeout,
-            )
-            self.rcv = BenchEndpoint.create_group().launch(
-                self.cluster,
-                NodePlacementStrategy([session.receiver_rank], cpus_per_worker=0),
-                name=self.names[1],
-                timeout=timeout,
-            )
+            # Both groups start at once: worker start-up is mostly waiting on Ray.
+            with ThreadPoolExecutor(2, thread_name_prefix="p2p-bench-launch") as pool:
+                futures = [pool.submit(launch, i) for i in (0, 1)]
+                self.snd, self.rcv = (f.result() for f in futures)
         except BaseException:
             self.cluster.shutdown()
             raise

@@ -39,13 +39,19 @@ def _layout(links: list[str], kinds: list[str]) -> tuple[int, int, list[tuple[st
     return len(links), len(kinds), [(lk, k) for lk in links for k in kinds]
 
 
-def plot_throughput(summaries: Sequence[Summary], path: Path, title_note: str = "") -> bool:
+def plot_throughput(
+    summaries: Sequence[Summary],
+    path: Path,
+    title_note: str = "",
+    footnote: str = "",
+) -> bool:
     """Draw the plot into ``path`` (PNG).
 
     Args:
         summaries: per-cell aggregates of the run.
         path: output file.
         title_note: extra text for the figure title (e.g. the machine).
+        footnote: text under the panels (e.g. what could not be measured).
 
     Returns:
         ``True`` when a plot was written, ``False`` when there was no sized data to draw
@@ -143,6 +149,8 @@ def plot_throughput(summaries: Sequence[Summary], path: Path, title_note: str = 
         title_fontsize=12,
     )
     legend.get_title().set_multialignment("center")
+    if footnote:
+        fig.supxlabel(footnote, fontsize=9, color="#8a4b00")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
