@@ -39,6 +39,15 @@ def tensor_bytes(tensor: object, name: str) -> int:
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if (
+        tensor.is_cpu
+        and tensor.layout is torch.strided
+        and tensor.is_contiguous()
+        and not tensor.is_quantized
+        and not tensor.is_conj()
+        and not tensor.is_neg()
+    ):
+        return tensor.numel() * tensor.element_size()
     desc = f"{name} (dtype {tensor.dtype}, shape {tuple(tensor.shape)}"
     if tensor.device.type != "cpu":
         raise ValueError(f"{desc}, device {tensor.device}) must be a CPU tensor")
@@ -48,9 +57,7 @@ def tensor_bytes(tensor: object, name: str) -> int:
         raise ValueError(
             f"{desc}, stride {tensor.stride()}) must be contiguous; call .contiguous() first"
         )
-    if tensor.is_conj() or tensor.is_neg():
-        raise ValueError(f"{desc}) has a lazy conj/neg bit; call .resolve_conj() first")
-    return tensor.numel() * tensor.element_size()
+    raise ValueError(f"{desc}) has a lazy conj/neg bit; call .resolve_conj() first")
 
 
 def uint8_buffer_bytes(buffer: object, name: str) -> int:

@@ -30,7 +30,7 @@ RAW_REASONS = (
 """Every value of :attr:`WireEntry.reason` for a raw entry, in the order they are checked."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WireEntry:
     """How one tensor goes on the wire.
 
@@ -114,16 +114,6 @@ def _raw(tensor: torch.Tensor, nbytes: int, reason: str) -> WireEntry:
     return WireEntry(CODEC_RAW, nbytes, nbytes, tensor, reason)
 
 
-def _candidate_reason(t: torch.Tensor, nbytes: int, config: TensorCompressionConfig) -> str:
-    if t.device.type != "cpu":
-        return "not_cpu"
-    if nbytes < config.min_bytes:
-        return "below_min_bytes"
-    if t.dtype in config.excluded_dtypes:
-        return "excluded_dtype"
-    return ""
-
-
 def plan_compression(
     tensors: Sequence[torch.Tensor],
     config: TensorCompressionConfig | None,
@@ -132,13 +122,14 @@ def plan_compression(
 ) -> CompressionPlan:
     """Decide, per tensor, raw or compressed, and compress the ones that shrink.
 
-    Seed 000's sender steps: (1) acquire the provider's encoder without waiting (none:
-    all stay raw, ``codec_busy``); (2) walk the tensors in order, keep CPU tensors with
-    at least ``min_bytes`` bytes and a dtype not excluded, lease a buffer for each (a
-    size the codec cannot take or an exhausted budget keeps it raw); (3) keep the result
-    only if smaller, else discard the buffer (not cached); (4) report per-tensor codec
-    and wire size; (5) release the codec as soon as compression ends. The leases stay
-    with the plan until the caller releases them after sending.
+    Seed 000's sender steps: (1) acquire the provider's encoder without waiting, at the
+    first eligible tensor (none free: the eligible tensors stay raw, ``codec_busy``);
+    (2) walk the tensors in order, keep CPU tensors with at least ``min_bytes`` bytes and
+    a dtype not excluded, lease a buffer for each (a size the codec cannot take or an
+    exhausted budget keeps it raw); (3) keep the result only if smaller, else discard
+    the buffer (not cached); (4) report per-tensor codec and wire size; (5) release the
+    codec as soon as compression ends. The leases stay with the plan until the caller
+    releases them after sending.
 
     Args:
         tensors: the tensors of one message, in wire order (any device).
@@ -165,30 +156,39 @@ def plan_compression(
         [(1, ''), (0, 'below_min_bytes')]
         >>> plan.release_all()
     """
-    sizes: list[int] = []
-    for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
-        sizes.append(t.numel() * t.element_size())
-    if config is None or not config.enabled:
-        return CompressionPlan(
-            [_raw(t, n, "disabled") for t, n in zip(tensors, sizes, strict=True)]
-        )
-    if provider.codec_config != config.codec:
-        raise ValueError(
-            f"provider codec {provider.codec_config} does not match config codec {config.codec}"
-        )
-    reasons = [_candidate_reason(t, n, config) for t, n in zip(tensors, sizes, strict=True)]
+    enabled = config is not None and config.enabled
+    min_bytes: int = 0
+    excluded: tuple[torch.dtype, ...] = ()
+    if config is not None and enabled:
+        if provider.codec_config is not config.codec and provider.codec_config != config.codec:
+            raise ValueError(
+                f"provider codec {provider.codec_config} does not match config codec {config.codec}"
+            )
+        min_bytes, excluded = config.min_bytes, config.excluded_dtypes
     entries: list[WireEntry] = []
-    codec = provider.acquire_encoder() if "" in reasons else None
+    codec: TensorCodec | None = None
+    acquired = False
     try:
-        for t, n, reason in zip(tensors, sizes, reasons, strict=True):
-            if reason:
-                entries.append(_raw(t, n, reason))
-            elif codec is None:
-                entries.append(_raw(t, n, "codec_busy"))
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
+            nbytes = t.nbytes
+            if not enabled:
+                reason = "disabled"
+            elif not t.is_cpu:
+                reason = "not_cpu"
+            elif nbytes < min_bytes:
+                reason = "below_min_bytes"
+            elif t.dtype in excluded:
+                reason = "excluded_dtype"
             else:
-                entries.append(_compress_one(t, n, codec, pool, len(entries)))
+                if not acquired:  # step 1, at the first eligible tensor
+                    codec, acquired = provider.acquire_encoder(), True
+                if codec is not None:
+                    entries.append(_compress_one(t, nbytes, codec, pool, i))
+                    continue
+                reason = "codec_busy"
+            entries.append(WireEntry(CODEC_RAW, nbytes, nbytes, t, reason))
     except BaseException:
         CompressionPlan(entries).release_all()
         raise
@@ -208,15 +208,17 @@ def _compress_one(
     lease = pool.acquire(bound)
     if lease is None:
         return _raw(t, nbytes, "no_buffer")
+    buffer = lease.buffer
     try:
-        written = codec.compress_into(t.detach(), lease.buffer)
+        # Arguments are checked above and the pool's buffers are uint8 and contiguous.
+        written = codec._compress(t, nbytes, buffer, lease.capacity)
     except BaseException:
         lease.discard()
         raise
     if written >= nbytes:
         lease.discard()
         return _raw(t, nbytes, "not_smaller")
-    return WireEntry(codec.codec_id, nbytes, written, lease.buffer[:written], "", lease)
+    return WireEntry(codec.codec_id, nbytes, written, buffer[:written], "", lease)
 
 
 def decompress_into_tensor(
@@ -275,6 +277,6 @@ def decompress_into_tensor(
         )
     codec = provider.acquire_decoder(timeout=timeout)
     try:
-        codec.decompress_into(src, dst)
+        codec._decompress(src, wire, dst, nbytes)  # arguments checked above
     finally:
         provider.release(codec)

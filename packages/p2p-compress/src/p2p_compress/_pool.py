@@ -118,7 +118,6 @@ class TensorBufferPool:
         self._active: dict[int, BufferLease] = {}
         self._active_bytes = 0
         self._cached_bytes = 0
-        self._reserved_bytes = 0
         self._counts = dict.fromkeys(
             ("hits", "misses", "evictions", "evicted_bytes", "rejections", "discards"), 0
         )
@@ -145,33 +144,25 @@ class TensorBufferPool:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"nbytes must be an integer >= 0, got {nbytes!r}")
         with self._lock:
-            used = self._active_bytes + self._cached_bytes + self._reserved_bytes
-            at = bisect.bisect_left(self._sizes, nbytes)
-            if at < len(self._sizes):
-                capacity = self._sizes[at]
+            used = self._active_bytes + self._cached_bytes
+            sizes = self._sizes
+            at = bisect.bisect_left(sizes, nbytes)
+            if at < len(sizes):
+                capacity = sizes[at]
                 if capacity <= 2 * nbytes or used + nbytes > self.max_bytes:
                     return self._reuse_locked(capacity, nbytes)
-            if self._active_bytes + self._reserved_bytes + nbytes > self.max_bytes:
+            if self._active_bytes + nbytes > self.max_bytes:
                 self._counts["rejections"] += 1
                 return None
             while used + nbytes > self.max_bytes:
                 used -= self._evict_largest_locked()
-            self._reserved_bytes += nbytes
-            self._counts["misses"] += 1
-        try:
-            buffer = torch.empty(nbytes, dtype=torch.uint8)
-        except BaseException:
-            with self._lock:
-                self._reserved_bytes -= nbytes
-                self._counts["misses"] -= 1
-                self._counts["rejections"] += 1
-            raise
-        lease = BufferLease(self, buffer, nbytes)
-        with self._lock:
-            self._reserved_bytes -= nbytes
+            # Allocation only reserves address space (pages fault in on first write),
+            # so it is cheap enough to do under the lock.
+            lease = BufferLease(self, torch.empty(nbytes, dtype=torch.uint8), nbytes)
             self._active_bytes += nbytes
             self._active[id(lease)] = lease
-        return lease
+            self._counts["misses"] += 1
+            return lease
 
     def stats(self) -> dict[str, Any]:
         """Return a consistent snapshot of the pool's accounting.
@@ -186,7 +177,7 @@ class TensorBufferPool:
         with self._lock:
             out: dict[str, Any] = {
                 "max_bytes": self.max_bytes,
-                "active_bytes": self._active_bytes + self._reserved_bytes,
+                "active_bytes": self._active_bytes,
                 "active_buffers": len(self._active),
                 "cached_bytes": self._cached_bytes,
                 "cached_buffers": sum(len(v) for v in self._idle.values()),

@@ -1,0 +1,268 @@
+"""The ``p2p-compress`` command: ``p2p-compress advise`` measures codecs on your tensors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+
+import torch
+
+from p2p_compress._advise import (
+    Measurement,
+    Recommendation,
+    measure,
+    recommend,
+    render_yaml,
+    setting_label,
+)
+from p2p_compress._config import DEFAULT_MIN_BYTES, ZSTD_MAX_LEVEL, Lz4CodecConfig, ZstdCodecConfig
+from p2p_compress._dtypes import dtype_name
+from p2p_compress._errors import CompressionError
+from p2p_compress._synthetic import SYNTHETIC_KINDS, make_synthetic_tensor
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6}
+_UNITS.update({"mib": 1024**2, "g": 10**9, "gb": 10**9, "gib": 1024**3})
+
+
+def parse_size(text: str) -> int:
+    """Parse ``"65536"``, ``"64KiB"``, ``"1MiB"``, ``"2GB"`` into bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"size {text!r}: use bytes or a unit like 64KiB, 1MiB")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _int_list(low: int, high: int | None) -> Callable[[str], list[int]]:
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            values = []
+        bad = not values or any(v < low or (high is not None and v > high) for v in values)
+        if bad:
+            span = f"{low} to {high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"{text!r}: want comma-separated integers {span}")
+        return values
+
+    return parse
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="p2p-compress", description="Tools for p2p-compress tensor codecs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    adv = sub.add_parser(
+        "advise",
+        help="measure lz4 and zstd on your tensors and print a recommended config",
+        description=(
+            "Measure compression ratio and compress/decompress throughput of lz4 and zstd "
+            "(a few accelerations and levels) per tensor of a torch.save file, or of "
+            "built-in synthetic tensors, and print a recommended tensor_compression block."
+        ),
+    )
+    adv.add_argument("path", nargs="?", help="a torch.save file of tensors (dict/list nesting)")
+    adv.add_argument(
+        "--synthetic",
+        action="append",
+        choices=[*SYNTHETIC_KINDS, "all"],
+        help="built-in payload kind (repeatable; default: all kinds when no path is given)",
+    )
+    adv.add_argument("--size", type=parse_size, default=1 << 20, help="synthetic tensor size")
+    adv.add_argument("--codecs", default="lz4,zstd", help="codecs to try (default lz4,zstd)")
+    adv.add_argument(
+        "--lz4-accelerations", type=_int_list(1, None), default=[1, 4, 16], metavar="A,B"
+    )
+    adv.add_argument(
+        "--zstd-levels", type=_int_list(1, ZSTD_MAX_LEVEL), default=[1, 3, 9], metavar="L,M"
+    )
+    adv.add_argument("--link-gbps", type=float, default=10.0, help="link bandwidth, Gbit/s")
+    adv.add_argument("--min-bytes", type=parse_size, default=DEFAULT_MIN_BYTES)
+    adv.add_argument("--max-tensors", type=int, default=32, help="measure the N largest")
+    adv.add_argument("--repeat", type=int, default=3, help="timed runs per direction (best)")
+    adv.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    return parser
+
+
+def _collect(obj: object, prefix: str, out: list[tuple[str, torch.Tensor]]) -> None:
+    if isinstance(obj, torch.Tensor):
+        out.append((prefix or "tensor", obj))
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            _collect(value, f"{prefix}.{key}" if prefix else str(key), out)
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            _collect(value, f"{prefix}[{i}]", out)
+
+
+def _load(path: str) -> list[tuple[str, torch.Tensor]]:
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    found: list[tuple[str, torch.Tensor]] = []
+    _collect(obj, "", found)
+    usable = []
+    for name, t in found:
+        if t.layout != torch.strided or t.is_quantized:
+            continue
+        usable.append((name, t.detach().resolve_conj().resolve_neg().contiguous()))
+    return usable
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _rate(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / seconds / 1e6:,.0f}" if seconds > 0 else "inf"
+
+
+def _print_report(results: list[Measurement], rec: Recommendation, skipped: str) -> None:
+    rows = [["tensor", "dtype", "shape", "MiB", "codec", "ratio", "comp MB/s", "decomp MB/s"]]
+    for m in results:
+        rows.append(
+            [
+                m.tensor,
+                dtype_name(m.dtype),
+                "x".join(map(str, m.shape)) or "()",
+                f"{m.raw_bytes / 2**20:.2f}",
+                setting_label(m.setting),
+                f"{m.ratio:.3f}",
+                _rate(m.raw_bytes, m.compress_s),
+                _rate(m.raw_bytes, m.decompress_s),
+            ]
+        )
+    print(_table(rows))
+    if skipped:
+        print(skipped)
+    totals = [["codec", "ratio (all)", "comp MB/s", "decomp MB/s", "est. ms/message"]]
+    for label, est in rec.per_setting.items():
+        sel = [m for m in results if setting_label(m.setting) == label]
+        raw = sum(m.raw_bytes for m in sel)
+        wire = sum(min(m.wire_bytes, m.raw_bytes) for m in sel)
+        comp = sum(m.compress_s for m in sel)
+        dec = sum(m.decompress_s for m in sel)
+        totals.append(
+            [
+                label,
+                f"{raw / wire:.3f}" if wire else "-",
+                _rate(raw, comp),
+                _rate(raw, dec),
+                f"{est * 1e3:.3f}",
+            ]
+        )
+    totals.append(["raw", "1.000", "-", "-", f"{rec.raw_s * 1e3:.3f}"])
+    print()
+    print(_table(totals))
+    print()
+    print("Recommended configuration:")
+    print(render_yaml(rec), end="")
+
+
+def _advise(args: argparse.Namespace) -> int:
+    names = {c.strip() for c in args.codecs.split(",") if c.strip()}
+    if not names or not names <= {"lz4", "zstd"}:
+        print(
+            f"p2p-compress advise: --codecs {args.codecs!r}: use lz4, zstd or both", file=sys.stderr
+        )
+        return 2
+    if args.repeat < 1 or args.max_tensors < 1 or args.link_gbps <= 0:
+        print(
+            "p2p-compress advise: --repeat and --max-tensors must be >= 1, --link-gbps > 0",
+            file=sys.stderr,
+        )
+        return 2
+    tensors: list[tuple[str, torch.Tensor]] = []
+    if args.path:
+        try:
+            tensors = _load(args.path)
+        except (OSError, RuntimeError, ValueError, EOFError) as exc:
+            print(f"p2p-compress advise: cannot load {args.path}: {exc}", file=sys.stderr)
+            return 2
+        if not tensors:
+            print(f"p2p-compress advise: {args.path} holds no dense tensors", file=sys.stderr)
+            return 2
+    kinds = args.synthetic or ([] if args.path else ["all"])
+    if "all" in kinds:
+        kinds = list(SYNTHETIC_KINDS)
+    for kind in dict.fromkeys(kinds):
+        tensors.append((kind, make_synthetic_tensor(kind, args.size)))
+    small = [t for t in tensors if t[1].numel() * t[1].element_size() < args.min_bytes]
+    big = sorted(
+        (t for t in tensors if t not in small),
+        key=lambda t: t[1].numel() * t[1].element_size(),
+        reverse=True,
+    )
+    chosen, dropped = big[: args.max_tensors], big[args.max_tensors :]
+    order = {name: i for i, (name, _) in enumerate(tensors)}
+    chosen.sort(key=lambda t: order[t[0]])
+    small_bytes = sum(t.numel() * t.element_size() for _, t in (*small, *dropped))
+    settings: list[Lz4CodecConfig | ZstdCodecConfig] = []
+    if "lz4" in names:
+        settings += [Lz4CodecConfig(acceleration=a) for a in args.lz4_accelerations]
+    if "zstd" in names:
+        settings += [ZstdCodecConfig(level=lv) for lv in args.zstd_levels]
+    try:
+        results = measure(chosen, settings, repeat=args.repeat)
+    except CompressionError as exc:
+        print(f"p2p-compress advise: {exc}", file=sys.stderr)
+        return 1
+    rec = recommend(
+        results,
+        link_bytes_per_s=args.link_gbps * 1e9 / 8,
+        small_bytes=small_bytes,
+        min_bytes=args.min_bytes,
+    )
+    skipped = ""
+    if small or dropped:
+        skipped = (
+            f"({len(small)} tensors below {args.min_bytes} bytes and {len(dropped)} beyond "
+            f"--max-tensors were not measured; they count as raw)"
+        )
+    if args.json:
+        doc = {
+            "measurements": [m.as_dict() for m in results],
+            "estimated_ms": {k: v * 1e3 for k, v in rec.per_setting.items()},
+            "raw_ms": rec.raw_s * 1e3,
+            "recommended": rec.config.to_dict() if rec.config is not None else None,
+            "not_measured": {"below_min_bytes": len(small), "beyond_max_tensors": len(dropped)},
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        _print_report(results, rec, skipped)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``p2p-compress`` command line.
+
+    Args:
+        argv: arguments without the program name; default ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: 0 success, 1 a codec failed, 2 bad usage or input.
+
+    Example:
+        >>> main(["advise", "--synthetic", "int64_token_ids", "--size", "64KiB",
+        ...       "--repeat", "1", "--json"])  # doctest: +ELLIPSIS
+        {...
+        0
+    """
+    args = _build_parser().parse_args(argv)
+    if args.command == "advise":
+        return _advise(args)
+    return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
