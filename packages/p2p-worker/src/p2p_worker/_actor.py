@@ -180,16 +180,12 @@ def _p2p_ping(self: Any) -> int:
 _ACTOR_CLASSES: dict[type, Any] = {}
 
 
-def make_actor_class(worker_cls: type) -> Any:
-    """Return the Ray actor class for ``worker_cls`` (one per class, cached).
+def make_shim_class(worker_cls: type) -> type:
+    """Return the class a worker actor instantiates: ``worker_cls`` plus the protocol.
 
-    The actor class subclasses ``worker_cls`` under the same name, replaces ``__init__``
-    by the boot step and adds the ``_p2p_*`` protocol methods; it has a control
-    concurrency group so shutdown and pings get through while a method blocks.
+    It subclasses ``worker_cls`` under the same name, replaces ``__init__`` by the boot
+    step and adds the ``_p2p_*`` methods.
     """
-    cached = _ACTOR_CLASSES.get(worker_cls)
-    if cached is not None:
-        return cached
     namespace = {
         "__init__": _shim_init,
         "__module__": worker_cls.__module__,
@@ -202,7 +198,19 @@ def make_actor_class(worker_cls: type) -> Any:
         "_p2p_shutdown": _p2p_shutdown,
         "_p2p_ping": _p2p_ping,
     }
-    shim = type(worker_cls.__name__, (worker_cls,), namespace)
+    return type(worker_cls.__name__, (worker_cls,), namespace)
+
+
+def make_actor_class(worker_cls: type) -> Any:
+    """Return the Ray actor class for ``worker_cls`` (one per class, cached).
+
+    The actor runs :func:`make_shim_class`'s class and has a control concurrency group,
+    so shutdown and pings get through while a method blocks.
+    """
+    cached = _ACTOR_CLASSES.get(worker_cls)
+    if cached is not None:
+        return cached
+    shim = make_shim_class(worker_cls)
     actor_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 2})(shim)  # type: ignore[call-overload]
     _ACTOR_CLASSES[worker_cls] = actor_cls
     return actor_cls

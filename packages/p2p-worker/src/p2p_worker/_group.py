@@ -100,6 +100,7 @@ class WorkerGroup(Generic[W]):
         name: str | None = None,
         *,
         max_concurrency: int = 1,
+        runtime_env: dict[str, Any] | None = None,
         timeout: float | None = 120.0,
     ) -> WorkerGroup[W]:
         """Start the workers on ``cluster`` and return this group.
@@ -118,6 +119,8 @@ class WorkerGroup(Generic[W]):
             max_concurrency: Methods one worker may run at once. 1 (default) runs them
                 one at a time in call order; more lets them overlap in threads, in no
                 guaranteed order.
+            runtime_env: A Ray runtime environment for the workers (``env_vars``,
+                ``pip``, ...); note that workers with one start in fresh processes.
             timeout: Seconds for the whole launch (reservation, start, ``__init__``).
 
         Returns:
@@ -170,7 +173,7 @@ class WorkerGroup(Generic[W]):
         cluster._register(self)
         self.cluster = cluster
         try:
-            self._start(cluster, strategy, max_concurrency, deadline, timeout)
+            self._start(cluster, strategy, max_concurrency, runtime_env, deadline, timeout)
         except BaseException:
             self._teardown(graceful=False, timeout=10.0)
             self.cluster = None
@@ -186,6 +189,7 @@ class WorkerGroup(Generic[W]):
         cluster: Cluster,
         strategy: PlacementStrategy,
         max_concurrency: int,
+        runtime_env: dict[str, Any] | None,
         deadline: float | None,
         timeout: float | None,
     ) -> None:
@@ -227,6 +231,8 @@ class WorkerGroup(Generic[W]):
                     self._pg, placement_group_bundle_index=p.rank
                 ),
             }
+            if runtime_env is not None:
+                options["runtime_env"] = runtime_env
             try:
                 actor = actor_cls.options(**options).remote(Boot(self.name, p.rank, p.rank == 0))
             except ValueError as exc:

@@ -111,12 +111,12 @@ def _loopback_resolution(embedded: bool) -> Iterator[None]:
     constants = importlib.import_module("ray._private.ray_constants")
     saved = getattr(constants, "ENABLE_RAY_CLUSTER", None)
     if saved is not None:
-        constants.ENABLE_RAY_CLUSTER = False
+        setattr(constants, "ENABLE_RAY_CLUSTER", False)  # noqa: B010
     try:
         yield
     finally:
         if saved is not None:
-            constants.ENABLE_RAY_CLUSTER = saved
+            setattr(constants, "ENABLE_RAY_CLUSTER", saved)  # noqa: B010
 
 
 def start_or_attach(
