@@ -141,3 +141,10 @@ def test_receiver_loop_checks_the_first_payload() -> None:
     wrong.view(-1)[0] += 1
     with pytest.raises(PayloadMismatchError, match="x: the received payload differs"):
         receiver_loop(lambda: wrong, lambda: None, 2, expected, "x")
+
+
+def test_interface_of_finds_loopback_and_nothing_for_foreign_addresses() -> None:
+    from p2p_worker.bench._baselines import interface_of
+
+    assert interface_of("127.0.0.1") == "lo"
+    assert interface_of("192.0.2.123") is None  # TEST-NET-1, never configured here

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import os
 import socket
+import struct
 from datetime import timedelta
 from typing import Any
 
@@ -65,6 +66,32 @@ def _node_ip() -> str:
     return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
 
+def interface_of(ip: str) -> str | None:
+    """Name of the local network interface holding IPv4 address ``ip`` (Linux), else None.
+
+    Example:
+        >>> interface_of("127.0.0.1")
+        'lo'
+    """
+    try:
+        import fcntl
+
+        names = [name for _, name in socket.if_nameindex()]
+    except (ImportError, OSError):  # pragma: no cover - not Linux
+        return None
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for name in names:
+            try:
+                req = struct.pack("256s", name.encode()[:15])
+                addr = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), siocgifaddr, req)[20:24])
+            except OSError:
+                continue
+            if addr == ip:
+                return name
+    return None
+
+
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
@@ -93,9 +120,14 @@ class BaselineEndpoint:
         self._peer = peer
 
     def init_gloo(self, rank: int, master_ip: str, port: int, timeout_s: float) -> None:
-        """Join the two-member gloo group (both actors call this concurrently)."""
-        if master_ip in _LOOPBACK:
-            os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+        """Join the two-member gloo group (both actors call this concurrently).
+
+        Gloo is pointed at the interface that holds this node's Ray IP (``lo`` on an
+        embedded cluster), so the baseline crosses the same link as the p2p workers.
+        """
+        iface = "lo" if master_ip in _LOOPBACK else interface_of(_node_ip())
+        if iface is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = iface
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://{master_ip}:{port}",

@@ -205,7 +205,13 @@ def write_outputs(result: RunResult, out: Path) -> dict[str, Path]:
     note = f"{result.meta.get('cluster', 'Ray')} · median of {result.meta.get('reps', '?')} reps"
     gaps = [u.what for u in result.unavailable] + [f.what for f in result.failures]
     footnote = f"not measured in this run: {', '.join(gaps)} (see the report)" if gaps else ""
-    drew = plot_throughput(result.summaries(), paths["plot"], title_note=note, footnote=footnote)
+    drew = plot_throughput(
+        result.summaries(),
+        paths["plot"],
+        title_note=note,
+        footnote=footnote,
+        real_link=str(result.meta.get("real_link", "loopback")),
+    )
     if not drew:
         del paths["plot"]
     paths["markdown"].write_text(

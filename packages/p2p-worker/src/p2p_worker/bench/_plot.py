@@ -44,6 +44,7 @@ def plot_throughput(
     path: Path,
     title_note: str = "",
     footnote: str = "",
+    real_link: str = "loopback",
 ) -> bool:
     """Draw the plot into ``path`` (PNG).
 
@@ -52,6 +53,7 @@ def plot_throughput(
         path: output file.
         title_note: extra text for the figure title (e.g. the machine).
         footnote: text under the panels (e.g. what could not be measured).
+        real_link: how to name the unemulated link (``loopback`` or ``ip -> ip``).
 
     Returns:
         ``True`` when a plot was written, ``False`` when there was no sized data to draw
@@ -128,7 +130,7 @@ def plot_throughput(
         ax.xaxis.set_major_locator(FixedLocator(sizes))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticklabels([format_size(n) for n in sizes], fontsize=8)
-        link_text = "loopback" if link == "loopback" else f"emulated {link}"
+        link_text = real_link if link == "loopback" else f"emulated {link}"
         ax.set_title(f"{kind} ({_SHORT_DATA.get(kind, '')}) — {link_text}", fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
         if idx % ncols == 0:

@@ -173,6 +173,7 @@ def ratio_line(r: RatioSummary) -> str:
 def render_markdown(result: RunResult, plot_name: str | None = PLOT_NAME) -> str:
     """The Markdown report: plot, headline ratios, gaps, data, tables, per-point ratios."""
     meta = result.meta
+    real = str(meta.get("real_link", "loopback"))
     sums = result.summaries()
     all_ratios = ratios(sums)
     lines = ["# p2p-bench report", ""]
@@ -215,7 +216,7 @@ def render_markdown(result: RunResult, plot_name: str | None = PLOT_NAME) -> str
         "is compared bit for bit with the payload sent and is not timed. Baselines: raw",
         "`torch.distributed` gloo send/recv into preallocated buffers (no header, no",
         "metadata), and Ray's object store (`ray.put`, reference passed to the receiver",
-        "actor, `ray.get`), both between the same two Ray actors on loopback.",
+        f"actor, `ray.get`), both between the same two Ray actors ({real}).",
         "",
     ]
     links = list(dict.fromkeys(s.cell.link for s in sums if s.cell.method == "p2p"))
@@ -223,7 +224,7 @@ def render_markdown(result: RunResult, plot_name: str | None = PLOT_NAME) -> str
         links = ["loopback"]
     for link in links:
         profile = LINK_PROFILES.get(link)
-        title = "loopback (real, no emulation)" if link == "loopback" else f"emulated {link}"
+        title = f"{real} (real link, no emulation)" if link == "loopback" else f"emulated {link}"
         if profile is not None and profile.bandwidth_bps is not None:
             title += f" ({profile.bandwidth_bps / 8e6:.0f} MB/s)"
         lines += [f"## Results: {title}", "", "MB/s (median time per transfer)", ""]

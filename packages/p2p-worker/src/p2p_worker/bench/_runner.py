@@ -16,8 +16,10 @@ from p2p_worker.bench._results import Sample
 from p2p_worker.bench._spec import (
     Cell,
     LinkProfile,
+    Skipped,
     build_matrix,
     job_blocks,
+    series_name,
 )
 
 OBJECT_KIND_SIZE = 0
@@ -130,9 +132,11 @@ def run_matrix(options: Options, progress: ProgressSink) -> RunResult:
     measures the p2p cells. A dimension the installed stack cannot provide is recorded
     in ``RunResult.unavailable``; its cells are not run.
 
+    A block (the baselines, or one p2p job) that fails is recorded in
+    ``RunResult.failures`` with its error, and the run goes on with the next block.
+
     Raises:
-        p2p_asyncwork.P2PError: the cluster or a worker failed.
-        ray.exceptions.RayError: a Ray call failed.
+        p2p_asyncwork.P2PError: the Ray cluster could not be started or reached.
     """
     from p2p_worker.bench import _p2p
 
@@ -161,26 +165,62 @@ def run_matrix(options: Options, progress: ProgressSink) -> RunResult:
     progress.start(len(cells))
     session = _p2p.open_cluster(options.address, timeout=options.timeout)
     result.meta["cluster"] = session.description
+    result.meta["real_link"] = session.real_link
     pair = None
     try:
         for method, codec, link_name, block in job_blocks(cells):
-            if method in ("gloo", "ray"):
-                if pair is None:
-                    progress.block("baselines: torch.distributed gloo and Ray object store")
-                    pair = _baseline_pair(session, options)
-                _run_cells(pair.run_cell, block, options, result, progress)
-                continue
-            if pair is not None:
-                pair.close()
-                pair = None
-            link = next(lk for lk in options.links if lk.name == link_name)
-            _p2p.run_p2p_block(session, codec, link, block, options, result, progress)
+            counting = _Counting(progress)
+            try:
+                if method in ("gloo", "ray"):
+                    if pair is None:
+                        progress.block("baselines: torch.distributed gloo and Ray object store")
+                        pair = _baseline_pair(session, options)
+                    _run_cells(pair.run_cell, block, options, result, counting)
+                    continue
+                if pair is not None:
+                    pair.close()
+                    pair = None
+                link = next(lk for lk in options.links if lk.name == link_name)
+                _p2p.run_p2p_block(session, codec, link, block, options, result, counting)
+            except Exception as exc:  # recorded; the rest of the matrix still runs
+                label = series_name(method, codec, link_name)
+                reason = f"{type(exc).__name__}: {exc}"
+                result.failures.append(Skipped(label, reason))
+                progress.note(f"{label}: FAILED — {reason}")
+                for cell in block[counting.done :]:
+                    progress.cell_done(cell, [])
+                if pair is not None:
+                    pair.close()
+                    pair = None
     finally:
         if pair is not None:
             pair.close()
         session.close()
+    gone = [u.what.removeprefix("link ") for u in result.unavailable if u.what.startswith("link ")]
+    result.skipped = [s for s in result.skipped if not any(f"@ {g} " in s.what for g in gone)]
     result.meta["wall_s"] = round(time.time() - started, 1)
     return result
+
+
+class _Counting:
+    """Passes progress on and counts the cells of the current block reported done."""
+
+    def __init__(self, inner: ProgressSink) -> None:
+        self.inner = inner
+        self.done = 0
+
+    def start(self, total: int) -> None:
+        self.inner.start(total)
+
+    def block(self, text: str) -> None:
+        self.inner.block(text)
+
+    def cell_done(self, cell: Cell, samples: Sequence[Sample]) -> None:
+        self.done += 1
+        self.inner.cell_done(cell, samples)
+
+    def note(self, text: str) -> None:
+        self.inner.note(text)
 
 
 def _baseline_pair(session: Any, options: Options) -> Any:
