@@ -60,7 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
             " embedded local Ray cluster or an existing one. Writes a JSON of every sample,"
             " a Markdown report and a PNG plot."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "--sizes",
@@ -71,10 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
-        "--kinds", default="all", help=f"payload kinds, comma-separated: {', '.join(KINDS)}"
+        "--kinds",
+        default="all",
+        help=f"payload kinds, comma-separated: {', '.join(KINDS)} [default: all]",
     )
     parser.add_argument(
-        "--codecs", default="all", help=f"codecs of the p2p method: {', '.join(CODECS)}"
+        "--codecs",
+        default="all",
+        help=f"codecs of the p2p method: {', '.join(CODECS)} [default: all]",
     )
     parser.add_argument(
         "--link",
@@ -90,21 +93,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"timed repetitions per cell [default: {DEFAULT_REPS}; --quick: {QUICK_REPS}]",
     )
-    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
+    parser.add_argument(
+        "--out", default=DEFAULT_OUT, help=f"output folder [default: ./{DEFAULT_OUT}]"
+    )
     parser.add_argument(
         "--address",
         default=None,
-        help="run on this existing Ray cluster (e.g. 10.0.0.1:6379 or auto) instead of an"
-        " embedded local one",
+        help="run on this existing Ray cluster (e.g. 10.0.0.1:6379, or auto) instead of an"
+        " embedded local one [default: embedded, bound to 127.0.0.1]",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="a short run (about a minute; used by CI)"
+        "--quick",
+        action="store_true",
+        help="a short run (under a minute; the CI smoke test runs it)",
     )
     parser.add_argument(
         "--no-baselines", action="store_true", help="skip the gloo and Ray baselines"
     )
     parser.add_argument(
-        "--timeout", type=float, default=180.0, help="seconds one step may take before failing"
+        "--timeout",
+        type=float,
+        default=180.0,
+        help="seconds one step (a launch, a cell) may take before it fails [default: 180]",
     )
     return parser
 
