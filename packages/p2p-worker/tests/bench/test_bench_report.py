@@ -93,7 +93,7 @@ def test_markdown_has_plot_headlines_gaps_data_tables_and_ratio_lines() -> None:
     assert "| tensor_list | list of 4 bfloat16 weight shards" in md
     assert '- lz4: `{"codec": "lz4", "excluded_dtypes": []}`' in md
     assert "## Results: loopback (real link, no emulation)" in md
-    assert "## Results: emulated 1gbit (125 MB/s)" in md
+    assert "## Results: emulated 1gbit (125 MB/s, 0.1 ms delay per message)" in md
     assert "| kind | size | torch.distributed gloo | Ray object store | p2p raw | p2p lz4 |" in md
     assert "- tensor 64 KiB (loopback): p2p raw = 0.50x torch.distributed gloo" in md
     assert "- dataclass 1 MiB (1gbit): p2p lz4 @ 1gbit = 2.00x p2p raw @ 1gbit" in md

@@ -226,7 +226,10 @@ def render_markdown(result: RunResult, plot_name: str | None = PLOT_NAME) -> str
         profile = LINK_PROFILES.get(link)
         title = f"{real} (real link, no emulation)" if link == "loopback" else f"emulated {link}"
         if profile is not None and profile.bandwidth_bps is not None:
-            title += f" ({profile.bandwidth_bps / 8e6:.0f} MB/s)"
+            title += (
+                f" ({profile.bandwidth_bps / 8e6:.0f} MB/s, "
+                f"{profile.latency_s * 1e3:g} ms delay per message)"
+            )
         lines += [f"## Results: {title}", "", "MB/s (median time per transfer)", ""]
         lines += _md_table(*table_rows(sums, link))
         lines.append("")

@@ -162,6 +162,9 @@ def run_matrix(options: Options, progress: ProgressSink) -> RunResult:
         **_versions(),
     }
     result.compression = {c: COMPRESSION_SECTIONS[c] for c in options.codecs if c != "raw"}
+    result.meta["links"] = {
+        lk.name: net_emulation_section(lk) for lk in options.links if lk.emulated
+    }
     progress.start(len(cells))
     session = _p2p.open_cluster(options.address, timeout=options.timeout)
     result.meta["cluster"] = session.description
