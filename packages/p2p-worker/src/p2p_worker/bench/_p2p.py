@@ -226,19 +226,37 @@ def emulation_missing(session: P2PSession, timeout: float) -> str | None:
         secs, wire, _ = job.probe()
     finally:
         job.close()
-    floor = wire * 8 / (EMULATION_PROBE_MBPS * 1e6)
-    gap = None
-    if secs < 0.5 * floor:
-        gap = (
-            f"cluster.net_emulation is accepted, but {format_size(wire)} on an emulated "
-            f"{EMULATION_PROBE_MBPS:g} Mbit/s link took {secs * 1e3:.1f} ms where the link "
-            f"needs {floor * 1e3:.0f} ms: the installed p2p_collective does not pace sends yet"
-        )
+    gap = emulation_gap(secs, wire, EMULATION_PROBE_MBPS)
     session.emulation_checked, session.emulation_gap = True, gap
     return gap
 
 
-def _codec_gap(codec: str, wire: int, logical: int) -> str | None:
+def emulation_gap(seconds: float, wire_bytes: int, mbps: float) -> str | None:
+    """Verdict of the link probe: ``None`` when the transfer took at least half its wire time.
+
+    Example:
+        >>> emulation_gap(1.1, 1 << 20, 8.0) is None
+        True
+        >>> emulation_gap(0.002, 1 << 20, 8.0)[:40]
+        'cluster.net_emulation is accepted, but 1'
+    """
+    floor = wire_bytes * 8 / (mbps * 1e6)
+    if seconds >= 0.5 * floor:
+        return None
+    return (
+        f"cluster.net_emulation is accepted, but {format_size(wire_bytes)} on an emulated "
+        f"{mbps:g} Mbit/s link took {seconds * 1e3:.1f} ms where the link needs "
+        f"{floor * 1e3:.0f} ms: the installed p2p_collective does not pace sends yet"
+    )
+
+
+def codec_gap(codec: str, wire: int, logical: int) -> str | None:
+    """Verdict of the codec probe: ``None`` when the probe went on the wire in fewer bytes.
+
+    Example:
+        >>> codec_gap("lz4", 5000, 1 << 20) is None
+        True
+    """
     if wire < logical:
         return None
     return (
@@ -273,7 +291,7 @@ def run_p2p_block(
     try:
         if codec != "raw" and codec not in session.codec_gaps:
             _, wire, logical = job.probe()
-            session.codec_gaps[codec] = gap = _codec_gap(codec, wire, logical)
+            session.codec_gaps[codec] = gap = codec_gap(codec, wire, logical)
             if gap is not None:
                 _report_gap(result, progress, f"codec {codec}", gap, cells)
                 return
