@@ -245,17 +245,20 @@ def test_examples_use_public_names_only() -> None:
 
 DOCTEST_RUNNER = r"""
 import doctest, importlib, sys
-package = importlib.import_module(sys.argv[1])
+name = sys.argv[1]
+package = importlib.import_module(name)
+# Each example runs in its defining module's globals plus the package's public names,
+# as for a user who imported them from the package.
+public = {n: getattr(package, n) for n in getattr(package, "__all__", ())}
 finder = doctest.DocTestFinder(exclude_empty=True)
 runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+tests = finder.find(package, name, extraglobs=public)
 seen = set()
-tests = finder.find(package, sys.argv[1])
-for name in getattr(package, "__all__", ()):
-    obj = getattr(package, name)
+for attr, obj in public.items():
     if id(obj) in seen or not (callable(obj) or isinstance(obj, type)):
         continue
     seen.add(id(obj))
-    tests += finder.find(obj, f"{sys.argv[1]}.{name}")
+    tests += finder.find(obj, f"{name}.{attr}", extraglobs=public)
 for test in tests:
     runner.run(test)
 result = runner.summarize(verbose=False)
