@@ -233,18 +233,20 @@ def decompress_into_tensor(
 
     Acquires the provider's decoder (waiting up to ``timeout``), decompresses ``src``
     into ``dst``'s memory, and releases the decoder at once. ``codec_id`` 0 (raw)
-    copies the bytes without a codec.
+    copies the bytes of ``src`` (any dtype) without a codec.
 
     Args:
         codec_id: the payload's wire codec id (0 raw, 1 lz4, 2 zstd).
-        src: the received payload, a contiguous CPU ``torch.uint8`` tensor.
+        src: the received payload, a contiguous CPU ``torch.uint8`` tensor (any dtype
+            when raw).
         dst: the contiguous CPU target tensor with the sender's dtype and shape.
         provider: the process's codec provider.
         timeout: seconds to wait for a decoder; None waits without limit.
 
     Raises:
         TypeError: ``src`` or ``dst`` is not a tensor.
-        ValueError: a tensor is not contiguous/dense CPU, or ``src`` is not uint8.
+        ValueError: a tensor is not contiguous/dense CPU, or a compressed ``src`` is not
+            uint8.
         CompressionError: ``codec_id`` is unknown or not the provider's codec, a raw
             payload's size differs from ``dst``'s, or the payload is corrupt or truncated.
         CompressionTimeoutError: no decoder became free within ``timeout``.
@@ -261,14 +263,15 @@ def decompress_into_tensor(
         >>> bool(torch.equal(out, x))
         True
     """
-    wire = uint8_buffer_bytes(src, "src")
     nbytes = tensor_bytes(dst, "dst")
     if codec_id == CODEC_RAW:
+        wire = tensor_bytes(src, "src")
         if wire != nbytes:
             raise CompressionError(f"raw payload holds {wire} bytes, the target holds {nbytes}")
         if nbytes:
             ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)
         return
+    wire = uint8_buffer_bytes(src, "src")
     if codec_id != provider.codec_id:
         name = CODEC_NAMES.get(codec_id, f"unknown codec id {codec_id}")
         raise CompressionError(

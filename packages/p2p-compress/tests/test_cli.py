@@ -1,0 +1,181 @@
+"""The p2p-compress command: advise on synthetic kinds and on a torch.save file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from p2p_compress import parse_tensor_compression
+from p2p_compress._cli import main, parse_size
+
+FAST = ["--repeat", "1", "--lz4-accelerations", "1", "--zstd-levels", "1"]
+
+
+def recommended_block(text: str) -> dict[str, object] | None:
+    block = text.split("Recommended configuration:\n", 1)[1]
+    doc = yaml.safe_load(block)
+    return doc["cluster"]["collective"]
+
+
+def test_advise_synthetic_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "advise",
+            "--synthetic",
+            "bool_mask",
+            "--synthetic",
+            "random_float32",
+            "--size",
+            "64KiB",
+            *FAST,
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    header = out.splitlines()[0].split()
+    assert header[:5] == ["tensor", "dtype", "shape", "MiB", "codec"]
+    assert "ratio" in header
+    assert "comp" in header
+    assert "bool_mask" in out
+    assert "random_float32" in out
+    assert "lz4 acceleration=1" in out
+    assert "zstd level=1" in out
+    collective = recommended_block(out)
+    assert collective is not None
+    section = collective.get("tensor_compression")
+    if section is not None:  # the block parses with the real parser
+        assert parse_tensor_compression(section) is not None
+
+
+def test_advise_json_and_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "payload.pt"
+    torch.save(
+        {
+            "ids": torch.randint(0, 100, (20_000,), generator=torch.Generator().manual_seed(0)),
+            "nested": {"mask": torch.arange(50_000) % 200 < 150, "tiny": torch.ones(3)},
+            "list": [torch.zeros(10_000, dtype=torch.bfloat16)],
+            "meta": "not a tensor",
+        },
+        path,
+    )
+    code = main(["advise", str(path), "--json", *FAST])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    names = {m["tensor"] for m in doc["measurements"]}
+    assert names == {"ids", "nested.mask", "list[0]"}  # "tiny" is below min_bytes
+    assert doc["not_measured"] == {"below_min_bytes": 1, "beyond_max_tensors": 0}
+    for m in doc["measurements"]:
+        assert m["ratio"] == pytest.approx(m["raw_bytes"] / m["compressed_bytes"], rel=1e-3)
+        assert m["compress_mb_s"] > 0
+        assert m["decompress_mb_s"] > 0
+    mask = next(m for m in doc["measurements"] if m["tensor"] == "nested.mask")
+    assert mask["dtype"] == "bool"
+    assert mask["shape"] == [50_000]
+    assert mask["ratio"] > 5
+    assert set(doc["estimated_ms"]) == {"lz4 acceleration=1", "zstd level=1"}
+    rec = doc["recommended"]
+    if rec is not None:
+        assert parse_tensor_compression(rec) is not None
+
+
+def test_advise_recommends_raw_for_a_fast_link(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "advise",
+            "--synthetic",
+            "random_float32",
+            "--size",
+            "64KiB",
+            "--link-gbps",
+            "100000",
+            *FAST,
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "omit the section" in out
+    assert recommended_block(out) is None or "tensor_compression" not in (
+        recommended_block(out) or {}
+    )
+
+
+def test_advise_recommends_compression_for_a_slow_link(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "advise",
+            "--synthetic",
+            "bool_mask",
+            "--size",
+            "256KiB",
+            "--link-gbps",
+            "0.01",
+            "--codecs",
+            "zstd",
+            "--zstd-levels",
+            "1,3",
+            "--repeat",
+            "1",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    collective = recommended_block(out)
+    assert collective is not None
+    section = collective["tensor_compression"]
+    assert isinstance(section, dict)
+    cfg = parse_tensor_compression(section)
+    assert cfg is not None
+    assert cfg.codec_name == "zstd"
+    assert torch.bool not in cfg.excluded_dtypes
+
+
+def test_advise_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", str(tmp_path / "missing.pt")]) == 2
+    assert "cannot load" in capsys.readouterr().err
+    empty = tmp_path / "empty.pt"
+    torch.save({"x": 1}, empty)
+    assert main(["advise", str(empty)]) == 2
+    assert "no dense tensors" in capsys.readouterr().err
+    assert main(["advise", "--codecs", "gzip"]) == 2
+    assert "--codecs" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["advise", "--zstd-levels", "0"])
+    assert info.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["advise", "--synthetic", "nope"])
+    with pytest.raises(SystemExit):
+        main([])
+
+
+def test_parse_size() -> None:
+    assert parse_size("65536") == 65536
+    assert parse_size("64KiB") == 65536
+    assert parse_size("1MiB") == 1 << 20
+    assert parse_size("1.5k") == 1500
+    assert parse_size("2GB") == 2 * 10**9
+
+
+def test_console_script_runs() -> None:
+    exe = shutil.which("p2p-compress", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("p2p-compress console script not installed in this environment")
+    result = subprocess.run(
+        [exe, "advise", "--synthetic", "repeated", "--size", "32KiB", *FAST],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Recommended configuration:" in result.stdout
+    help_text = subprocess.run(
+        [exe, "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "advise" in help_text.stdout
