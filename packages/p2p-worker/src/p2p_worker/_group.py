@@ -15,7 +15,14 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from p2p_worker._actor import CONTROL_GROUP, Boot, Probe, Setup, make_actor_class
+from p2p_worker._actor import (
+    CONTROL_GROUP,
+    Boot,
+    Probe,
+    Setup,
+    dispatcher_name,
+    make_actor_class,
+)
 from p2p_worker._address import WorkerAddress, check_group_name
 from p2p_worker._args import looks_large
 from p2p_worker._errors import PlacementError, WorkerError
@@ -178,7 +185,6 @@ class WorkerGroup(Generic[W]):
             self._teardown(graceful=False, timeout=10.0)
             self.cluster = None
             raise
-        self._methods = public_methods(self.worker_cls)
         for method_name in self._methods:
             if not hasattr(type(self), method_name):
                 setattr(self, method_name, self._make_method(method_name))
@@ -218,7 +224,8 @@ class WorkerGroup(Generic[W]):
                 f"within {timeout} s although the cluster's totals suffice; other groups or "
                 f"jobs hold them ({free} available now)"
             ) from exc
-        actor_cls = make_actor_class(self.worker_cls)
+        self._methods = public_methods(self.worker_cls)
+        actor_cls = make_actor_class(self.worker_cls, self._methods)
         for p in self._placements:
             address = WorkerAddress(self.name, p.rank).get_name()
             options: dict[str, Any] = {
@@ -409,7 +416,8 @@ class WorkerGroup(Generic[W]):
             packed = ray.put((args, kwargs))
             refs = [self._actors[r]._p2p_call.remote(method, packed) for r in ranks]
         else:
-            refs = [self._actors[r]._p2p_call.remote(method, args, kwargs) for r in ranks]
+            name = dispatcher_name(method)
+            refs = [getattr(self._actors[r], name).remote(*args, **kwargs) for r in ranks]
         return GroupCallHandle(self.name, method, ranks, refs)
 
     def _check_launched(self) -> None:

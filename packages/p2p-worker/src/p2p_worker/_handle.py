@@ -16,6 +16,9 @@ from p2p_worker._timer import Reduction, reduce_durations
 
 _PENDING: Any = object()
 
+POLL_SECONDS = 0.1
+"""How often a waiting handle checks finished replies for a failure while others run."""
+
 
 def failure_error(group_name: str, rank: int, method: str, failure: Failure) -> WorkerError:
     """Build the WorkerError for a method that raised in worker ``rank``."""
@@ -130,26 +133,37 @@ class GroupCallHandle(AsyncWork[list[Any]]):
                 self._settle(self._index[ref], reply)
 
     def _drive(self, timeout: float | None) -> None:
-        """Wait for replies with ``ray.wait`` until the handle completes or time runs out."""
+        """Wait for replies until the handle completes or time runs out.
+
+        The common case costs one ``ray.get`` of all replies, as a plain Ray call would.
+        While some worker is still running, the replies already there are checked every
+        :data:`POLL_SECONDS`, so one worker's failure is reported without waiting for the
+        others (which may be blocked on the failed one).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._drive_lock.acquire(timeout=-1 if timeout is None else timeout):
             return
         try:
-            while not self.done():
+            while not super().done():
                 pending = self._unresolved()
                 if not pending:
                     return
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if len(pending) == 1:
-                    ready, _ = ray.wait(pending, num_returns=1, timeout=left)
+                step = POLL_SECONDS if left is None else min(POLL_SECONDS, left)
+                try:
+                    replies = ray.get(pending, timeout=step)
+                except ray.exceptions.GetTimeoutError:
+                    pass
+                except ray.exceptions.RayError:
+                    pass  # a worker died or an object was lost: settled per reply below
                 else:
-                    ready, rest = ray.wait(pending, num_returns=1, timeout=left)
-                    if ready and rest:
-                        more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
-                        ready += more
-                if not ready:
-                    return
+                    for ref, reply in zip(pending, replies, strict=True):
+                        self._settle(self._index[ref], reply)
+                    continue
+                ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
                 self._fetch(ready)
+                if left is not None and left <= step:
+                    return
         finally:
             self._drive_lock.release()
 
@@ -248,11 +262,12 @@ class GroupCallHandle(AsyncWork[list[Any]]):
             {'run_training': 2.5, 'train_step': 2.25}
         """
         self.wait(timeout)
+        reduced = reduce_durations(self._durations, reduction)  # bad reduction: nothing lost
         with self._state_lock:
             if self._consumed:
                 return {}
             self._consumed = True
-        return reduce_durations(self._durations, reduction)
+        return reduced
 
     def __repr__(self) -> str:
         state = "done" if super().done() else "pending"

@@ -1,0 +1,245 @@
+"""Channel: the public handle on a named FIFO channel, and how workers and the driver get one.
+
+``Worker.create_channel`` / ``Worker.connect_channel`` (through :class:`ChannelMixin`)
+and the module functions :func:`create_channel` / :func:`connect_channel` (for the
+driver, given its :class:`~p2p_worker.Cluster`) all end here. The driver takes part
+through a small endpoint of its own: an address (``p2p_driver.<pid>:0``), a store
+client and a ``Collective`` built like a worker's, so it moves payloads with the same
+send/recv as the workers do.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from p2p_worker._address import check_group_name
+from p2p_worker._channel_client import ChannelWork, check_timeout, connect_link
+from p2p_worker._channel_endpoint import driver_endpoint, remember_handle
+from p2p_worker._channel_errors import ChannelExistsError
+from p2p_worker._channel_handle import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_TRANSFER_TIMEOUT,
+    Channel,
+    connect_on,
+)
+from p2p_worker._channel_proto import CHANNEL_NAMESPACE, ChannelSpec, actor_name
+from p2p_worker._errors import WorkerError
+from p2p_worker._runtime import WorkerRuntime
+
+if TYPE_CHECKING:
+    from p2p_worker._cluster import Cluster
+
+__all__ = ["Channel", "ChannelMixin", "ChannelWork", "connect_channel", "create_channel"]
+
+MAX_CONCURRENCY = 10_000  # waiting puts and gets a channel worker serves at once
+
+_lock = threading.Lock()
+_actor_cls: Any = None
+
+
+# -- creating and connecting --------------------------------------------------------------------
+
+
+def _check_int(value: object, arg: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{arg} must be an int, got {value!r}")
+    if value < low:
+        raise ValueError(f"{arg} must be >= {low}, got {value}")
+    return value
+
+
+def create_on(
+    endpoint: Any,
+    name: str,
+    node_id: int,
+    maxsize: int,
+    transfer_timeout: float | None,
+    timeout: float | None,
+) -> Channel:
+    """Start the channel worker of a new channel and connect ``endpoint`` to it."""
+    global _actor_cls
+    check_group_name(name, "name")
+    nodes = endpoint.job.nodes
+    _check_int(node_id, "node_id", 0)
+    if node_id >= len(nodes):
+        raise ValueError(
+            f"node_id={node_id} is out of range: the cluster has {len(nodes)} node(s) "
+            f"(node ids 0..{len(nodes) - 1})"
+        )
+    _check_int(maxsize, "maxsize", 0)
+    transfer_timeout = check_timeout(transfer_timeout, "transfer_timeout")
+    timeout = check_timeout(timeout)
+    job = endpoint.job
+    spec = ChannelSpec(name, uuid.uuid4().hex[:12], maxsize, job, node_id, transfer_timeout)
+    with _lock:
+        if _actor_cls is None:
+            from p2p_worker._channel_server import ChannelWorker  # imports Worker
+
+            _actor_cls = ray.remote(ChannelWorker)
+        actor_cls = _actor_cls
+    try:
+        actor = actor_cls.options(
+            name=actor_name(job.store_host, job.store_port, name),
+            namespace=CHANNEL_NAMESPACE,
+            lifetime="detached",
+            num_cpus=0,
+            max_concurrency=MAX_CONCURRENCY,
+            max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(
+                nodes[node_id].ray_node_id, soft=False
+            ),
+        ).remote(spec)
+    except ValueError as exc:  # ray.exceptions.ActorAlreadyExistsError
+        raise ChannelExistsError(
+            f"a channel named {name!r} already exists in this job; connect to it with "
+            f"connect_channel({name!r}) or pick another name"
+        ) from exc
+    try:
+        link = connect_link(endpoint, name, timeout)
+    except BaseException:
+        ray.kill(actor, no_restart=True)
+        raise
+    handle = Channel(name, (job.store_host, job.store_port), link)
+    remember_handle(endpoint, handle)
+    return handle
+
+
+def create_channel(
+    cluster: Cluster,
+    name: str,
+    node_id: int = 0,
+    maxsize: int = 0,
+    *,
+    transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
+    timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+) -> Channel:
+    """Create channel ``name`` from the driver; the driver's twin of ``Worker.create_channel``.
+
+    Args:
+        cluster: The job's :class:`~p2p_worker.Cluster`.
+        name: Channel name, unique in the job (letters, digits, ``_ . -``).
+        node_id: Node (``NodeInfo.node_rank``) whose channel worker holds the items.
+        maxsize: Most items the channel holds at once, payloads in transit included
+            (0: no bound).
+        transfer_timeout: Seconds one payload transfer may take (None: no limit).
+        timeout: Seconds to wait for the channel worker to start and connect.
+
+    Returns:
+        The driver's :class:`Channel` handle.
+
+    Raises:
+        TypeError: An argument has the wrong type.
+        ValueError: ``name`` is invalid, ``node_id`` out of range, ``maxsize`` < 0.
+        ChannelExistsError: A channel of that name exists in the job.
+        ChannelError: The channel worker could not be reached.
+
+    Example:
+        >>> ch = create_channel(cluster, "results", maxsize=8)  # doctest: +SKIP
+        >>> ch.put({"step": 1}); ch.get()  # doctest: +SKIP
+        {'step': 1}
+    """
+    return create_on(driver_endpoint(cluster), name, node_id, maxsize, transfer_timeout, timeout)
+
+
+def connect_channel(
+    cluster: Cluster, name: str, *, timeout: float | None = DEFAULT_CONNECT_TIMEOUT
+) -> Channel:
+    """Connect the driver to channel ``name``; the twin of ``Worker.connect_channel``.
+
+    Args:
+        cluster: The job's :class:`~p2p_worker.Cluster`.
+        name: The channel's name.
+        timeout: Seconds to wait for the channel to exist and answer.
+
+    Returns:
+        The driver's :class:`Channel` handle (the same object on every call).
+
+    Raises:
+        ChannelNotFoundError: No channel of that name appeared within ``timeout``.
+        ChannelError: The channel worker could not be reached.
+
+    Example:
+        >>> ch = connect_channel(cluster, "rollouts", timeout=10.0)  # doctest: +SKIP
+    """
+    return connect_on(driver_endpoint(cluster), name, timeout)
+
+
+class ChannelMixin:
+    """Channel methods of :class:`~p2p_worker.Worker` (seed 004's ``create_channel`` API)."""
+
+    def _channel_endpoint(self) -> WorkerRuntime:
+        runtime = self.__dict__.get("_p2p_runtime")
+        if runtime is None:
+            raise WorkerError(
+                f"{type(self).__name__} was not launched in a WorkerGroup, so it cannot use "
+                f"channels; from the driver use p2p_worker.create_channel(cluster, ...)"
+            )
+        return runtime  # type: ignore[no-any-return]
+
+    def create_channel(
+        self,
+        name: str,
+        node_id: int = 0,
+        maxsize: int = 0,
+        *,
+        transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
+        timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+    ) -> Channel:
+        """Create a FIFO channel named ``name``, held by a channel worker on ``node_id``.
+
+        The channel outlives this worker: it lives until it is destroyed
+        (:meth:`Channel.destroy`) or the job ends. Any worker (or the driver) connects
+        to it by name.
+
+        Args:
+            name: Channel name, unique in the job (letters, digits, ``_ . -``).
+            node_id: Node (``NodeInfo.node_rank``) whose channel worker holds the items.
+            maxsize: Most items the channel holds at once, payloads in transit included
+                (0: no bound).
+            transfer_timeout: Seconds one payload transfer may take (None: no limit).
+            timeout: Seconds to wait for the channel worker to start and connect.
+
+        Returns:
+            This worker's :class:`Channel` handle.
+
+        Raises:
+            TypeError: An argument has the wrong type.
+            ValueError: ``name`` is invalid, ``node_id`` out of range, ``maxsize`` < 0.
+            ChannelExistsError: A channel of that name exists in the job.
+            ChannelError: The channel worker could not be reached.
+            WorkerError: This worker was not launched in a group.
+
+        Example:
+            >>> self.channel = self.create_channel("rollouts", node_id=0, maxsize=4)  # doctest: +SKIP
+        """  # noqa: E501
+        return create_on(
+            self._channel_endpoint(), name, node_id, maxsize, transfer_timeout, timeout
+        )
+
+    def connect_channel(
+        self, name: str, *, timeout: float | None = DEFAULT_CONNECT_TIMEOUT
+    ) -> Channel:
+        """Connect to the existing channel ``name`` (created by any worker or the driver).
+
+        Args:
+            name: The channel's name.
+            timeout: Seconds to wait for the channel to exist and answer.
+
+        Returns:
+            This worker's :class:`Channel` handle (the same object on every call).
+
+        Raises:
+            ChannelNotFoundError: No channel of that name appeared within ``timeout``.
+            ChannelError: The channel worker could not be reached.
+            WorkerError: This worker was not launched in a group.
+
+        Example:
+            >>> channel = self.connect_channel("rollouts")  # doctest: +SKIP
+            >>> channel.put({"obs": torch.zeros(4)})  # doctest: +SKIP
+        """
+        return connect_on(self._channel_endpoint(), name, timeout)

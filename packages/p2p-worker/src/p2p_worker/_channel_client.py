@@ -1,0 +1,343 @@
+"""Channel: a process's handle on a named FIFO channel held by a channel worker.
+
+Each operation is one Ray call on the channel worker (the control part) followed by
+``send``/``recv`` on this process's link to it (the payload). Answers to the control
+calls are processed strictly in the order the operations were issued, so one
+process's puts enter the channel in the order they were made and its gets receive
+items in channel order, however Ray happens to deliver the answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import ray
+import torch
+
+from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkTimeoutError
+from p2p_worker._channel_errors import (
+    ChannelClosedError,
+    ChannelEmpty,
+    ChannelError,
+    ChannelFull,
+    ChannelNotFoundError,
+)
+from p2p_worker._channel_proto import CHANNEL_NAMESPACE, Hello, actor_name, link_group_name
+from p2p_worker._channel_queue import Void
+
+CONTROL_GRACE = 30.0  # seconds a blocking call waits past its own bounds for an answer
+_LOOKUP_PAUSE = 0.1
+
+
+class ChannelWork(AsyncChannelWork):
+    """Handle of an asynchronous channel operation (``put``/``get`` with ``async_op=True``).
+
+    An :class:`~p2p_asyncwork.AsyncChannelWork` on the control call's Ray ``ObjectRef``
+    (:attr:`ref`) that completes only when the payload transfer behind it is done: a
+    put's handle stays pending while the channel is full and until its item is in the
+    channel; a get's handle completes with the item (a list for ``get_batch``).
+    """
+
+    def __init__(self, ref: Any) -> None:
+        AsyncWork.__init__(self)  # completed by the channel, not by the ref alone
+        self.ref = ref
+        self._transform = None
+
+    def _finish(self, result: Any = None, exception: BaseException | None = None) -> bool:
+        return self._complete(result=result, exception=exception)
+
+    @staticmethod
+    def _follow(work: AsyncWork[Any], fn: Callable[[AsyncWork[Any]], None]) -> None:
+        work._add_done_callback(fn)  # same handle family: success and failure
+
+
+class _Op:
+    __slots__ = ("batch", "item", "kind", "seq", "work")
+
+    def __init__(self, seq: int, kind: str, work: ChannelWork, item: Any, batch: bool) -> None:
+        self.seq = seq
+        self.kind = kind
+        self.work = work
+        self.item = item
+        self.batch = batch
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    cause = getattr(exc, "cause", None)
+    if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, BaseException):
+        return cause
+    return exc
+
+
+def check_timeout(timeout: object, arg: str = "timeout") -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ValueError(f"{arg} must be a number of seconds >= 0 or None, got {timeout!r}")
+    return float(timeout)
+
+
+class ChannelLink:
+    """The connection of one process to one channel: control calls and the payload link.
+
+    Created by :func:`connect_link`; :class:`~p2p_worker.Channel` wraps it.
+    """
+
+    def __init__(self, endpoint: Any, actor: Any, hello: Hello) -> None:
+        self.endpoint = endpoint
+        self.actor = actor
+        self.hello = hello
+        self.peer = endpoint.address.get_name()
+        self._lock = threading.RLock()
+        self._gen = hello.gen
+        self._group: Any = None
+        self._seq = 0
+        self._next = 0
+        self._answers: dict[int, tuple[_Op, Any, BaseException | None]] = {}
+        self.orphans: deque[Any] = deque()
+        self.closed = False
+
+    # -- the payload link ---------------------------------------------------------------
+
+    def _make_group(self, gen: int) -> Any:
+        name = link_group_name(self.hello.uid, self.peer, gen)
+        return self.endpoint.collective().create_collective_group(
+            [self.endpoint.address, self.hello.address], group_name=name
+        )
+
+    def open(self, timeout: float | None) -> None:
+        """Connect both directions of the first link (the channel worker does the same)."""
+        group = self._group = self._make_group(self._gen)
+        empty = torch.empty(0, dtype=torch.uint8)
+        try:
+            group.recv_tensor(empty, timeout=timeout)
+            group.send_tensor(empty, timeout=timeout)
+        except Exception as exc:
+            group.close(timeout=0.0)
+            raise ChannelError(
+                f"channel {self.hello.name!r}: could not connect to its channel worker: {exc}"
+            ) from exc
+
+    def _group_for(self, gen: int) -> Any:
+        """The group of generation ``gen``; None when ``gen`` is older than ours (stale)."""
+        if gen < self._gen:
+            return None
+        if gen > self._gen:
+            if self._group is not None:
+                self._group.close(timeout=0.0)
+            self._group = None
+            self._gen = gen
+        if self._group is None:
+            self._group = self._make_group(gen)
+        return self._group
+
+    def _ask_reset(self, gen: int) -> None:
+        with contextlib.suppress(Exception):
+            self.actor.reset_link.remote(self.peer, gen)
+
+    # -- issuing and ordering -----------------------------------------------------------
+
+    def submit(
+        self, kind: str, call: Callable[[], Any], item: Any = None, batch: bool = False
+    ) -> ChannelWork:
+        """Issue a control call; its answer is processed in issue order."""
+        with self._lock:
+            if self.closed:
+                raise ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
+            seq = self._seq
+            ref = call()
+            self._seq += 1
+        work = ChannelWork(ref)
+        op = _Op(seq, kind, work, item, batch)
+        ref.future().add_done_callback(lambda fut: self._on_answer(op, fut))
+        return work
+
+    def _on_answer(self, op: _Op, fut: Future[Any]) -> None:
+        try:
+            answer, error = fut.result(), None
+        except BaseException as exc:
+            answer, error = None, _unwrap(exc)
+        with self._lock:
+            self._answers[op.seq] = (op, answer, error)
+            while self._next in self._answers:
+                ready = self._answers.pop(self._next)
+                self._next += 1
+                try:
+                    self._process(*ready)
+                except BaseException as exc:  # never leave a handle pending
+                    ready[0].work._finish(exception=exc)
+
+    def _process(self, op: _Op, answer: Any, error: BaseException | None) -> None:
+        name = self.hello.name
+        if error is not None:
+            if isinstance(error, ray.exceptions.RayActorError):
+                self.closed = True  # a later connect_channel looks the channel up again
+                error = ChannelClosedError(f"channel {name!r}: its channel worker died ({error})")
+            elif not isinstance(error, ChannelError):
+                err = ChannelError(f"channel {name!r}: {op.kind} failed: {error}")
+                err.__cause__ = error
+                error = err
+            op.work._finish(exception=error)
+            return
+        tag = answer[0]
+        if tag == "full":
+            op.work._finish(exception=ChannelFull(f"channel {name!r} is full"))
+        elif tag == "empty":
+            op.work._finish(exception=ChannelEmpty(f"channel {name!r} is empty"))
+        elif tag == "reset":
+            op.work._finish(
+                exception=ChannelError(
+                    f"channel {name!r}: {op.kind} interrupted, the link to the channel worker"
+                    " was reset after a failed transfer; nothing was put or taken"
+                )
+            )
+        elif op.kind == "put":
+            self._start_put(op, answer[1])
+        else:
+            self._start_get(op, answer[1], answer[2])
+
+    def _stale(self, op: _Op) -> None:
+        op.work._finish(
+            exception=ChannelError(
+                f"channel {self.hello.name!r}: {op.kind} granted on a link that was reset"
+                " meanwhile; nothing was put or taken"
+            )
+        )
+
+    # -- payloads -------------------------------------------------------------------------
+
+    def _start_put(self, op: _Op, gen: int) -> None:
+        group = self._group_for(gen)
+        if group is None:
+            self._stale(op)
+            return
+        timeout = self.hello.transfer_timeout
+        payload = Void() if op.work.done() else op.item  # abandoned: fill the slot, no item
+        try:
+            send = group.send(payload, async_op=True, timeout=timeout)
+        except (TypeError, ValueError) as exc:  # the item cannot be sent: free its slot
+            group.send(Void(), async_op=True, timeout=timeout)
+            op.work._finish(exception=exc)
+            return
+
+        def done(work: AsyncWork[Any]) -> None:
+            exc = work.exception(0)
+            if exc is None:
+                op.work._finish(None)
+                return
+            self._ask_reset(gen)
+            err = ChannelError(f"channel {self.hello.name!r}: sending the item failed: {exc}")
+            err.__cause__ = exc
+            op.work._finish(exception=err)
+
+        ChannelWork._follow(send, done)
+
+    def _start_get(self, op: _Op, gen: int, count: int) -> None:
+        group = self._group_for(gen)
+        if group is None:
+            self._stale(op)
+            return
+        timeout = self.hello.transfer_timeout
+        recvs = [group.recv(async_op=True, timeout=timeout) for _ in range(count)]
+        left = [count]
+        lock = threading.Lock()
+
+        def done(_: AsyncWork[Any]) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            got = [w.wait(0) for w in recvs if w.exception(0) is None]
+            failures = [w.exception(0) for w in recvs if w.exception(0) is not None]
+            if failures:
+                self._ask_reset(gen)
+            if op.work.done():  # abandoned by its caller: keep the items for the next get
+                with self._lock:
+                    self.orphans.extend(got)
+                return
+            if got:
+                op.work._finish(got if op.batch else got[0])
+                return
+            err = ChannelError(f"channel {self.hello.name!r}: receiving failed: {failures[0]}")
+            err.__cause__ = failures[0]
+            op.work._finish(exception=err)
+
+        for w in recvs:
+            ChannelWork._follow(w, done)
+
+    # -- waiting and closing ------------------------------------------------------------
+
+    def wait(self, work: ChannelWork, limit: float | None) -> Any:
+        """Wait for a handle; after ``limit`` seconds abandon it with a ChannelError."""
+        try:
+            return work.wait(limit)
+        except WorkTimeoutError:
+            pass
+        err = ChannelClosedError(
+            f"channel {self.hello.name!r}: no answer from its channel worker within {limit} s"
+        )
+        work._finish(exception=err)
+        return work.wait(0)
+
+    def limit(self, timeout: float | None) -> float | None:
+        """Client-side bound of a blocking call: its timeout, one transfer, a grace period."""
+        transfer = self.hello.transfer_timeout
+        if timeout is None or transfer is None:
+            return None
+        return timeout + transfer + CONTROL_GRACE
+
+    def close(self) -> None:
+        """Stop using the link; pending operations fail. Idempotent."""
+        with self._lock:
+            self.closed = True
+            group, self._group = self._group, None
+        if group is not None:
+            group.close(timeout=0.0)
+
+
+def lookup_actor(job: Any, name: str, timeout: float | None) -> Any:
+    """Find the channel worker of ``name`` in the job, polling until ``timeout``.
+
+    Raises:
+        ChannelNotFoundError: No such channel appeared within ``timeout``.
+    """
+    full = actor_name(job.store_host, job.store_port, name)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get_actor(full, namespace=CHANNEL_NAMESPACE)
+        except ValueError as exc:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ChannelNotFoundError(
+                    f"no channel named {name!r} in this job (waited {timeout} s); create it "
+                    f"with create_channel({name!r}) first"
+                ) from exc
+        time.sleep(_LOOKUP_PAUSE)
+
+
+def connect_link(endpoint: Any, name: str, timeout: float | None) -> ChannelLink:
+    """Find channel ``name``, say hello, and connect this process's link to it.
+
+    Raises:
+        ChannelNotFoundError: No such channel within ``timeout``.
+        ChannelClosedError: The channel worker died or did not answer.
+        ChannelError: The payload link could not be connected.
+    """
+    actor = lookup_actor(endpoint.job, name, timeout)
+    try:
+        hello = ray.get(actor.hello.remote(endpoint.address.get_name()), timeout=timeout)
+    except ray.exceptions.GetTimeoutError as exc:
+        raise ChannelClosedError(
+            f"channel {name!r}: its channel worker did not answer within {timeout} s"
+        ) from exc
+    except ray.exceptions.RayError as exc:
+        raise ChannelClosedError(f"channel {name!r}: its channel worker is gone ({exc})") from exc
+    link = ChannelLink(endpoint, actor, hello)
+    link.open(hello.transfer_timeout)
+    return link

@@ -1,0 +1,91 @@
+"""Where a process stands in a job's channels: a worker's runtime, or the driver's endpoint.
+
+A worker already has what a channel peer needs (an address, a store client and a
+``Collective``: its :class:`~p2p_worker._runtime.WorkerRuntime`). The driver is not a
+worker, so it gets a runtime of its own per :class:`~p2p_worker.Cluster`: the address
+``p2p_driver.<pid>:0``, a client of the job's store and a ``Collective`` with the job's
+configuration, built on first use.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from p2p_worker._address import WorkerAddress
+from p2p_worker._channel_errors import ChannelError
+from p2p_worker._runtime import WorkerRuntime, current_runtime
+
+if TYPE_CHECKING:
+    from p2p_worker._cluster import Cluster
+
+_lock = threading.Lock()
+_drivers: weakref.WeakKeyDictionary[Any, WorkerRuntime] = weakref.WeakKeyDictionary()
+_handles: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def driver_endpoint(cluster: Cluster) -> WorkerRuntime:
+    """The driver's endpoint in ``cluster``'s job (created once per Cluster object).
+
+    Raises:
+        TypeError: ``cluster`` is not a Cluster.
+        ClusterError: The cluster was shut down.
+    """
+    from p2p_worker._cluster import Cluster
+
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+    cluster._check_open()
+    with _lock:
+        endpoint = _drivers.get(cluster)
+        if endpoint is None:
+            host, _ = cluster.store_address
+            ip = next((n.ip for n in cluster.nodes if n.is_driver_node), host)
+            address = WorkerAddress(f"p2p_driver.{os.getpid()}", 0)
+            endpoint = WorkerRuntime(cluster._job_context(), address, ip)
+            _drivers[cluster] = endpoint
+            weakref.finalize(cluster, endpoint.close)
+        return endpoint
+
+
+def endpoint_for_store(store: tuple[str, int]) -> WorkerRuntime:
+    """This process's endpoint in the job whose rendezvous store is ``store``.
+
+    Raises:
+        ChannelError: This process takes no part in that job.
+    """
+    runtime = current_runtime()
+    if runtime is not None and (runtime.job.store_host, runtime.job.store_port) == store:
+        return runtime
+    from p2p_worker import _cluster
+
+    for cluster in list(_cluster._LIVE):
+        if not cluster._closed and cluster.store_address == store:
+            return driver_endpoint(cluster)
+    raise ChannelError(
+        f"this process is neither a worker nor the driver of the job whose store is "
+        f"{store[0]}:{store[1]}, so it cannot use that job's channels"
+    )
+
+
+def cached_handle(endpoint: Any, name: str) -> Any:
+    """The handle on channel ``name`` this endpoint connected before, if still usable."""
+    with _lock:
+        handle: Any = _handles.get(endpoint, {}).get(name)
+    return handle if handle is not None and handle._usable() else None
+
+
+def remember_handle(endpoint: Any, handle: Any) -> None:
+    """Make ``handle`` the endpoint's handle on its channel."""
+    with _lock:
+        _handles.setdefault(endpoint, {})[handle.name] = handle
+
+
+def forget_handle(endpoint: Any, handle: Any) -> None:
+    """Drop ``handle`` from the cache (it was closed)."""
+    with _lock:
+        named = _handles.get(endpoint, {})
+        if named.get(handle.name) is handle:
+            del named[handle.name]

@@ -1,0 +1,389 @@
+"""Channel: the public handle on a named FIFO channel (put, get, get_batch, sizes)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import ray
+
+from p2p_worker._address import check_group_name
+from p2p_worker._channel_client import ChannelLink, ChannelWork, check_timeout, connect_link
+from p2p_worker._channel_endpoint import (
+    cached_handle,
+    endpoint_for_store,
+    forget_handle,
+    remember_handle,
+)
+from p2p_worker._channel_errors import ChannelClosedError
+
+DEFAULT_TRANSFER_TIMEOUT = 60.0
+DEFAULT_CONNECT_TIMEOUT = 30.0
+DEFAULT_QUERY_TIMEOUT = 60.0
+
+
+class Channel:
+    """A named FIFO queue between workers (and the driver) with real flow control.
+
+    Get one with ``Worker.create_channel`` / ``Worker.connect_channel`` in a worker, or
+    :func:`~p2p_worker.create_channel` / :func:`~p2p_worker.connect_channel` in the
+    driver; never construct it yourself. A handle may be passed to a worker method: it
+    pickles as the channel's name and reconnects in the receiving process on first use.
+
+    Items are any picklable objects; tensors (and lists, dicts and dataclasses of
+    tensors) travel on the optimized tensor path of ``Worker.send``, compressed as the
+    job configures, and arrive as fresh CPU tensors.
+
+    Ordering: an item enters the channel when its payload has arrived at the channel
+    worker, and items leave in the order they entered. One process's puts enter in the
+    order it made them, and its gets (and each ``get_batch``) receive items in channel
+    order, so every producer's items keep their order for every consumer.
+
+    Flow control: with ``maxsize`` > 0 the channel never holds more than ``maxsize``
+    items, counting payloads on their way in and on their way out: a put reserves a
+    slot before its payload travels and the slot is freed when a consumer has received
+    the item. Waiting puts and gets are served first come, first served.
+
+    Failures: a put that raises did not add its item; a get that raises took nothing
+    (an item whose transfer fails goes back to the head). Every payload transfer is
+    bounded by the channel's ``transfer_timeout``, so a dead producer or consumer holds
+    up at most one item for at most that long.
+
+    Example:
+        >>> ch = self.create_channel("rollouts", maxsize=4)  # doctest: +SKIP
+        >>> ch.put({"obs": torch.zeros(4), "step": 1})  # doctest: +SKIP
+        >>> ch.get()["step"]  # doctest: +SKIP
+        1
+    """
+
+    def __init__(self, name: str, store: tuple[str, int], link: ChannelLink | None = None) -> None:
+        self.name = check_group_name(name, "name")
+        self._store = store
+        self._link_obj = link
+        self._lock = threading.Lock()
+
+    def _link(self) -> ChannelLink:
+        link = self._link_obj
+        if link is not None:
+            return link
+        with self._lock:
+            if self._link_obj is None:
+                endpoint = endpoint_for_store(self._store)
+                self._link_obj = connect_on(endpoint, self.name, DEFAULT_CONNECT_TIMEOUT)._link()
+            return self._link_obj
+
+    def _usable(self) -> bool:
+        link = self._link_obj
+        return link is None or not link.closed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (self.name, self._store))
+
+    def __repr__(self) -> str:
+        link = self._link_obj
+        if link is None:
+            return f"<Channel {self.name!r} (not connected yet)>"
+        state = "closed" if link.closed else f"maxsize={link.hello.maxsize}"
+        return f"<Channel {self.name!r} {state}>"
+
+    @property
+    def maxsize(self) -> int:
+        """Most items the channel holds at once (0: no bound)."""
+        return self._link().hello.maxsize
+
+    # -- putting --------------------------------------------------------------------------
+
+    def put(self, item: Any, async_op: bool = False, *, timeout: float | None = None) -> Any:
+        """Append ``item``; wait while the channel is full.
+
+        With ``async_op=True`` the returned handle stays pending while the channel is
+        full and completes once the item is in the channel; do not modify the item's
+        tensors before then.
+
+        Args:
+            item: Any picklable object; tensors must be dense, contiguous CPU tensors.
+            async_op: Return a :class:`ChannelWork` at once instead of waiting.
+            timeout: Seconds to wait for room (None: no limit); the payload transfer
+                after it is bounded by the channel's ``transfer_timeout``.
+
+        Returns:
+            None, or a :class:`ChannelWork` whose ``wait()`` returns None.
+
+        Raises:
+            ChannelFull: No room within ``timeout`` (the item was not added).
+            ValueError: ``timeout`` is negative, or the item cannot be sent (a tensor
+                not on CPU or not contiguous, an unpicklable object).
+            ChannelError: The transfer failed (the item was not added).
+            ChannelClosedError: The channel is destroyed or its worker died.
+
+        Example:
+            >>> channel.put({"step": 3, "obs": torch.zeros(8)})  # doctest: +SKIP
+            >>> channel.put(torch.ones(4), async_op=True).wait()  # doctest: +SKIP
+        """
+        timeout = check_timeout(timeout)
+        link = self._link()
+        work = link.submit(
+            "put", lambda: link.actor.put_begin.remote(link.peer, True, timeout), item
+        )
+        return work if async_op else link.wait(work, link.limit(timeout))
+
+    def put_nowait(self, item: Any) -> None:
+        """Append ``item`` if there is room now; never wait for room.
+
+        Returns once the item is in the channel (its payload transfer is done).
+
+        Raises:
+            ChannelFull: The channel is full (the item was not added).
+            ValueError: The item cannot be sent.
+            ChannelError: The transfer failed.
+            ChannelClosedError: The channel is destroyed or its worker died.
+
+        Example:
+            >>> try:  # doctest: +SKIP
+            ...     channel.put_nowait(item)
+            ... except ChannelFull:
+            ...     pass
+        """
+        link = self._link()
+        work = link.submit("put", lambda: link.actor.put_begin.remote(link.peer, False, None), item)
+        link.wait(work, link.limit(0.0))
+
+    # -- getting --------------------------------------------------------------------------
+
+    def _get(
+        self, max_items: int, max_bytes: int | None, block: bool, timeout: float | None, batch: bool
+    ) -> ChannelWork:
+        link = self._link()
+        with link._lock:
+            if link.orphans:  # items a get abandoned after they were granted
+                work = ChannelWork(None)
+                taken = [link.orphans.popleft() for _ in range(min(max_items, len(link.orphans)))]
+                work._finish(taken if batch else taken[0])
+                return work
+        return link.submit(
+            "get",
+            lambda: link.actor.get_begin.remote(link.peer, max_items, max_bytes, block, timeout),
+            batch=batch,
+        )
+
+    def get(self, async_op: bool = False, *, timeout: float | None = None) -> Any:
+        """Remove and return the oldest item; wait while the channel is empty.
+
+        Args:
+            async_op: Return a :class:`ChannelWork` at once instead of waiting.
+            timeout: Seconds to wait for an item (None: no limit); the payload transfer
+                after it is bounded by the channel's ``transfer_timeout``.
+
+        Returns:
+            The item, or a :class:`ChannelWork` whose ``wait()`` returns it.
+
+        Raises:
+            ChannelEmpty: No item within ``timeout`` (nothing was taken).
+            ValueError: ``timeout`` is negative.
+            ChannelError: The transfer failed (the item went back to the head).
+            ChannelClosedError: The channel is destroyed or its worker died.
+
+        Example:
+            >>> item = channel.get(timeout=30.0)  # doctest: +SKIP
+            >>> work = channel.get(async_op=True)  # doctest: +SKIP
+            >>> item = await work  # doctest: +SKIP
+        """
+        timeout = check_timeout(timeout)
+        work = self._get(1, None, True, timeout, batch=False)
+        return work if async_op else self._link().wait(work, self._link().limit(timeout))
+
+    def get_nowait(self) -> Any:
+        """Remove and return the oldest item if one is there now; never wait for one.
+
+        Returns:
+            The item.
+
+        Raises:
+            ChannelEmpty: No item is in the channel.
+            ChannelError: The transfer failed (the item went back to the head).
+            ChannelClosedError: The channel is destroyed or its worker died.
+
+        Example:
+            >>> try:  # doctest: +SKIP
+            ...     item = channel.get_nowait()
+            ... except ChannelEmpty:
+            ...     item = None
+        """
+        work = self._get(1, None, False, None, batch=False)
+        return self._link().wait(work, self._link().limit(0.0))
+
+    def get_batch(
+        self,
+        max_items: int,
+        async_op: bool = False,
+        *,
+        max_bytes: int | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Remove and return up to ``max_items`` items, oldest first, in one exchange.
+
+        Batching is by count and bytes, not by waiting: the call waits (up to
+        ``timeout``) only for the first item, then also takes the items that are
+        already in the channel, up to ``max_items`` of them and while their tensor
+        bytes (see below) keep the batch's total within ``max_bytes``. The first item
+        is always taken, however large. Tensor bytes count the tensors of an item (a
+        tensor, a list/tuple/dict of tensors, dataclass tensor fields); other parts of
+        an item count as 0.
+
+        Args:
+            max_items: Most items to return (>= 1).
+            async_op: Return a :class:`ChannelWork` at once instead of waiting.
+            max_bytes: Bound on the batch's tensor bytes after its first item (None:
+                no bound).
+            timeout: Seconds to wait for the first item (None: no limit).
+
+        Returns:
+            A non-empty list of items, or a :class:`ChannelWork` whose ``wait()``
+            returns it.
+
+        Raises:
+            TypeError: ``max_items`` or ``max_bytes`` is not an int.
+            ValueError: ``max_items`` < 1, ``max_bytes`` < 1, or ``timeout`` negative.
+            ChannelEmpty: No item within ``timeout``.
+            ChannelError: Every transfer failed (the items went back to the head).
+            ChannelClosedError: The channel is destroyed or its worker died.
+
+        Example:
+            >>> batch = channel.get_batch(32, max_bytes=64 << 20, timeout=5.0)  # doctest: +SKIP
+        """
+        if isinstance(max_items, bool) or not isinstance(max_items, int):
+            raise TypeError(f"max_items must be an int, got {max_items!r}")
+        if max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {max_items}")
+        if max_bytes is not None:
+            if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
+                raise TypeError(f"max_bytes must be an int or None, got {max_bytes!r}")
+            if max_bytes < 1:
+                raise ValueError(f"max_bytes must be >= 1 or None, got {max_bytes}")
+        timeout = check_timeout(timeout)
+        work = self._get(max_items, max_bytes, True, timeout, batch=True)
+        return work if async_op else self._link().wait(work, self._link().limit(timeout))
+
+    # -- state --------------------------------------------------------------------------
+
+    def _query(self, method: str, timeout: float | None) -> Any:
+        timeout = check_timeout(timeout)
+        link = self._link()
+        try:
+            return ray.get(getattr(link.actor, method).remote(), timeout=timeout)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise ChannelClosedError(
+                f"channel {self.name!r}: no answer from its channel worker within {timeout} s"
+            ) from exc
+        except ray.exceptions.RayError as exc:
+            raise ChannelClosedError(
+                f"channel {self.name!r}: its channel worker is gone ({exc})"
+            ) from exc
+
+    def qsize(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> int:
+        """Number of items in the channel, ready to get (a snapshot, like ``queue.Queue``'s).
+
+        Items whose payload is still on its way in are not counted yet.
+
+        Raises:
+            ChannelClosedError: The channel worker is gone or did not answer in time.
+
+        Example:
+            >>> channel.qsize()  # doctest: +SKIP
+            3
+        """
+        return int(self._query("qsize", timeout))
+
+    def empty(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> bool:
+        """Whether no item is ready to get (a snapshot).
+
+        Raises:
+            ChannelClosedError: The channel worker is gone or did not answer in time.
+        """
+        return self.qsize(timeout=timeout) == 0
+
+    def full(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> bool:
+        """Whether a put would wait now: ``maxsize`` items are held (a snapshot).
+
+        Raises:
+            ChannelClosedError: The channel worker is gone or did not answer in time.
+        """
+        st = self.stats(timeout=timeout)
+        return bool(st["maxsize"] > 0 and st["held"] >= st["maxsize"])
+
+    def stats(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> dict[str, Any]:
+        """Counters of the channel worker.
+
+        Returns:
+            A dict with ``maxsize``, ``held`` (slots in use: items queued or in
+            transit), ``queued`` (ready to get), ``waiting_putters``,
+            ``waiting_getters``, ``puts`` and ``gets`` (completed transfers), ``voids``
+            (abandoned puts), ``failures`` (failed transfers), ``resets`` (links
+            reset), ``peers`` (peer name -> link generation) and ``closed``.
+
+        Raises:
+            ChannelClosedError: The channel worker is gone or did not answer in time.
+        """
+        return dict(self._query("state", timeout))
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Disconnect this process's handle; the channel itself lives on. Idempotent.
+
+        Operations of this handle still pending fail; a later ``connect_channel``
+        connects afresh.
+        """
+        link = self._link_obj
+        if link is None:
+            return
+        link.close()
+        forget_handle(link.endpoint, self)
+
+    def destroy(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> None:
+        """Destroy the channel for everyone: waiting calls fail, its worker stops.
+
+        Items still in the channel are dropped. The name is free again afterwards.
+
+        Raises:
+            ChannelClosedError: The channel worker did not answer within ``timeout``
+                (it is killed anyway).
+
+        Example:
+            >>> channel.destroy()  # doctest: +SKIP
+        """
+        timeout = check_timeout(timeout)
+        link = self._link()
+        try:
+            ray.get(link.actor.destroy.remote(), timeout=timeout)
+        except ray.exceptions.RayActorError:
+            pass  # already gone
+        except ray.exceptions.RayError as exc:
+            raise ChannelClosedError(f"channel {self.name!r}: destroy failed: {exc}") from exc
+        finally:
+            ray.kill(link.actor, no_restart=True)
+            self.close()
+
+
+def connect_on(endpoint: Any, name: str, timeout: float | None) -> Channel:
+    """Return ``endpoint``'s handle on channel ``name`` (connecting once per process)."""
+    check_group_name(name, "name")
+    timeout = check_timeout(timeout)
+    cached: Channel | None = cached_handle(endpoint, name)
+    if cached is not None:
+        return cached
+    link = connect_link(endpoint, name, timeout)
+    job = endpoint.job
+    handle = Channel(name, (job.store_host, job.store_port), link)
+    remember_handle(endpoint, handle)
+    return handle
+
+
+def _restore(name: str, store: tuple[str, int]) -> Channel:
+    """Unpickle a handle: this process's handle if it has one, else one that connects lazily."""
+    try:
+        endpoint = endpoint_for_store(store)
+    except Exception:
+        return Channel(name, store)
+    cached: Channel | None = cached_handle(endpoint, name)
+    return cached if cached is not None else Channel(name, store)

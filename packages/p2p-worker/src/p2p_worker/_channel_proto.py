@@ -1,0 +1,49 @@
+"""What a channel worker and its peers agree on: names, the creation spec, the hello answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from p2p_worker._address import WorkerAddress
+from p2p_worker._runtime import JobContext
+
+CHANNEL_NAMESPACE = "p2p_channels"
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """What a channel worker is created with."""
+
+    name: str
+    uid: str
+    maxsize: int
+    job: JobContext
+    node_rank: int
+    transfer_timeout: float | None
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The channel worker's answer to a peer that connects."""
+
+    name: str
+    uid: str
+    maxsize: int
+    address: str
+    gen: int
+    transfer_timeout: float | None
+
+
+def channel_address(name: str) -> WorkerAddress:
+    """The worker address of the channel worker of channel ``name``."""
+    return WorkerAddress(f"p2p_channel.{name}", 0)
+
+
+def link_group_name(uid: str, peer: str, gen: int) -> str:
+    """Name of the collective group of one peer's link, shared by both sides."""
+    return f"p2pch.{uid}.{peer}.{gen}"
+
+
+def actor_name(store_host: str, store_port: int, name: str) -> str:
+    """The Ray actor name of a channel, scoped to its job by the job's store address."""
+    return f"{store_host}:{store_port}/{name}"

@@ -1,0 +1,308 @@
+"""The bookkeeping inside a channel worker: slots, queued items and FIFO waiters (asyncio).
+
+Everything here runs on the channel worker's event loop thread, so no locks are needed.
+A *slot* is one item's worth of room: it is taken when a producer's reservation is
+granted (before its payload travels), stays taken while the item waits in the queue and
+while it is being sent to a consumer, and is given back only when that send has
+completed (or the reservation failed). So at most ``maxsize`` items are ever held in
+memory, payloads in transit included.
+
+Waiting producers and consumers are served strictly in arrival order; a freed slot or a
+new item is handed straight to the oldest waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from p2p_worker._channel_errors import ChannelClosedError
+
+
+class _Signal:
+    """A named sentinel resolving a waiter without a grant."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+RESET = _Signal("RESET")
+"""Resolves the waiters of a peer whose link to the channel worker was reset."""
+
+
+def payload_nbytes(obj: Any) -> int:
+    """Tensor bytes of an item: what ``max_bytes`` of ``get_batch`` counts.
+
+    Tensors, lists/tuples of tensors, dicts of tensors and dataclass tensor fields are
+    counted; any other part of an item counts as 0 bytes.
+
+    Example:
+        >>> payload_nbytes({"x": torch.zeros(4), "step": 3})
+        16
+    """
+    if isinstance(obj, torch.Tensor):
+        return int(obj.numel() * obj.element_size())
+    if isinstance(obj, (list, tuple)):
+        return sum(payload_nbytes(x) for x in obj if isinstance(x, torch.Tensor))
+    if isinstance(obj, dict):
+        return sum(payload_nbytes(v) for v in obj.values() if isinstance(v, torch.Tensor))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(
+            payload_nbytes(v)
+            for f in dataclasses.fields(obj)
+            if isinstance(v := getattr(obj, f.name, None), torch.Tensor)
+        )
+    return 0
+
+
+@dataclass
+class Item:
+    """One queued item: the received object and its tensor bytes."""
+
+    obj: Any
+    nbytes: int
+
+
+@dataclass
+class _Waiter:
+    peer: str
+    fut: asyncio.Future[Any]
+    max_items: int = 1
+    max_bytes: int | None = None
+
+
+@dataclass
+class QueueState:
+    """Counters of a :class:`ChannelQueue` (a snapshot)."""
+
+    maxsize: int
+    held: int
+    queued: int
+    waiting_putters: int
+    waiting_getters: int
+    closed: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ChannelQueue:
+    """Slots, the item FIFO and the FIFO of waiters of one channel.
+
+    Args:
+        maxsize: Most items held at once (0: no bound).
+
+    Example:
+        >>> async def demo():
+        ...     q = ChannelQueue(maxsize=1)
+        ...     assert await q.reserve("p", block=False, timeout=None)
+        ...     assert not await q.reserve("p", block=False, timeout=None)  # full
+        ...     q.push(Item("x", 0))
+        ...     got = await q.take("c", 1, None, block=False, timeout=None)
+        ...     q.release(len(got))  # the consumer has it: the slot is free again
+        ...     return [i.obj for i in got], q.held
+        >>> asyncio.run(demo())
+        (['x'], 0)
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self.held = 0
+        self.items: deque[Item] = deque()
+        self._putters: deque[_Waiter] = deque()
+        self._getters: deque[_Waiter] = deque()
+        self.closed = False
+
+    # -- producers ----------------------------------------------------------------------
+
+    def _has_room(self) -> bool:
+        return self.maxsize == 0 or self.held < self.maxsize
+
+    async def reserve(self, peer: str, *, block: bool, timeout: float | None) -> Any:
+        """Take one slot for ``peer``'s next payload.
+
+        Returns:
+            True when a slot was taken; False when there was no room (at once when
+            ``block`` is false, else after ``timeout``); :data:`RESET` when ``peer``'s
+            waiters were dropped by :meth:`reset_peer`.
+
+        Raises:
+            ChannelClosedError: The channel is closed (or closes while waiting).
+        """
+        self._check_open()
+        _prune(self._putters)
+        if not self._putters and self._has_room():
+            self.held += 1
+            return True
+        if not block:
+            return False
+        waiter = _Waiter(peer, asyncio.get_running_loop().create_future())
+        self._putters.append(waiter)
+        return await self._await(waiter, timeout, lambda granted: self.release(1), False)
+
+    def release(self, n: int = 1) -> None:
+        """Give back ``n`` slots (an item was delivered, or a reservation failed)."""
+        self.held -= n
+        if self.held < 0:  # pragma: no cover - a bookkeeping bug, never silently
+            raise AssertionError(f"channel slot count went negative ({self.held})")
+        self._dispatch_slots()
+
+    def _dispatch_slots(self) -> None:
+        while self._putters and self._has_room():
+            waiter = self._putters.popleft()
+            if waiter.fut.done():
+                continue
+            self.held += 1
+            waiter.fut.set_result(True)
+
+    # -- items --------------------------------------------------------------------------
+
+    def push(self, item: Item) -> None:
+        """Append an item whose payload has arrived (it already holds a slot)."""
+        self.items.append(item)
+        self._dispatch_items()
+
+    def push_front(self, items: list[Item]) -> None:
+        """Put items back at the head, in order (a send to a consumer failed)."""
+        self.items.extendleft(reversed(items))
+        self._dispatch_items()
+
+    async def take(
+        self,
+        peer: str,
+        max_items: int,
+        max_bytes: int | None,
+        *,
+        block: bool,
+        timeout: float | None,
+    ) -> Any:
+        """Remove up to ``max_items`` items from the head for ``peer``.
+
+        The first item is always taken; further ones only while they are already queued
+        and their tensor bytes keep the total within ``max_bytes``. The items keep their
+        slots until the caller :meth:`release` s them (after delivering them).
+
+        Returns:
+            A non-empty list of items; None when none came (at once when ``block`` is
+            false, else after ``timeout``); :data:`RESET` (see :meth:`reserve`).
+
+        Raises:
+            ChannelClosedError: The channel is closed (or closes while waiting).
+        """
+        self._check_open()
+        _prune(self._getters)
+        if self.items and not self._getters:
+            return self._pop(max_items, max_bytes)
+        if not block:
+            return None
+        waiter = _Waiter(peer, asyncio.get_running_loop().create_future(), max_items, max_bytes)
+        self._getters.append(waiter)
+        return await self._await(waiter, timeout, self.push_front, None)
+
+    def _pop(self, max_items: int, max_bytes: int | None) -> list[Item]:
+        out = [self.items.popleft()]
+        total = out[0].nbytes
+        while self.items and len(out) < max_items:
+            nxt = self.items[0].nbytes
+            if max_bytes is not None and total + nxt > max_bytes:
+                break
+            out.append(self.items.popleft())
+            total += nxt
+        return out
+
+    def _dispatch_items(self) -> None:
+        while self._getters and self.items:
+            waiter = self._getters.popleft()
+            if waiter.fut.done():
+                continue
+            waiter.fut.set_result(self._pop(waiter.max_items, waiter.max_bytes))
+
+    # -- waiting ------------------------------------------------------------------------
+
+    async def _await(
+        self,
+        waiter: _Waiter,
+        timeout: float | None,
+        give_back: Callable[[Any], None],
+        timed_out: Any,
+    ) -> Any:
+        try:
+            await asyncio.wait({waiter.fut}, timeout=timeout)
+        except asyncio.CancelledError:
+            # The caller went away: return what it was granted, if anything.
+            if waiter.fut.done() and not waiter.fut.cancelled():
+                _give_back(waiter.fut.result(), give_back)
+            else:
+                waiter.fut.cancel()
+            raise
+        if waiter.fut.done():
+            result = waiter.fut.result()
+            if isinstance(result, ChannelClosedError):
+                raise result
+            return result
+        waiter.fut.cancel()  # timed out; the dispatchers skip cancelled waiters
+        return timed_out
+
+    def reset_peer(self, peer: str) -> int:
+        """Resolve every waiter of ``peer`` with :data:`RESET`; return how many."""
+        count = 0
+        for waiters in (self._putters, self._getters):
+            for waiter in waiters:
+                if waiter.peer == peer and not waiter.fut.done():
+                    waiter.fut.set_result(RESET)
+                    count += 1
+        return count
+
+    def close(self) -> None:
+        """Fail every waiter and every later call with :class:`ChannelClosedError`."""
+        self.closed = True
+        for waiters in (self._putters, self._getters):
+            while waiters:
+                waiter = waiters.popleft()
+                if not waiter.fut.done():
+                    waiter.fut.set_result(ChannelClosedError("the channel was destroyed"))
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ChannelClosedError("the channel was destroyed")
+
+    def state(self) -> QueueState:
+        """A snapshot of the counters."""
+        _prune(self._putters)
+        _prune(self._getters)
+        return QueueState(
+            maxsize=self.maxsize,
+            held=self.held,
+            queued=len(self.items),
+            waiting_putters=len(self._putters),
+            waiting_getters=len(self._getters),
+            closed=self.closed,
+        )
+
+
+def _prune(waiters: deque[_Waiter]) -> None:
+    while waiters and waiters[0].fut.done():
+        waiters.popleft()
+
+
+def _give_back(result: Any, give_back: Callable[[Any], None]) -> None:
+    if result is True or isinstance(result, list):
+        give_back(result)
+
+
+class Void:
+    """Sent by a producer in place of its item when it abandoned a granted put.
+
+    The channel worker frees the slot and queues nothing, so the producer's link stays
+    in step without the item entering the channel.
+    """
+
+    def __repr__(self) -> str:
+        return "<channel void>"

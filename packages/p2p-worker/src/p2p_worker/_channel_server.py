@@ -1,0 +1,288 @@
+"""The channel worker: an asyncio Ray actor (a :class:`Worker`) that holds one channel.
+
+Control travels as Ray actor calls on this actor; payloads travel as ``Worker``
+send/recv through the collective groups between each peer and this worker, so tensors
+take the optimized path and the job's compression applies as for any send/recv.
+
+- ``put_begin``: waits (FIFO) for a free slot, takes it, posts a ``recv`` from the
+  producer and answers ``("ok", gen)``; the producer then sends its item. When the
+  payload has arrived it is appended to the queue; a failed or abandoned transfer frees
+  the slot. No payload ever travels without a slot, so ``maxsize`` bounds memory.
+- ``get_begin``: waits (FIFO) for items, removes up to the requested number from the
+  head, posts one ``send`` per item to the consumer and answers ``("ok", gen, k)``; the
+  consumer then receives ``k`` objects. An item whose send fails goes back to the head;
+  a delivered item frees its slot.
+
+Each peer has one link (a collective group with a generation number in its name). A
+failed transfer resets that peer's link: the group is closed (its queued operations
+fail at once), the generation is bumped, and the peer's waiting calls answer
+``("reset", gen)``. Peers learn the current generation from every answer and move to
+the new group, so a dead or confused peer never blocks the others for longer than one
+transfer timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from typing import Any
+
+import ray
+import torch
+
+from p2p_worker._channel_proto import ChannelSpec, Hello, channel_address, link_group_name
+from p2p_worker._channel_queue import RESET, ChannelQueue, Item, Void, payload_nbytes
+from p2p_worker._info import WorkerInfo
+from p2p_worker._runtime import JobContext, WorkerRuntime
+from p2p_worker._store import RendezvousStore
+from p2p_worker._worker import Worker
+
+logger = logging.getLogger(__name__)
+
+WATCH_PERIOD = 2.0  # seconds between checks that the job's rendezvous store is alive
+
+
+class _Peer:
+    __slots__ = ("gen", "group", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.gen = 0
+        self.group: Any = None
+
+
+class ChannelWorker(Worker):
+    """The worker that holds one channel's items; one Ray actor per channel.
+
+    Created by ``create_channel``; never instantiate it yourself. It runs as a detached
+    Ray actor on the requested node, so it outlives the worker that created it, and it
+    exits by itself when the job's rendezvous store goes away (the driver's
+    ``Cluster`` shut down or died) or when the channel is destroyed.
+
+    Args:
+        spec: The channel's name, identity, bound and job context.
+    """
+
+    def __init__(self, spec: ChannelSpec) -> None:
+        super().__init__()
+        node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        address = channel_address(spec.name)
+        self._spec = spec
+        self._p2p_runtime = WorkerRuntime(spec.job, address, node_ip)
+        self._p2p_info = WorkerInfo(
+            address=address,
+            rank=0,
+            node_id=spec.node_rank,
+            gpu_id=None,
+            node_ip=node_ip,
+            ray_node_id=ray.get_runtime_context().get_node_id(),
+            pid=os.getpid(),
+        )
+        self._queue = ChannelQueue(spec.maxsize)
+        self._peers: dict[str, _Peer] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._counts = {"puts": 0, "gets": 0, "failures": 0, "resets": 0, "voids": 0}
+        self._stop = threading.Event()
+        threading.Thread(
+            target=_watch_store, args=(spec.job, self._stop), name="p2p-channel-watch", daemon=True
+        ).start()
+
+    # -- links --------------------------------------------------------------------------
+
+    def _peer(self, name: str) -> _Peer:
+        peer = self._peers.get(name)
+        if peer is None:
+            peer = self._peers[name] = _Peer(name)
+        return peer
+
+    def _group(self, peer: _Peer) -> Any:
+        if peer.group is None:
+            me = self.worker_address.get_name()
+            peer.group = self.collective.create_collective_group(
+                [me, peer.name], group_name=link_group_name(self._spec.uid, peer.name, peer.gen)
+            )
+        return peer.group
+
+    def _reset(self, peer: _Peer, group: Any, why: BaseException | None) -> None:
+        """Drop ``peer``'s link (if ``group`` is still it): close, bump, wake its waiters."""
+        if peer.group is not group or group is None:
+            return
+        if why is not None:
+            logger.warning(
+                "channel %r: transfer with %s failed (%s: %s); resetting its link",
+                self._spec.name,
+                peer.name,
+                type(why).__name__,
+                why,
+            )
+        peer.group = None
+        peer.gen += 1
+        self._counts["resets"] += 1
+        group.close(timeout=0.0)
+        self._queue.reset_peer(peer.name)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- control calls (Ray) ------------------------------------------------------------
+
+    async def hello(self, peer_name: str) -> Hello:
+        """Open a fresh link to ``peer_name`` and connect both its directions."""
+        peer = self._peer(peer_name)
+        self._reset(peer, peer.group, None)
+        group = self._group(peer)
+        timeout = self._spec.transfer_timeout
+        for work in (
+            group.send_tensor(torch.empty(0, dtype=torch.uint8), async_op=True, timeout=timeout),
+            group.recv_tensor(torch.empty(0, dtype=torch.uint8), async_op=True, timeout=timeout),
+        ):
+            self._spawn(self._finish_hello(peer, group, work))
+        return Hello(
+            self._spec.name,
+            self._spec.uid,
+            self._spec.maxsize,
+            self.worker_address.get_name(),
+            peer.gen,
+            timeout,
+        )
+
+    async def _finish_hello(self, peer: _Peer, group: Any, work: Any) -> None:
+        try:
+            await work
+        except Exception as exc:
+            self._reset(peer, group, exc)
+
+    async def put_begin(
+        self, peer_name: str, block: bool, timeout: float | None
+    ) -> tuple[Any, ...]:
+        """Reserve a slot for the producer's next item and post the receive for it."""
+        peer = self._peer(peer_name)
+        got = await self._queue.reserve(peer_name, block=block, timeout=timeout)
+        if got is RESET:
+            return ("reset", peer.gen)
+        if not got:
+            return ("full",)
+        group = self._group(peer)
+        work = group.recv(async_op=True, timeout=self._spec.transfer_timeout)
+        self._spawn(self._finish_recv(peer, group, work))
+        return ("ok", peer.gen)
+
+    async def _finish_recv(self, peer: _Peer, group: Any, work: Any) -> None:
+        try:
+            obj = await work
+        except Exception as exc:
+            self._counts["failures"] += 1
+            self._queue.release(1)
+            self._reset(peer, group, exc)
+            return
+        if isinstance(obj, Void):
+            self._counts["voids"] += 1
+            self._queue.release(1)
+            return
+        self._counts["puts"] += 1
+        self._queue.push(Item(obj, payload_nbytes(obj)))
+
+    async def get_begin(
+        self,
+        peer_name: str,
+        max_items: int,
+        max_bytes: int | None,
+        block: bool,
+        timeout: float | None,
+    ) -> tuple[Any, ...]:
+        """Take up to ``max_items`` items from the head and post their sends."""
+        peer = self._peer(peer_name)
+        items = await self._queue.take(
+            peer_name, max_items, max_bytes, block=block, timeout=timeout
+        )
+        if items is RESET:
+            return ("reset", peer.gen)
+        if items is None:
+            return ("empty",)
+        group = self._group(peer)
+        works = []
+        for item in items:
+            try:
+                works.append(
+                    group.send(item.obj, async_op=True, timeout=self._spec.transfer_timeout)
+                )
+            except Exception as exc:  # the object could not be encoded again: keep it
+                self._queue.push_front(items[len(works) :])
+                if not works:
+                    raise RuntimeError(f"cannot send the head item: {exc}") from exc
+                break
+        self._spawn(self._finish_send(peer, group, items[: len(works)], works))
+        return ("ok", peer.gen, len(works))
+
+    async def _finish_send(
+        self, peer: _Peer, group: Any, items: list[Item], works: list[Any]
+    ) -> None:
+        failed: list[Item] = []
+        for item, work in zip(items, works, strict=True):
+            try:
+                await work
+            except Exception as exc:
+                self._counts["failures"] += 1
+                failed.append(item)
+                self._reset(peer, group, exc)  # fails the rest of the batch at once
+                continue
+            self._counts["gets"] += 1
+            self._queue.release(1)
+        if failed:
+            self._queue.push_front(failed)
+
+    async def reset_link(self, peer_name: str, gen: int) -> None:
+        """A peer saw a transfer fail on generation ``gen``: reset its link if still current."""
+        peer = self._peers.get(peer_name)
+        if peer is not None and peer.gen == gen and peer.group is not None:
+            self._reset(peer, peer.group, RuntimeError("the peer reported a failed transfer"))
+
+    async def qsize(self) -> int:
+        """Items queued and ready to get."""
+        return len(self._queue.items)
+
+    async def state(self) -> dict[str, Any]:
+        """Counters of the channel (see ``Channel.stats``)."""
+        st = self._queue.state()
+        return {
+            "name": self._spec.name,
+            "maxsize": st.maxsize,
+            "held": st.held,
+            "queued": st.queued,
+            "waiting_putters": st.waiting_putters,
+            "waiting_getters": st.waiting_getters,
+            "closed": st.closed,
+            "peers": {p.name: p.gen for p in self._peers.values()},
+            **self._counts,
+        }
+
+    async def destroy(self) -> None:
+        """Fail every waiting call, close every link and stop the watchdog."""
+        self._queue.close()
+        for peer in self._peers.values():
+            if peer.group is not None:
+                peer.group.close(timeout=0.0)
+                peer.group = None
+        self._stop.set()
+
+
+def _watch_store(job: JobContext, stop: threading.Event) -> None:
+    """Exit the process once the job's rendezvous store is gone (the job has ended)."""
+    try:
+        store = RendezvousStore.connect(job.store_host, job.store_port, timeout=30.0)
+    except Exception:
+        os._exit(0)
+    misses = 0
+    while not stop.wait(WATCH_PERIOD):
+        try:
+            store.check(["p2p/channel-watch"])
+            misses = 0
+        except Exception:
+            misses += 1
+            if misses >= 2:
+                logger.warning("channel worker: the job's rendezvous store is gone; exiting")
+                os._exit(0)
