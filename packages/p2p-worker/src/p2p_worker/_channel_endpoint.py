@@ -87,5 +87,6 @@ def forget_handle(endpoint: Any, handle: Any) -> None:
     """Drop ``handle`` from the cache (it was closed)."""
     with _lock:
         named = _handles.get(endpoint, {})
-        if named.get(handle.name) is handle:
-            del named[handle.name]
+        name = handle.name
+        if named.get(name) is handle:
+            del named[name]
