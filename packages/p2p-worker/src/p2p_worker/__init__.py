@@ -19,6 +19,15 @@ Example:
 """
 
 from p2p_worker._address import WorkerAddress
+from p2p_worker._channel import Channel, ChannelWork, connect_channel, create_channel
+from p2p_worker._channel_errors import (
+    ChannelClosedError,
+    ChannelEmpty,
+    ChannelError,
+    ChannelExistsError,
+    ChannelFull,
+    ChannelNotFoundError,
+)
 from p2p_worker._cluster import Cluster
 from p2p_worker._config import ClusterConfig, parse_cluster_config
 from p2p_worker._errors import ClusterError, PlacementError, WorkerError
@@ -52,5 +61,15 @@ __all__ = [
     "WorkerError",
     "ClusterError",
     "PlacementError",
+    "Channel",
+    "ChannelWork",
+    "create_channel",
+    "connect_channel",
+    "ChannelError",
+    "ChannelFull",
+    "ChannelEmpty",
+    "ChannelNotFoundError",
+    "ChannelExistsError",
+    "ChannelClosedError",
     "__version__",
 ]
