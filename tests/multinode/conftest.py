@@ -70,6 +70,17 @@ def netns_cluster(netns_harness: ModuleType) -> Iterator[Any]:
 
 
 @pytest.fixture
+def fresh_cluster(netns_harness: ModuleType) -> Iterator[Any]:
+    """A running cluster for one test only (for tests that kill a node)."""
+    cluster = new_cluster(netns_harness)
+    try:
+        cluster.up(timeout=180)
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture
 def cluster_factory(netns_harness: ModuleType) -> Iterator[Any]:
     """``cluster_factory(**kwargs)`` makes cluster objects (not up); all are downed after."""
     made: list[Any] = []
