@@ -1,6 +1,6 @@
 """The zstd codec: libzstd on tensor addresses, or python-zstandard streams as a fallback.
 
-The preferred backend calls libzstd's one-shot ``ZSTD_compress2`` /
+The preferred backend calls libzstd's one-shot ``ZSTD_compressCCtx`` /
 ``ZSTD_decompressDCtx`` through ctypes (see ``_zstd_native``). Where no libzstd can be
 loaded, the fallback runs python-zstandard's public ``stream_reader`` over memoryviews
 of the tensors and ``readinto`` the destination, which also writes into the caller's

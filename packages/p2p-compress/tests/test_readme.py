@@ -1,0 +1,21 @@
+"""The README's Python examples run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_has_examples() -> None:
+    assert len(BLOCKS) >= 4
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_readme_example(index: int, capsys: pytest.CaptureFixture[str]) -> None:
+    exec(compile(BLOCKS[index], f"README.md[python block {index}]", "exec"), {})
+    capsys.readouterr()
