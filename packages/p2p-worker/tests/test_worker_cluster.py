@@ -43,6 +43,12 @@ class BadInit(Worker):
             raise RuntimeError(f"cannot start rank {fail_rank}")
 
 
+class SlowInit(Worker):
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        time.sleep(seconds)
+
+
 def named_actors() -> set[str]:
     return set(ray.util.list_named_actors())
 
@@ -132,6 +138,18 @@ def test_failed_start_reports_the_rank_and_cleans_up(cluster: Cluster) -> None:
         cluster, NodePlacementStrategy([0], cpus_per_worker=0), name="bad_init"
     )
     assert ok.world_size == 1
+
+
+def test_launch_timeout_is_an_error_not_a_hang(cluster: Cluster) -> None:
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="did not start within") as info:
+        SlowInit.create_group(60.0).launch(
+            cluster, NodePlacementStrategy([0], cpus_per_worker=0), name="slow", timeout=5.0
+        )
+    assert info.value.group_name == "slow"
+    assert time.monotonic() - start < 30
+    assert not {n for n in named_actors() if n.startswith("slow:")}
+    assert cluster.groups == []
 
 
 def test_names_are_checked(cluster: Cluster) -> None:

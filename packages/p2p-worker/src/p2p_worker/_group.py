@@ -247,13 +247,13 @@ class WorkerGroup(Generic[W]):
                     f"name={self.name!r}: cannot create Ray actor {address!r}: {exc}"
                 ) from exc
             self._actors.append(actor)
-        ranks = list(range(len(self._actors)))
         probes = self._gather([a._p2p_probe.remote() for a in self._actors], left())
         self._probes = probes
         setups = self._setups(cluster, probes)
         self._infos = [s.info for s in setups]
-        refs = [a._p2p_setup.remote(s) for a, s in zip(self._actors, setups, strict=True)]
-        GroupCallHandle(self.name, "__init__", ranks, refs).wait(left())
+        self._gather(
+            [a._p2p_setup.remote(s) for a, s in zip(self._actors, setups, strict=True)], left()
+        )
 
     def _gather(self, refs: list[Any], timeout: float | None) -> list[Any]:
         handle = GroupCallHandle(self.name, "__init__", list(range(len(refs))), refs)
