@@ -12,7 +12,7 @@ from p2p_collective._config import CollectiveConfig
 from p2p_collective._errors import GroupClosedError
 from p2p_collective._group import CollectiveGroup
 from p2p_collective._rendezvous import as_torch_store
-from p2p_collective._transport import make_device
+from p2p_collective._transport import LinkFactory
 
 
 class _Default(enum.Enum):
@@ -48,27 +48,15 @@ def address_name(address: object, what: str = "address") -> str:
     return name
 
 
-def _close_groups(groups: dict[str, CollectiveGroup], lock: threading.Lock) -> None:
+def _close_groups(
+    groups: dict[str, CollectiveGroup], lock: threading.Lock, links: LinkFactory
+) -> None:
     with lock:
         items = list(groups.values())
         groups.clear()
     for group in items:
         group.close(timeout=1.0)
-
-
-class _DeviceProvider:
-    """Creates the process's gloo device for ``host`` once, at the first connection."""
-
-    def __init__(self, host: str) -> None:
-        self._host = host
-        self._lock = threading.Lock()
-        self._device: Any = None
-
-    def __call__(self) -> Any:
-        with self._lock:
-            if self._device is None:
-                self._device = make_device(self._host)
-            return self._device
+    links.close()
 
 
 class Collective:
@@ -127,9 +115,11 @@ class Collective:
             raise ValueError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
         self._lock = threading.Lock()
         self._groups: dict[str, CollectiveGroup] = {}
-        self._device = _DeviceProvider(host)
+        self._links = LinkFactory(host, self.name)
         self._closed = False
-        self._finalizer = weakref.finalize(self, _close_groups, self._groups, self._lock)
+        self._finalizer = weakref.finalize(
+            self, _close_groups, self._groups, self._lock, self._links
+        )
 
     def __repr__(self) -> str:
         return f"<Collective {self.name!r} host={self.host} groups={len(self._groups)}>"
@@ -194,7 +184,7 @@ class Collective:
                     self_name=self.name,
                     peer_name=ordered[1 - rank],
                     store=self._store,
-                    device=self._device,
+                    links=self._links,
                     config=self.config,
                     init_timeout=self.init_timeout,
                 )

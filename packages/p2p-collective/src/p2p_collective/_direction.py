@@ -76,6 +76,7 @@ class Direction:
         self._closed = False
         self._broken: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._current: _Op | None = None
 
     # -- submission ---------------------------------------------------------------------
 
@@ -200,6 +201,7 @@ class Direction:
                 )
                 return
             op.started = True
+            self._current = op
             try:
                 result = op.run(op.deadline)
             except CleanFailure as clean:
@@ -216,11 +218,26 @@ class Direction:
                 self.stats.failures += 1
             with self._cond:
                 self._busy = False
+                self._current = None
                 self._cond.notify_all()
             if error is not None:
                 op.work.set_exception(error)
             else:
                 op.work.set_result(result)
+
+    def abort(self, exc: BaseException) -> None:
+        """Break the direction with ``exc`` and fail the running operation's handle.
+
+        Called from another thread (the liveness watcher) when the peer is gone. The
+        thread running the operation may stay blocked in the transport until its
+        deadline; its late outcome is ignored.
+        """
+        with self._cond:
+            current = self._current
+            failed = self._break_locked(exc)
+        _fail_all(failed)
+        if current is not None:
+            current.work.set_exception(exc)
 
     def _break_locked(self, exc: BaseException) -> list[tuple[_Op, BaseException]]:
         """Mark broken; return the queued ops and their errors, to fail outside the lock."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -13,8 +12,8 @@ from p2p_collective._direction import CleanFailure, Direction
 from p2p_collective._errors import CollectiveError, FramingError, GroupClosedError
 from p2p_collective._framing import FIXED, HEADER_MAX, looks_like_header
 from p2p_collective._payload import OutFrame, check_tensor, encode, flat_bytes, rebuild
-from p2p_collective._rendezvous import meet, private_client
-from p2p_collective._transport import GlooLink, StoreLike, deadline_after, remaining
+from p2p_collective._rendezvous import claim_epoch, meet, private_client, wait_key
+from p2p_collective._transport import GlooLink, LinkFactory, StoreLike, deadline_after, remaining
 from p2p_collective._wire import patch_frame_seq, read_frame
 
 
@@ -46,21 +45,30 @@ class _Side:
         if self.store is None:
             self.store = private_client(g.store)
         try:
-            self.epoch, prefix = meet(
+            if self.epoch is None:
+                self.epoch = claim_epoch(self.store, self.base, self.role)
+            prefix = meet(
                 self.store,
                 self.base,
+                self.epoch,
                 self.role,
                 peer_role,
-                self.epoch,
                 g.peer_name,
                 wait,
                 cancelled=lambda: g.closed,
             )
         except CollectiveError as exc:  # nothing is on the wire yet: retry later is fine
             raise CleanFailure(exc) from exc
-        self.link = GlooLink.connect(
-            self.store, prefix, g.rank, g.device(), g.peer_name, g.init_timeout
+        self.link = g.links.connect(
+            self.store,
+            prefix,
+            g.rank,
+            self.role == "recv",
+            g.peer_name,
+            g.init_timeout,
+            wait_key=lambda key, t: wait_key(self.store, key, t, lambda: g.closed),
         )
+        self.link.set_on_gone(self.direction.abort)
         return self.link
 
     def close(self) -> None:
@@ -111,7 +119,7 @@ class CollectiveGroup:
         self_name: str,
         peer_name: str,
         store: StoreLike,
-        device: Callable[[], Any],
+        links: LinkFactory,
         config: CollectiveConfig,
         init_timeout: float | None,
     ) -> None:
@@ -120,7 +128,7 @@ class CollectiveGroup:
         self.self_name = self_name
         self.peer_name = peer_name
         self.store = store
-        self.device = device
+        self.links = links
         self.config = config
         self.init_timeout = init_timeout
         self.world_size = 2

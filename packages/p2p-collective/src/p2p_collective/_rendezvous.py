@@ -113,10 +113,14 @@ def private_client(store: StoreLike) -> StoreLike:
     return cloned if isinstance(cloned, _TorchStore) else store
 
 
-def _wait_key(
+def wait_key(
     store: StoreLike, key: str, timeout: float | None, cancelled: Callable[[], bool]
 ) -> bool:
-    """Poll ``store.check`` for ``key`` until it exists (True) or time runs out (False)."""
+    """Poll ``store.check`` for ``key`` until it exists (True) or time runs out (False).
+
+    Raises:
+        CollectiveError: ``cancelled()`` returned True while waiting.
+    """
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = 0.0005
     while True:
@@ -130,49 +134,58 @@ def _wait_key(
         pause = min(pause * 2, 0.05)
 
 
+def claim_epoch(store: StoreLike, base: str, role: str) -> int:
+    """Count one more opening of a direction in ``role``; the k-th meets the peer's k-th.
+
+    Raises:
+        CollectiveError: The store failed.
+    """
+    try:
+        return int(store.add(f"{base}/{role}", 1))
+    except Exception as exc:
+        raise CollectiveError(f"rendezvous store failed at {base!r}: {exc}") from exc
+
+
 def meet(
     store: StoreLike,
     base: str,
+    epoch: int,
     role: str,
     peer_role: str,
-    epoch: int | None,
     peer: str,
     timeout: float | None,
     cancelled: Callable[[], bool] = lambda: False,
-) -> tuple[int, str]:
+) -> str:
     """Announce this side of one direction and wait for the peer's matching announcement.
 
     Args:
         store: The rendezvous store (a client private to this direction).
         base: Key prefix of the direction (group key and direction).
+        epoch: From :func:`claim_epoch`; keep it to retry after a timeout.
         role: ``"send"`` or ``"recv"``: this side's role in the direction.
         peer_role: The other role.
-        epoch: The epoch from an earlier attempt that timed out, or None for a new one.
         peer: Peer name, for error messages.
         timeout: Seconds to wait for the peer (None: no limit).
         cancelled: Polled while waiting; True stops the wait with a CollectiveError.
 
     Returns:
-        ``(epoch, prefix)``: the epoch (keep it to retry after a timeout) and the key
-        prefix under which the process group of this direction is built.
+        The key prefix under which this direction's connections are made.
 
     Raises:
         CollectiveTimeoutError: The peer did not announce itself in time.
         CollectiveError: The store failed, or the wait was cancelled.
     """
+    prefix = f"{base}/{epoch}"
     try:
-        if epoch is None:
-            epoch = int(store.add(f"{base}/{role}", 1))
-        prefix = f"{base}/{epoch}"
         store.set(f"{prefix}/{role}", b"1")
-        found = _wait_key(store, f"{prefix}/{peer_role}", timeout, cancelled)
+        found = wait_key(store, f"{prefix}/{peer_role}", timeout, cancelled)
     except CollectiveError:
         raise
     except Exception as exc:
-        raise CollectiveError(f"rendezvous store failed at {base!r}: {exc}") from exc
+        raise CollectiveError(f"rendezvous store failed at {prefix!r}: {exc}") from exc
     if not found:
         raise CollectiveTimeoutError(
             f"peer {peer!r} did not join {base!r} (as {peer_role}) within {timeout} s;"
             " is it running and using the same group?"
         )
-    return epoch, prefix + "/pg"
+    return prefix

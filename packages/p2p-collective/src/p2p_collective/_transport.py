@@ -12,19 +12,28 @@ frame's device kind; the direction code talks to links only through ``send``/``r
 from __future__ import annotations
 
 import datetime
+import queue
+import socket
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
+from p2p_collective._liveness import Watcher, open_watch_socket
 
 StoreLike = Any  # a torch.distributed.Store (not re-exported for type checkers)
 
 _PREFIX_STORE: Any = dist.PrefixStore  # type: ignore[attr-defined]
 _FOREVER = datetime.timedelta(days=30)  # "no limit": larger values overflow gloo's clock math
 _TAG = 0
+_WAIT_GRACE = 2.0
+
+DIRECT_WAIT_MAX = 1 << 20
+"""Messages up to this many bytes are waited for in the executing thread."""
 
 
 def remaining(deadline: float | None) -> float | None:
@@ -74,38 +83,45 @@ def _new_gloo_group(store: StoreLike, rank: int, device: Any, timeout: datetime.
     return gloo(store, rank, 2, opts)
 
 
-class GlooLink:
-    """One direction of a group: a two-rank gloo process group and the peer's name.
+class LinkFactory:
+    """Per-Collective transport resources: the host, one gloo device, the liveness watcher."""
 
-    ``send``/``recv`` move the bytes of one flat ``uint8`` tensor as one gloo message and
-    block until done or until the deadline; failures become
-    :class:`CollectiveTimeoutError` or :class:`PeerError`.
-    """
+    def __init__(self, host: str, name: str) -> None:
+        self.host = host
+        self.watcher = Watcher(name)
+        self._lock = threading.Lock()
+        self._device: Any = None
 
-    def __init__(self, pg: Any, rank: int, peer: str) -> None:
-        self._pg: Any = pg
-        self._peer_rank = 1 - rank
-        self.peer = peer
+    def device(self) -> Any:
+        """The gloo device bound to ``host``, created at the first connection."""
+        with self._lock:
+            if self._device is None:
+                self._device = make_device(self.host)
+            return self._device
 
-    @classmethod
     def connect(
-        cls,
+        self,
         store: StoreLike,
         prefix: str,
         rank: int,
-        device: Any,
+        receiving: bool,
         peer: str,
         timeout: float | None,
+        wait_key: Callable[[str, float | None], bool],
     ) -> GlooLink:
-        """Build the process group under ``prefix``; the peer must be doing the same.
+        """Connect one direction under ``prefix``: liveness connection, then process group.
 
         Raises:
             CollectiveTimeoutError: The peer did not connect in time.
-            CollectiveError: Gloo failed to connect.
+            CollectiveError: The connection failed.
         """
+        watch = open_watch_socket(store, prefix, receiving, self.host, peer, timeout, wait_key)
         try:
-            pg = _new_gloo_group(_PREFIX_STORE(prefix, store), rank, device, to_timedelta(timeout))
+            pg = _new_gloo_group(
+                _PREFIX_STORE(f"{prefix}/gloo", store), rank, self.device(), to_timedelta(timeout)
+            )
         except Exception as exc:
+            watch.close()
             if _is_timeout(exc):
                 raise CollectiveTimeoutError(
                     f"peer {peer!r} did not connect the process group {prefix!r} within {timeout} s"
@@ -113,12 +129,60 @@ class GlooLink:
             raise CollectiveError(
                 f"could not connect the process group {prefix!r} to peer {peer!r}: {exc}"
             ) from exc
-        return cls(pg, rank, peer)
+        return GlooLink(pg, rank, peer, watch, self.watcher)
+
+    def close(self) -> None:
+        """Stop the liveness watcher."""
+        self.watcher.close()
+
+
+class GlooLink:
+    """One direction of a group: a two-rank gloo process group plus a liveness connection.
+
+    ``send``/``recv`` move the bytes of one flat ``uint8`` tensor as one gloo message and
+    block until done or until the deadline; failures become
+    :class:`CollectiveTimeoutError` or :class:`PeerError`. Messages up to
+    :data:`DIRECT_WAIT_MAX` bytes are waited for in the calling thread (lowest latency);
+    larger ones are waited for by the link's waiter thread while the caller watches the
+    liveness connection, because gloo can miss a peer that dies mid-transfer.
+    """
+
+    def __init__(
+        self, pg: Any, rank: int, peer: str, watch: socket.socket, watcher: Watcher
+    ) -> None:
+        self._pg: Any = pg
+        self._peer_rank = 1 - rank
+        self.peer = peer
+        self._watch = watch
+        self._watcher = watcher
+        self._gone: str | None = None
+        self._on_gone: Callable[[PeerError], None] | None = None
+        self._waits: queue.SimpleQueue[_Wait | None] = queue.SimpleQueue()
+        self._waiter: threading.Thread | None = None
+        self._inflight: _Wait | None = None
+        watcher.watch(watch, self._peer_gone)
+
+    def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
+        """Call ``fn`` (from the watcher thread) when the peer is declared gone."""
+        self._on_gone = fn
+
+    def _gone_error(self) -> PeerError:
+        return PeerError(f"peer {self.peer!r} {self._gone}")
+
+    def _peer_gone(self, reason: str) -> None:
+        self._gone = reason
+        wait = self._inflight
+        if wait is not None:
+            wait.done.set()
+        if self._on_gone is not None:
+            self._on_gone(self._gone_error())
 
     def _run(self, what: str, tensor: torch.Tensor, deadline: float | None, send: bool) -> None:
         pg = self._pg
         if pg is None:
             raise CollectiveError(f"{what} with peer {self.peer!r}: the link is closed")
+        if self._gone is not None:
+            raise self._gone_error()
         left = remaining(deadline)
         try:
             if left == 0.0:
@@ -127,7 +191,12 @@ class GlooLink:
                 work = pg.send([tensor], self._peer_rank, _TAG)
             else:
                 work = pg.recv([tensor], self._peer_rank, _TAG)
-            work.wait(to_timedelta(left))
+            if tensor.numel() <= DIRECT_WAIT_MAX:
+                work.wait(to_timedelta(left))
+            else:
+                self._watched_wait(work, deadline)
+        except PeerError:
+            raise
         except Exception as exc:
             if _is_timeout(exc):
                 raise CollectiveTimeoutError(
@@ -136,6 +205,26 @@ class GlooLink:
                 ) from exc
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise PeerError(f"{what} with peer {self.peer!r} failed: {first}") from exc
+
+    def _watched_wait(self, work: Any, deadline: float | None) -> None:
+        wait = _Wait(work, deadline)
+        self._inflight = wait
+        if self._waiter is None:
+            self._waiter = threading.Thread(
+                target=_waiter_loop, args=(self._waits,), name="p2p-gloo-wait", daemon=True
+            )
+            self._waiter.start()
+        self._waits.put(wait)
+        try:
+            while not wait.done.wait(0.5):
+                if deadline is not None and time.monotonic() > deadline + _WAIT_GRACE:
+                    raise TimeoutError("the gloo wait did not return by the deadline")
+            if wait.error is not None:
+                raise wait.error
+            if not wait.finished and self._gone is not None:
+                raise self._gone_error()
+        finally:
+            self._inflight = None
 
     def send(self, tensor: torch.Tensor, deadline: float | None) -> None:
         """Send the bytes of a flat uint8 tensor as one message."""
@@ -146,5 +235,35 @@ class GlooLink:
         self._run("recv", tensor, deadline, send=False)
 
     def close(self) -> None:
-        """Drop the process group; its sockets close once no pending op holds it."""
+        """Drop the process group and close the liveness connection (the peer sees EOF).
+
+        The process group's sockets close once no pending operation holds it.
+        """
         self._pg = None
+        self._waits.put(None)
+        self._watcher.forget(self._watch)
+
+
+class _Wait:
+    __slots__ = ("deadline", "done", "error", "finished", "work")
+
+    def __init__(self, work: Any, deadline: float | None) -> None:
+        self.work = work
+        self.deadline = deadline
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.finished = False
+
+
+def _waiter_loop(waits: queue.SimpleQueue[_Wait | None]) -> None:
+    while True:
+        wait = waits.get()
+        if wait is None:
+            return
+        try:
+            wait.work.wait(to_timedelta(remaining(wait.deadline)))
+            wait.finished = True
+        except BaseException as exc:
+            wait.error = exc
+        finally:
+            wait.done.set()
