@@ -291,3 +291,41 @@ def test_bit_flips_never_overrun_or_crash(codec: TensorCodec) -> None:
             assert (guard[:32] == 0x5A5A5A5A).all()
             assert (guard[-32:] == 0x5A5A5A5A).all()
     assert errors > 0
+
+
+@pytest.mark.parametrize("acceleration", [1, 7])
+def test_lz4_output_matches_python_lz4(acceleration: int) -> None:
+    import lz4.block
+
+    src = make(torch.int32, (50_000,), compressible=True)
+    ours = compress(Lz4Codec(acceleration), src)
+    mode = "default" if acceleration == 1 else "fast"
+    theirs = lz4.block.compress(
+        src.numpy().tobytes(), mode=mode, acceleration=acceleration, store_size=False
+    )
+    assert bytes(ours.tolist()) == theirs
+    out = torch.empty_like(src)
+    Lz4Codec().decompress_into(torch.frombuffer(bytearray(theirs), dtype=torch.uint8), out)
+    assert torch.equal(out, src)
+
+
+def test_lz4_state_is_per_thread() -> None:
+    import threading
+
+    codec = Lz4Codec()
+    results: list[bool] = []
+
+    def work(seed: int) -> None:
+        src = make(torch.int64, (30_000,), compressible=seed % 2 == 0, seed=seed)
+        for _ in range(20):
+            out = torch.empty_like(src)
+            codec.decompress_into(compress(codec, src), out)
+            results.append(bool(torch.equal(out, src)))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(results) == 120
+    assert all(results)
