@@ -2,13 +2,14 @@
 
 Each operation is one Ray call on the channel worker (the control part) followed by
 ``send``/``recv`` on this process's link to it (the payload). Answers to the control
-calls are processed strictly in the order the operations were issued, so one
-process's puts enter the channel in the order they were made and its gets receive
-items in channel order, however Ray happens to deliver the answers.
+calls are processed in the order the operations were issued, puts among puts and gets
+among gets, so one process's puts enter the channel in the order they were made and its
+gets receive items in channel order, however Ray happens to deliver the answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -20,7 +21,7 @@ from typing import Any
 import ray
 import torch
 
-from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkTimeoutError
+from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkCancelledError, WorkTimeoutError
 from p2p_worker._channel_errors import (
     ChannelClosedError,
     ChannelEmpty,
@@ -42,12 +43,54 @@ class ChannelWork(AsyncChannelWork):
     (:attr:`ref`) that completes only when the payload transfer behind it is done: a
     put's handle stays pending while the channel is full and until its item is in the
     channel; a get's handle completes with the item (a list for ``get_batch``).
+
+    :meth:`cancel` withdraws an operation that still waits for room or an item. When a
+    coroutine awaiting the handle is cancelled, the operation is withdrawn the same way;
+    if it was granted already, a put sends nothing and a got item is kept for this
+    process's next get, so no item is lost or duplicated.
+
+    Example:
+        >>> work = channel.get(async_op=True)  # doctest: +SKIP
+        >>> if not work.cancel():  # too late: the item is on its way  # doctest: +SKIP
+        ...     item = work.wait()
     """
 
-    def __init__(self, ref: Any) -> None:
+    def __init__(
+        self, ref: Any, cancel: Callable[[bool, float | None], bool] | None = None
+    ) -> None:
         AsyncWork.__init__(self)  # completed by the channel, not by the ref alone
         self.ref = ref
         self._transform = None
+        self._cancel = cancel
+        self.abandoned = False
+
+    def cancel(self, *, timeout: float | None = CONTROL_GRACE) -> bool:
+        """Withdraw the operation if it still waits for room (put) or an item (get).
+
+        Args:
+            timeout: Seconds to wait for the channel worker's answer.
+
+        Returns:
+            True when the operation was withdrawn: nothing was put or taken and the
+            handle fails with :class:`~p2p_asyncwork.WorkCancelledError`. False when it
+            is done or already granted (it then completes as usual).
+        """
+        if self.done() or self._cancel is None:
+            return False
+        withdrawn = self._cancel(True, check_timeout(timeout))
+        if withdrawn:
+            self._finish(exception=WorkCancelledError("the channel operation was cancelled"))
+        return withdrawn
+
+    async def async_wait(self) -> Any:
+        """Like :meth:`AsyncWork.async_wait`; cancelling the awaiting task withdraws the op."""
+        try:
+            return await super().async_wait()
+        except asyncio.CancelledError:
+            if not self.done() and self._cancel is not None:
+                self.abandoned = True
+                self._cancel(False, None)
+            raise
 
     def _finish(self, result: Any = None, exception: BaseException | None = None) -> bool:
         return self._complete(result=result, exception=exception)
@@ -97,9 +140,15 @@ class ChannelLink:
         self._lock = threading.RLock()
         self._gen = hello.gen
         self._group: Any = None
-        self._seq = 0
-        self._next = 0
-        self._answers: dict[int, tuple[_Op, Any, BaseException | None]] = {}
+        self._token = 0  # numbers every put/get (the channel worker tracks them for cancel)
+        # Puts are ordered among puts and gets among gets: one kind never waits for the
+        # other (a pending put must not hold up the get that would make room for it).
+        self._seq = {"put": 0, "get": 0}
+        self._next = {"put": 0, "get": 0}
+        self._answers: dict[str, dict[int, tuple[_Op, Any, BaseException | None]]] = {
+            "put": {},
+            "get": {},
+        }
         self.orphans: deque[Any] = deque()
         self.closed = False
 
@@ -137,6 +186,13 @@ class ChannelLink:
             self._group = self._make_group(gen)
         return self._group
 
+    def _withdraw(self, token: int, wait: bool, timeout: float | None) -> bool:
+        try:
+            ref = self.actor.cancel.remote(self.peer, token)
+            return bool(ray.get(ref, timeout=timeout)) if wait else True
+        except ray.exceptions.RayError:
+            return False
+
     def _ask_reset(self, gen: int) -> None:
         with contextlib.suppress(Exception):
             self.actor.reset_link.remote(self.peer, gen)
@@ -144,16 +200,18 @@ class ChannelLink:
     # -- issuing and ordering -----------------------------------------------------------
 
     def submit(
-        self, kind: str, call: Callable[[], Any], item: Any = None, batch: bool = False
+        self, kind: str, call: Callable[[int], Any], item: Any = None, batch: bool = False
     ) -> ChannelWork:
-        """Issue a control call; its answer is processed in issue order."""
+        """Issue control call ``call(token)``; its answer is processed in issue order."""
         with self._lock:
             if self.closed:
                 raise ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
-            seq = self._seq
-            ref = call()
-            self._seq += 1
-        work = ChannelWork(ref)
+            token = self._token
+            ref = call(token)
+            self._token += 1
+            seq = self._seq[kind]
+            self._seq[kind] += 1
+        work = ChannelWork(ref, lambda wait, timeout: self._withdraw(token, wait, timeout))
         op = _Op(seq, kind, work, item, batch)
         ref.future().add_done_callback(lambda fut: self._on_answer(op, fut))
         return work
@@ -164,10 +222,11 @@ class ChannelLink:
         except BaseException as exc:
             answer, error = None, _unwrap(exc)
         with self._lock:
-            self._answers[op.seq] = (op, answer, error)
-            while self._next in self._answers:
-                ready = self._answers.pop(self._next)
-                self._next += 1
+            answers = self._answers[op.kind]
+            answers[op.seq] = (op, answer, error)
+            while self._next[op.kind] in answers:
+                ready = answers.pop(self._next[op.kind])
+                self._next[op.kind] += 1
                 try:
                     self._process(*ready)
                 except BaseException as exc:  # never leave a handle pending
@@ -190,6 +249,8 @@ class ChannelLink:
             op.work._finish(exception=ChannelFull(f"channel {name!r} is full"))
         elif tag == "empty":
             op.work._finish(exception=ChannelEmpty(f"channel {name!r} is empty"))
+        elif tag == "cancelled":
+            op.work._finish(exception=WorkCancelledError("the channel operation was cancelled"))
         elif tag == "reset":
             op.work._finish(
                 exception=ChannelError(
@@ -218,7 +279,8 @@ class ChannelLink:
             self._stale(op)
             return
         timeout = self.hello.transfer_timeout
-        payload = Void() if op.work.done() else op.item  # abandoned: fill the slot, no item
+        abandoned = op.work.done() or op.work.abandoned
+        payload = Void() if abandoned else op.item  # abandoned: fill the slot, no item
         try:
             send = group.send(payload, async_op=True, timeout=timeout)
         except (TypeError, ValueError) as exc:  # the item cannot be sent: free its slot
@@ -229,6 +291,8 @@ class ChannelLink:
         def done(work: AsyncWork[Any]) -> None:
             exc = work.exception(0)
             if exc is None:
+                if abandoned:
+                    op.work._finish(exception=WorkCancelledError("the put was cancelled"))
                 op.work._finish(None)
                 return
             self._ask_reset(gen)
@@ -257,9 +321,10 @@ class ChannelLink:
             failures = [w.exception(0) for w in recvs if w.exception(0) is not None]
             if failures:
                 self._ask_reset(gen)
-            if op.work.done():  # abandoned by its caller: keep the items for the next get
+            if op.work.done() or op.work.abandoned:  # keep the items for the next get
                 with self._lock:
                     self.orphans.extend(got)
+                op.work._finish(exception=WorkCancelledError("the get was cancelled"))
                 return
             if got:
                 op.work._finish(got if op.batch else got[0])

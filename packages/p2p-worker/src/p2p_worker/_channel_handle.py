@@ -34,10 +34,13 @@ class Channel:
     tensors) travel on the optimized tensor path of ``Worker.send``, compressed as the
     job configures, and arrive as fresh CPU tensors.
 
-    Ordering: an item enters the channel when its payload has arrived at the channel
-    worker, and items leave in the order they entered. One process's puts enter in the
-    order it made them, and its gets (and each ``get_batch``) receive items in channel
-    order, so every producer's items keep their order for every consumer.
+    Ordering: an item is in the channel once its put has been granted room; it is
+    queued when its payload has arrived at the channel worker, and items leave in the
+    order they were queued. One process's puts are queued in the order it made them,
+    and its gets (and each ``get_batch``) receive items in channel order, so every
+    producer's items keep their order for every consumer. When a put has returned, its
+    item is visible: ``qsize`` counts it and a ``get_nowait`` waits for its payload if
+    it is still arriving.
 
     Flow control: with ``maxsize`` > 0 the channel never holds more than ``maxsize``
     items, counting payloads on their way in and on their way out: a put reserves a
@@ -123,7 +126,7 @@ class Channel:
         timeout = check_timeout(timeout)
         link = self._link()
         work = link.submit(
-            "put", lambda: link.actor.put_begin.remote(link.peer, True, timeout), item
+            "put", lambda t: link.actor.put_begin.remote(link.peer, t, True, timeout), item
         )
         return work if async_op else link.wait(work, link.limit(timeout))
 
@@ -145,7 +148,9 @@ class Channel:
             ...     pass
         """
         link = self._link()
-        work = link.submit("put", lambda: link.actor.put_begin.remote(link.peer, False, None), item)
+        work = link.submit(
+            "put", lambda t: link.actor.put_begin.remote(link.peer, t, False, None), item
+        )
         link.wait(work, link.limit(0.0))
 
     # -- getting --------------------------------------------------------------------------
@@ -162,7 +167,9 @@ class Channel:
                 return work
         return link.submit(
             "get",
-            lambda: link.actor.get_begin.remote(link.peer, max_items, max_bytes, block, timeout),
+            lambda t: link.actor.get_begin.remote(
+                link.peer, t, max_items, max_bytes, block, timeout
+            ),
             batch=batch,
         )
 
@@ -171,8 +178,9 @@ class Channel:
 
         Args:
             async_op: Return a :class:`ChannelWork` at once instead of waiting.
-            timeout: Seconds to wait for an item (None: no limit); the payload transfer
-                after it is bounded by the channel's ``transfer_timeout``.
+            timeout: Seconds to wait for a put (None: no limit); items already arriving
+                when it expires are still waited for, and the payload transfer to this
+                process is bounded by the channel's ``transfer_timeout``.
 
         Returns:
             The item, or a :class:`ChannelWork` whose ``wait()`` returns it.
@@ -193,7 +201,10 @@ class Channel:
         return work if async_op else self._link().wait(work, self._link().limit(timeout))
 
     def get_nowait(self) -> Any:
-        """Remove and return the oldest item if one is there now; never wait for one.
+        """Remove and return the oldest item if the channel holds one; never wait for a put.
+
+        An item whose put was granted but whose payload is still arriving counts as
+        held: the call waits for that payload (at most one transfer timeout).
 
         Returns:
             The item.
@@ -281,9 +292,10 @@ class Channel:
             ) from exc
 
     def qsize(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> int:
-        """Number of items in the channel, ready to get (a snapshot, like ``queue.Queue``'s).
+        """Number of items in the channel (a snapshot, like ``queue.Queue``'s).
 
-        Items whose payload is still on its way in are not counted yet.
+        Counts the queued items and those whose put was granted and whose payload is on
+        its way in; not the items already taken by a get.
 
         Raises:
             ChannelClosedError: The channel worker is gone or did not answer in time.
@@ -295,7 +307,7 @@ class Channel:
         return int(self._query("qsize", timeout))
 
     def empty(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> bool:
-        """Whether no item is ready to get (a snapshot).
+        """Whether the channel holds no item (``qsize() == 0``; a snapshot).
 
         Raises:
             ChannelClosedError: The channel worker is gone or did not answer in time.
@@ -315,8 +327,9 @@ class Channel:
         """Counters of the channel worker.
 
         Returns:
-            A dict with ``maxsize``, ``held`` (slots in use: items queued or in
-            transit), ``queued`` (ready to get), ``waiting_putters``,
+            A dict with ``maxsize``, ``held`` (slots in use: items arriving, queued
+            or being sent to a consumer), ``queued`` (ready to get), ``arriving``
+            (payloads on their way in), ``waiting_putters``,
             ``waiting_getters``, ``puts`` and ``gets`` (completed transfers), ``voids``
             (abandoned puts), ``failures`` (failed transfers), ``resets`` (links
             reset), ``peers`` (peer name -> link generation) and ``closed``.

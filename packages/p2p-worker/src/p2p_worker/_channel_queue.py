@@ -7,6 +7,11 @@ while it is being sent to a consumer, and is given back only when that send has
 completed (or the reservation failed). So at most ``maxsize`` items are ever held in
 memory, payloads in transit included.
 
+An item counts as *in the channel* from the moment its put is granted: once a put has
+returned, its item is either queued or still *arriving* (payload on the wire to the
+channel worker). ``qsize`` counts both, and a get whose wait is over (``get_nowait``, or
+a timeout) still waits for items that are arriving, so a completed put is never missed.
+
 Waiting producers and consumers are served strictly in arrival order; a freed slot or a
 new item is handed straight to the oldest waiter.
 """
@@ -35,8 +40,11 @@ class _Signal:
         return self.name
 
 
+_TIMED_OUT = _Signal("TIMED_OUT")
 RESET = _Signal("RESET")
 """Resolves the waiters of a peer whose link to the channel worker was reset."""
+CANCELLED = _Signal("CANCELLED")
+"""Resolves a waiter that its caller withdrew (``ChannelWork.cancel``)."""
 
 
 def payload_nbytes(obj: Any) -> int:
@@ -75,9 +83,11 @@ class Item:
 @dataclass
 class _Waiter:
     peer: str
+    token: int
     fut: asyncio.Future[Any]
     max_items: int = 1
     max_bytes: int | None = None
+    draining: bool = False  # its own wait is over: it waits only for arriving items
 
 
 @dataclass
@@ -87,6 +97,7 @@ class QueueState:
     maxsize: int
     held: int
     queued: int
+    arriving: int
     waiting_putters: int
     waiting_getters: int
     closed: bool
@@ -104,7 +115,7 @@ class ChannelQueue:
         ...     q = ChannelQueue(maxsize=1)
         ...     assert await q.reserve("p", block=False, timeout=None)
         ...     assert not await q.reserve("p", block=False, timeout=None)  # full
-        ...     q.push(Item("x", 0))
+        ...     q.arrived(Item("x", 0))
         ...     got = await q.take("c", 1, None, block=False, timeout=None)
         ...     q.release(len(got))  # the consumer has it: the slot is free again
         ...     return [i.obj for i in got], q.held
@@ -115,6 +126,7 @@ class ChannelQueue:
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self.held = 0
+        self.arriving = 0  # granted reservations whose payload has not arrived yet
         self.items: deque[Item] = deque()
         self._putters: deque[_Waiter] = deque()
         self._getters: deque[_Waiter] = deque()
@@ -125,13 +137,16 @@ class ChannelQueue:
     def _has_room(self) -> bool:
         return self.maxsize == 0 or self.held < self.maxsize
 
-    async def reserve(self, peer: str, *, block: bool, timeout: float | None) -> Any:
+    async def reserve(
+        self, peer: str, *, block: bool, timeout: float | None, token: int = -1
+    ) -> Any:
         """Take one slot for ``peer``'s next payload.
 
         Returns:
             True when a slot was taken; False when there was no room (at once when
             ``block`` is false, else after ``timeout``); :data:`RESET` when ``peer``'s
-            waiters were dropped by :meth:`reset_peer`.
+            waiters were dropped by :meth:`reset_peer`; :data:`CANCELLED` when the
+            caller withdrew it (:meth:`cancel`).
 
         Raises:
             ChannelClosedError: The channel is closed (or closes while waiting).
@@ -140,12 +155,13 @@ class ChannelQueue:
         _prune(self._putters)
         if not self._putters and self._has_room():
             self.held += 1
+            self.arriving += 1
             return True
         if not block:
             return False
-        waiter = _Waiter(peer, asyncio.get_running_loop().create_future())
+        waiter = _Waiter(peer, token, asyncio.get_running_loop().create_future())
         self._putters.append(waiter)
-        return await self._await(waiter, timeout, lambda granted: self.release(1), False)
+        return await self._await(waiter, timeout, lambda granted: self.arrival_failed(), False)
 
     def release(self, n: int = 1) -> None:
         """Give back ``n`` slots (an item was delivered, or a reservation failed)."""
@@ -160,14 +176,23 @@ class ChannelQueue:
             if waiter.fut.done():
                 continue
             self.held += 1
+            self.arriving += 1
             waiter.fut.set_result(True)
 
     # -- items --------------------------------------------------------------------------
 
-    def push(self, item: Item) -> None:
-        """Append an item whose payload has arrived (it already holds a slot)."""
+    def arrived(self, item: Item) -> None:
+        """Append an item whose payload has arrived (it holds the slot it reserved)."""
+        self.arriving -= 1
         self.items.append(item)
         self._dispatch_items()
+        self._end_drains()
+
+    def arrival_failed(self) -> None:
+        """A granted reservation brought no item (transfer failed or put abandoned)."""
+        self.arriving -= 1
+        self.release(1)
+        self._end_drains()
 
     def push_front(self, items: list[Item]) -> None:
         """Put items back at the head, in order (a send to a consumer failed)."""
@@ -182,6 +207,7 @@ class ChannelQueue:
         *,
         block: bool,
         timeout: float | None,
+        token: int = -1,
     ) -> Any:
         """Remove up to ``max_items`` items from the head for ``peer``.
 
@@ -190,8 +216,9 @@ class ChannelQueue:
         slots until the caller :meth:`release` s them (after delivering them).
 
         Returns:
-            A non-empty list of items; None when none came (at once when ``block`` is
-            false, else after ``timeout``); :data:`RESET` (see :meth:`reserve`).
+            A non-empty list of items; None when none came: the wait (none when
+            ``block`` is false, else ``timeout``) is over and no item is arriving any
+            more; :data:`RESET` or :data:`CANCELLED` (see :meth:`reserve`).
 
         Raises:
             ChannelClosedError: The channel is closed (or closes while waiting).
@@ -200,11 +227,19 @@ class ChannelQueue:
         _prune(self._getters)
         if self.items and not self._getters:
             return self._pop(max_items, max_bytes)
-        if not block:
+        if not block and not self.arriving:
             return None
-        waiter = _Waiter(peer, asyncio.get_running_loop().create_future(), max_items, max_bytes)
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(peer, token, loop.create_future(), max_items, max_bytes, not block)
         self._getters.append(waiter)
-        return await self._await(waiter, timeout, self.push_front, None)
+        result = await self._await(waiter, None if waiter.draining else timeout, self.push_front)
+        if result is _TIMED_OUT and self.arriving and not waiter.fut.done():
+            waiter.draining = True  # its time is up, but items are on their way in
+            result = await self._await(waiter, None, self.push_front)
+        if result is _TIMED_OUT or result is None:
+            waiter.fut.cancel()
+            return None
+        return result
 
     def _pop(self, max_items: int, max_bytes: int | None) -> list[Item]:
         out = [self.items.popleft()]
@@ -224,6 +259,14 @@ class ChannelQueue:
                 continue
             waiter.fut.set_result(self._pop(waiter.max_items, waiter.max_bytes))
 
+    def _end_drains(self) -> None:
+        """Nothing is arriving any more: getters that only waited for arrivals get None."""
+        if self.arriving:
+            return
+        for waiter in self._getters:
+            if waiter.draining and not waiter.fut.done():
+                waiter.fut.set_result(None)
+
     # -- waiting ------------------------------------------------------------------------
 
     async def _await(
@@ -231,8 +274,9 @@ class ChannelQueue:
         waiter: _Waiter,
         timeout: float | None,
         give_back: Callable[[Any], None],
-        timed_out: Any,
+        timed_out: Any = None,
     ) -> Any:
+        """Wait for ``waiter``; on timeout return ``timed_out`` (or _TIMED_OUT if None)."""
         try:
             await asyncio.wait({waiter.fut}, timeout=timeout)
         except asyncio.CancelledError:
@@ -247,6 +291,8 @@ class ChannelQueue:
             if isinstance(result, ChannelClosedError):
                 raise result
             return result
+        if timed_out is None:  # a getter: the caller decides whether to keep waiting
+            return _TIMED_OUT
         waiter.fut.cancel()  # timed out; the dispatchers skip cancelled waiters
         return timed_out
 
@@ -259,6 +305,15 @@ class ChannelQueue:
                     waiter.fut.set_result(RESET)
                     count += 1
         return count
+
+    def cancel(self, peer: str, token: int) -> bool:
+        """Withdraw ``peer``'s waiting call ``token``; False if it is not waiting."""
+        for waiters in (self._putters, self._getters):
+            for waiter in waiters:
+                if waiter.peer == peer and waiter.token == token and not waiter.fut.done():
+                    waiter.fut.set_result(CANCELLED)
+                    return True
+        return False
 
     def close(self) -> None:
         """Fail every waiter and every later call with :class:`ChannelClosedError`."""
@@ -281,6 +336,7 @@ class ChannelQueue:
             maxsize=self.maxsize,
             held=self.held,
             queued=len(self.items),
+            arriving=self.arriving,
             waiting_putters=len(self._putters),
             waiting_getters=len(self._getters),
             closed=self.closed,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import threading
 from typing import Any
 
@@ -33,10 +34,16 @@ import ray
 import torch
 
 from p2p_worker._channel_proto import ChannelSpec, Hello, channel_address, link_group_name
-from p2p_worker._channel_queue import RESET, ChannelQueue, Item, Void, payload_nbytes
+from p2p_worker._channel_queue import (
+    CANCELLED,
+    RESET,
+    ChannelQueue,
+    Item,
+    Void,
+    payload_nbytes,
+)
 from p2p_worker._info import WorkerInfo
 from p2p_worker._runtime import JobContext, WorkerRuntime
-from p2p_worker._store import RendezvousStore
 from p2p_worker._worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -44,13 +51,47 @@ logger = logging.getLogger(__name__)
 WATCH_PERIOD = 2.0  # seconds between checks that the job's rendezvous store is alive
 
 
+class _Tokens:
+    """Which of a peer's calls (numbered 0, 1, 2, ... by the peer) ran, run, or are withdrawn."""
+
+    def __init__(self) -> None:
+        self.low = 0  # every token below has finished
+        self.done: set[int] = set()
+        self.active: set[int] = set()
+        self.cancelled: set[int] = set()  # withdrawn before they arrived
+
+    def start(self, token: int) -> bool:
+        """Mark ``token`` running; False (and finished) if it was withdrawn already."""
+        if token in self.cancelled:
+            self.cancelled.discard(token)
+            self.finish(token)
+            return False
+        self.active.add(token)
+        return True
+
+    def finish(self, token: int) -> None:
+        self.active.discard(token)
+        self.done.add(token)
+        while self.low in self.done:
+            self.done.discard(self.low)
+            self.low += 1
+
+    def withdraw_early(self, token: int) -> bool:
+        """Withdraw a call that has not arrived yet; False if it ran or runs."""
+        if token < self.low or token in self.done or token in self.active:
+            return False
+        self.cancelled.add(token)
+        return True
+
+
 class _Peer:
-    __slots__ = ("gen", "group", "name")
+    __slots__ = ("gen", "group", "name", "tokens")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.gen = 0
         self.group: Any = None
+        self.tokens = _Tokens()
 
 
 class ChannelWorker(Worker):
@@ -134,6 +175,7 @@ class ChannelWorker(Worker):
         """Open a fresh link to ``peer_name`` and connect both its directions."""
         peer = self._peer(peer_name)
         self._reset(peer, peer.group, None)
+        peer.tokens = _Tokens()  # a new handle numbers its calls from 0
         group = self._group(peer)
         timeout = self._spec.transfer_timeout
         for work in (
@@ -157,11 +199,19 @@ class ChannelWorker(Worker):
             self._reset(peer, group, exc)
 
     async def put_begin(
-        self, peer_name: str, block: bool, timeout: float | None
+        self, peer_name: str, token: int, block: bool, timeout: float | None
     ) -> tuple[Any, ...]:
         """Reserve a slot for the producer's next item and post the receive for it."""
         peer = self._peer(peer_name)
-        got = await self._queue.reserve(peer_name, block=block, timeout=timeout)
+        tokens = peer.tokens
+        if not tokens.start(token):
+            return ("cancelled",)
+        try:
+            got = await self._queue.reserve(peer_name, block=block, timeout=timeout, token=token)
+        finally:
+            tokens.finish(token)
+        if got is CANCELLED:
+            return ("cancelled",)
         if got is RESET:
             return ("reset", peer.gen)
         if not got:
@@ -176,19 +226,20 @@ class ChannelWorker(Worker):
             obj = await work
         except Exception as exc:
             self._counts["failures"] += 1
-            self._queue.release(1)
+            self._queue.arrival_failed()
             self._reset(peer, group, exc)
             return
         if isinstance(obj, Void):
             self._counts["voids"] += 1
-            self._queue.release(1)
+            self._queue.arrival_failed()
             return
         self._counts["puts"] += 1
-        self._queue.push(Item(obj, payload_nbytes(obj)))
+        self._queue.arrived(Item(obj, payload_nbytes(obj)))
 
     async def get_begin(
         self,
         peer_name: str,
+        token: int,
         max_items: int,
         max_bytes: int | None,
         block: bool,
@@ -196,9 +247,17 @@ class ChannelWorker(Worker):
     ) -> tuple[Any, ...]:
         """Take up to ``max_items`` items from the head and post their sends."""
         peer = self._peer(peer_name)
-        items = await self._queue.take(
-            peer_name, max_items, max_bytes, block=block, timeout=timeout
-        )
+        tokens = peer.tokens
+        if not tokens.start(token):
+            return ("cancelled",)
+        try:
+            items = await self._queue.take(
+                peer_name, max_items, max_bytes, block=block, timeout=timeout, token=token
+            )
+        finally:
+            tokens.finish(token)
+        if items is CANCELLED:
+            return ("cancelled",)
         if items is RESET:
             return ("reset", peer.gen)
         if items is None:
@@ -235,6 +294,20 @@ class ChannelWorker(Worker):
         if failed:
             self._queue.push_front(failed)
 
+    async def cancel(self, peer_name: str, token: int) -> bool:
+        """Withdraw the peer's call ``token`` if it still waits (or has not arrived yet).
+
+        Returns:
+            True when the call will answer ``("cancelled",)`` and nothing is put or
+            taken; False when it was already granted or answered.
+        """
+        peer = self._peers.get(peer_name)
+        if peer is None:
+            return False
+        if self._queue.cancel(peer_name, token):
+            return True
+        return peer.tokens.withdraw_early(token)
+
     async def reset_link(self, peer_name: str, gen: int) -> None:
         """A peer saw a transfer fail on generation ``gen``: reset its link if still current."""
         peer = self._peers.get(peer_name)
@@ -242,8 +315,8 @@ class ChannelWorker(Worker):
             self._reset(peer, peer.group, RuntimeError("the peer reported a failed transfer"))
 
     async def qsize(self) -> int:
-        """Items queued and ready to get."""
-        return len(self._queue.items)
+        """Items in the channel: queued, or granted and arriving."""
+        return len(self._queue.items) + self._queue.arriving
 
     async def state(self) -> dict[str, Any]:
         """Counters of the channel (see ``Channel.stats``)."""
@@ -253,6 +326,7 @@ class ChannelWorker(Worker):
             "maxsize": st.maxsize,
             "held": st.held,
             "queued": st.queued,
+            "arriving": st.arriving,
             "waiting_putters": st.waiting_putters,
             "waiting_getters": st.waiting_getters,
             "closed": st.closed,
@@ -271,18 +345,26 @@ class ChannelWorker(Worker):
 
 
 def _watch_store(job: JobContext, stop: threading.Event) -> None:
-    """Exit the process once the job's rendezvous store is gone (the job has ended)."""
-    try:
-        store = RendezvousStore.connect(job.store_host, job.store_port, timeout=30.0)
-    except Exception:
-        os._exit(0)
+    """Stop this actor once the job's rendezvous store is gone (the job has ended).
+
+    A plain TCP connect probes the store (a store client would log a C++ trace on
+    every failed request); two refusals in a row end the actor.
+    """
     misses = 0
     while not stop.wait(WATCH_PERIOD):
         try:
-            store.check(["p2p/channel-watch"])
-            misses = 0
-        except Exception:
+            with socket.create_connection((job.store_host, job.store_port), timeout=5.0):
+                misses = 0
+        except OSError:
             misses += 1
             if misses >= 2:
-                logger.warning("channel worker: the job's rendezvous store is gone; exiting")
-                os._exit(0)
+                logger.info("channel worker: the job's rendezvous store is gone; stopping")
+                _stop_self()
+                return
+
+
+def _stop_self() -> None:
+    try:
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+    except Exception:  # pragma: no cover - Ray already tearing down
+        os._exit(0)
