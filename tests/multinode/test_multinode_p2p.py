@@ -83,11 +83,16 @@ def test_every_payload_kind_crosses_the_link_both_ways(netns_cluster: Any, drive
 
 @needs_collective
 @pytest.mark.skipif(not _has_channels(), reason="Worker.create_channel not there yet (issue 7)")
-def test_channels_across_nodes(drive: Any) -> None:
+def test_channels_across_nodes(netns_cluster: Any, drive: Any) -> None:
+    before = {r: netns_cluster.link_stats(r)["tx_bytes"] for r in ("head", "worker")}
     res = drive("p2p_driver.py", "channels")
+    sent = {r: netns_cluster.link_stats(r)["tx_bytes"] - before[r] for r in before}
     for name in ("mn_to1", "mn_to0"):
         assert res[name]["put"] == 12
         assert res[name]["got"]["ok"] == [True] * 12
+    assert res["mn_drv"]["got"]["ok"] == [True] * 6  # used from the driver
+    # Four 8 MiB tensors per channel went from the producer's node to the channel's node.
+    assert min(sent.values()) >= 4 * 8 * 1024**2, sent
 
 
 def test_group_calls_across_nodes(netns_cluster: Any, drive: Any) -> None:

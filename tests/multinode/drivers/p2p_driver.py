@@ -14,9 +14,9 @@ import sys
 import time
 from typing import Any
 
-from mn_workers import Peer
+from mn_workers import Peer, channel_items
 
-from p2p_worker import Cluster, NodePlacementStrategy
+from p2p_worker import Cluster, NodePlacementStrategy, create_channel
 
 RESULT_PREFIX = "P2PMN-RESULT "
 EVENT_PREFIX = "P2PMN-EVENT "
@@ -73,6 +73,12 @@ def cmd_channels(cluster: Any) -> dict[str, Any]:
         put = prod.channel_put(name, node, seed, 12)
         got = cons.channel_get(name, seed, 12)
         out[name] = {"put": put.wait()[0], "got": got.wait()[0]}
+    # From the driver (node 0) through a channel on node 1 to the worker on node 0.
+    channel = create_channel(cluster, "mn_drv", node_id=1, maxsize=2)
+    got = a.channel_get("mn_drv", 5, 6)
+    for item in channel_items(5, 6):
+        channel.put(item, timeout=120)
+    out["mn_drv"] = {"put": 6, "got": got.wait()[0]}
     return out
 
 
