@@ -7,10 +7,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-import yaml
 
 from p2p_compress import parse_tensor_compression
 from p2p_compress._cli import main, parse_size
@@ -18,10 +18,30 @@ from p2p_compress._cli import main, parse_size
 FAST = ["--repeat", "1", "--lz4-accelerations", "1", "--zstd-levels", "1"]
 
 
-def recommended_block(text: str) -> dict[str, object] | None:
+def _scalar(text: str) -> Any:
+    if text in ("true", "false"):
+        return text == "true"
+    if text.startswith("["):
+        return [v.strip() for v in text.strip("[]").split(",") if v.strip()]
+    return int(text) if text.isdigit() else text
+
+
+def recommended_block(text: str) -> dict[str, Any] | None:
+    """The printed cluster.collective mapping (the block is plain YAML; check both ways)."""
     block = text.split("Recommended configuration:\n", 1)[1]
-    doc = yaml.safe_load(block)
-    return doc["cluster"]["collective"]
+    lines = [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert lines[:2] == ["cluster:", "  collective:"]
+    section: dict[str, Any] = {}
+    for line in lines[3:]:
+        key, _, value = line.strip().partition(": ")
+        section[key] = _scalar(value)
+    collective = {"tensor_compression": section} if len(lines) > 2 else None
+    try:
+        import yaml
+    except ImportError:
+        return collective
+    assert yaml.safe_load(block)["cluster"]["collective"] == collective
+    return collective
 
 
 def test_advise_synthetic_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,10 +68,10 @@ def test_advise_synthetic_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "lz4 acceleration=1" in out
     assert "zstd level=1" in out
     collective = recommended_block(out)
-    assert collective is not None
-    section = collective.get("tensor_compression")
-    if section is not None:  # the block parses with the real parser
-        assert parse_tensor_compression(section) is not None
+    if collective is None:  # the advice depends on the measured speeds
+        assert "omit the section" in out
+    else:  # the block parses with the real parser
+        assert parse_tensor_compression(collective["tensor_compression"]) is not None
 
 
 def test_advise_json_and_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,9 +121,7 @@ def test_advise_recommends_raw_for_a_fast_link(capsys: pytest.CaptureFixture[str
     assert code == 0
     out = capsys.readouterr().out
     assert "omit the section" in out
-    assert recommended_block(out) is None or "tensor_compression" not in (
-        recommended_block(out) or {}
-    )
+    assert recommended_block(out) is None
 
 
 def test_advise_recommends_compression_for_a_slow_link(capsys: pytest.CaptureFixture[str]) -> None:
