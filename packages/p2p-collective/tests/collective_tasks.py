@@ -278,10 +278,12 @@ def t_mismatch_sender(ctx: PeerContext, gname: str, mode: str) -> Any:
     try:
         if mode == "send_tensor_vs_recv":
             g.send_tensor(torch.arange(16, dtype=torch.int64), timeout=30)
+        elif mode == "send_vs_small_recv_tensor":
+            g.send({"k": torch.ones(3)}, timeout=30)  # one message: the tensor is inline
         else:
             # gloo completes a send only once the receiver posted a matching receive; the
             # receiver stops after the header, so the payload message times out here
-            g.send({"k": torch.ones(3)}, timeout=2)
+            g.send({"k": torch.ones(100_000)}, timeout=2)
     except Exception as exc:
         outcome = type(exc).__name__
     ctx.barrier(gname)

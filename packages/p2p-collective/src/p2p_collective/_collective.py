@@ -115,7 +115,7 @@ class Collective:
             raise ValueError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
         self._lock = threading.Lock()
         self._groups: dict[str, CollectiveGroup] = {}
-        self._links = LinkFactory(host, self.name)
+        self._links = LinkFactory(host, self.name, self.config.recv_buffer_cache_bytes)
         self._closed = False
         self._finalizer = weakref.finalize(
             self, _close_groups, self._groups, self._lock, self._links
@@ -187,6 +187,7 @@ class Collective:
                     links=self._links,
                     config=self.config,
                     init_timeout=self.init_timeout,
+                    owner=self,
                 )
                 self._groups[key] = group
             return group

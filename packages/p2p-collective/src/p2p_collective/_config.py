@@ -25,6 +25,8 @@ DEFAULT_INIT_TIMEOUT = 60.0
 """Seconds the first operation of a direction waits for the peer to join it."""
 DEFAULT_OP_TIMEOUT = 1800.0
 """Seconds an operation may take, queueing included, when the call passes no timeout."""
+DEFAULT_RECV_BUFFER_CACHE_BYTES = 1 << 30
+"""Idle bytes of large receive buffers a process keeps for reuse."""
 
 
 def _fail(path: str, value: object, allowed: str, what: str = "") -> ConfigError:
@@ -41,6 +43,12 @@ def _timeout(value: object, path: str) -> float | None:
     if not value > 0 or math.isnan(value):
         raise _fail(path, value, allowed)
     return float(value)
+
+
+def _nonneg_int(value: object, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _fail(path, value, "an integer >= 0")
+    return int(value)
 
 
 def _positive(value: object, path: str, *, zero_ok: bool) -> float:
@@ -121,6 +129,8 @@ class CollectiveConfig:
             to join that direction (None: no limit). Default 60.
         op_timeout: Seconds an operation may take from submission to completion when
             the call passes ``timeout=None`` (None: no limit). Default 1800.
+        recv_buffer_cache_bytes: Idle bytes of large (>= 1 MiB) receive buffers kept
+            for reuse once the received tensors are garbage; 0 disables. Default 1 GiB.
 
     Example:
         >>> CollectiveConfig().op_timeout
@@ -132,10 +142,12 @@ class CollectiveConfig:
     net_emulation: NetEmulationConfig | None = None
     init_timeout: float | None = DEFAULT_INIT_TIMEOUT
     op_timeout: float | None = DEFAULT_OP_TIMEOUT
+    recv_buffer_cache_bytes: int = DEFAULT_RECV_BUFFER_CACHE_BYTES
 
     def __post_init__(self) -> None:
         _timeout(self.init_timeout, "init_timeout")
         _timeout(self.op_timeout, "op_timeout")
+        _nonneg_int(self.recv_buffer_cache_bytes, "recv_buffer_cache_bytes")
 
     def to_dict(self) -> dict[str, Any]:
         """The ``cluster.collective`` section as a plain dict (net_emulation is separate)."""
@@ -143,6 +155,7 @@ class CollectiveConfig:
             "tensor_buffer_pool": self.buffer_pool.to_dict(),
             "init_timeout": self.init_timeout,
             "op_timeout": self.op_timeout,
+            "recv_buffer_cache_bytes": self.recv_buffer_cache_bytes,
         }
         if self.compression is not None:
             out["tensor_compression"] = self.compression.to_dict()
@@ -155,7 +168,8 @@ def parse_collective_config(
     """Parse the ``cluster.collective`` section.
 
     Keys: ``tensor_compression`` and ``tensor_buffer_pool`` (seed 000, parsed by
-    p2p-compress), ``init_timeout`` and ``op_timeout`` (seconds or null).
+    p2p-compress), ``init_timeout`` and ``op_timeout`` (seconds or null),
+    ``recv_buffer_cache_bytes`` (integer >= 0).
     ``net_emulation`` lives at ``cluster.net_emulation``; attach it with
     ``dataclasses.replace(config, net_emulation=parse_net_emulation(...))``.
 
@@ -176,7 +190,13 @@ def parse_collective_config(
     """
     if section is None:
         return CollectiveConfig()
-    keys = ("tensor_compression", "tensor_buffer_pool", "init_timeout", "op_timeout")
+    keys = (
+        "tensor_compression",
+        "tensor_buffer_pool",
+        "init_timeout",
+        "op_timeout",
+        "recv_buffer_cache_bytes",
+    )
     sec = _mapping(section, path, keys)
     return CollectiveConfig(
         compression=parse_tensor_compression(
@@ -189,4 +209,8 @@ def parse_collective_config(
             sec.get("init_timeout", DEFAULT_INIT_TIMEOUT), f"{path}.init_timeout"
         ),
         op_timeout=_timeout(sec.get("op_timeout", DEFAULT_OP_TIMEOUT), f"{path}.op_timeout"),
+        recv_buffer_cache_bytes=_nonneg_int(
+            sec.get("recv_buffer_cache_bytes", DEFAULT_RECV_BUFFER_CACHE_BYTES),
+            f"{path}.recv_buffer_cache_bytes",
+        ),
     )

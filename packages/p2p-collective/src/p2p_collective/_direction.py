@@ -175,6 +175,7 @@ class Direction:
                 op = self._queue.popleft()
                 self._busy = True
             self._execute(op)
+            del op  # hold nothing (the group, its process groups) while idle
 
     def _drain_until(self, target: _Op) -> None:
         while not target.work.done():

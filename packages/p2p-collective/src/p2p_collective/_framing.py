@@ -14,8 +14,11 @@ Wire layout of one frame (all integers little-endian)::
         obj_len    u64 bytes of the pickled object part (may be 0)
         wire_total u64 sum of the tensors' wire bytes (cross-check)
       then, unless Flag.EXT: metadata (meta_len bytes), then object (obj_len bytes)
+      then, with Flag.INLINE: every tensor's wire bytes, in metadata order
     extension message (only with Flag.EXT): metadata + object, meta_len + obj_len bytes
-    one payload message per tensor whose wire_bytes > 0, in metadata order
+    unless Flag.INLINE: one payload message per tensor whose wire_bytes > 0, in order
+
+A frame whose parts all fit in HEADER_MAX bytes is therefore one gloo message.
 
 Tensor entry in the metadata, 24 bytes ``"<BBBBB3xQQ"`` followed by ``ndim`` int64 dims:
 dtype code, ndim, device kind, codec id (0 = raw), tensor flags (bit 0: requires_grad),
@@ -39,7 +42,7 @@ from p2p_collective._errors import FramingError
 
 MAGIC = b"P2PF"
 FRAME_VERSION = 1
-HEADER_MAX = 4096
+HEADER_MAX = 65536
 """Bytes the receiver posts for every header message; a header message never exceeds it."""
 
 FIXED = struct.Struct("<4sBBHQIIQQ")
@@ -70,6 +73,7 @@ class Flag(enum.IntFlag):
     EXT = 0x1  # metadata and object travel in a second message
     NAMES = 0x2  # a names section follows the tensor entries
     ORDERED = 0x4  # the dict is a collections.OrderedDict
+    INLINE = 0x8  # the tensors' bytes follow the object inside the header message
 
 
 class Device(enum.IntEnum):
@@ -141,10 +145,11 @@ class FixedHeader:
 
     @property
     def inline_len(self) -> int:
-        """Bytes of the header message: fixed part plus, unless EXT, metadata and object."""
+        """Bytes of the header message (fixed part, metadata, object, inline tensors)."""
         if self.flags & Flag.EXT:
             return FIXED.size
-        return FIXED.size + self.meta_len + self.obj_len
+        inline = self.wire_total if self.flags & Flag.INLINE else 0
+        return FIXED.size + self.meta_len + self.obj_len + inline
 
 
 def pack_entry(meta: TensorMeta) -> bytes:
@@ -227,8 +232,10 @@ def parse_fixed(buf: memoryview, expected_seq: int, peer: str) -> FixedHeader:
         kind_e = Kind(kind)
     except ValueError:
         raise FramingError(f"frame from {peer!r} has unknown payload kind {kind}") from None
-    if flags & ~int(Flag.EXT | Flag.NAMES | Flag.ORDERED):
-        raise FramingError(f"frame from {peer!r} has unknown flag bits {flags:#x}")
+    if flags & ~int(Flag.EXT | Flag.NAMES | Flag.ORDERED | Flag.INLINE) or (
+        flags & Flag.EXT and flags & Flag.INLINE
+    ):
+        raise FramingError(f"frame from {peer!r} has unknown or conflicting flags {flags:#x}")
     if n_tensors > MAX_TENSORS or meta_len > MAX_META:
         raise FramingError(
             f"frame from {peer!r} announces {n_tensors} tensors / {meta_len} metadata bytes,"

@@ -122,7 +122,9 @@ class CollectiveGroup:
         links: LinkFactory,
         config: CollectiveConfig,
         init_timeout: float | None,
+        owner: object = None,
     ) -> None:
+        self._owner = owner  # keeps the Collective (and its finalizer) alive while in use
         self.name = name
         self.rank = rank
         self.self_name = self_name
@@ -335,7 +337,9 @@ class CollectiveGroup:
         link = side.ensure_link(deadline)
         expected = side.seq
         side.seq += 1
-        got = read_frame(link, side.scratch, side.scratch_view, expected, deadline)
+        got = read_frame(
+            link, side.scratch, side.scratch_view, expected, deadline, self.links.recv_pool
+        )
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += got.transport_messages

@@ -12,6 +12,7 @@ import dataclasses
 import io
 import pickle
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from p2p_collective._framing import (
     pack_fixed,
     pack_names,
 )
+from p2p_collective._recvpool import POOL_MIN_BYTES
 
 _NO_OBJECT: Any = object()
 
@@ -60,7 +62,7 @@ class OutFrame:
     @property
     def wire_bytes(self) -> int:
         """Every byte this frame puts on the wire, header included."""
-        return int(self.buffer.numel()) + sum(m.wire_bytes for m in self.metas)
+        return int(self.buffer.numel()) + sum(int(p.numel()) for p in self.payloads)
 
 
 def check_tensor(t: torch.Tensor, where: str, op: str) -> None:
@@ -173,8 +175,13 @@ def encode(obj: Any, op: str = "send(obj)") -> OutFrame:
             raise ValueError(
                 f"{op}: the payload (type {type(obj).__name__}) cannot be pickled: {exc}"
             ) from exc
+    obj_len = bio.tell() - FIXED.size - len(meta)
+    if bio.tell() + sum(p.numel() for p in payloads) <= HEADER_MAX:
+        for p in payloads:  # small tensors ride inside the header message
+            bio.write(p.numpy().data)
+        payloads = []
+        flags |= Flag.INLINE
     view = bio.getbuffer()
-    obj_len = len(view) - FIXED.size - len(meta)
     ext = len(view) > HEADER_MAX
     if ext:
         flags |= Flag.EXT
@@ -191,9 +198,11 @@ def encode(obj: Any, op: str = "send(obj)") -> OutFrame:
     return OutFrame(kind, buffer, ext, tensors, metas, payloads, obj_len)
 
 
-def allocate(meta: TensorMeta) -> torch.Tensor:
-    """A fresh CPU tensor for a received tensor entry."""
-    return torch.empty(meta.shape, dtype=meta.dtype)
+def allocate(meta: TensorMeta, take: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """A fresh CPU tensor for a received tensor entry; ``take(nbytes)`` gives raw bytes."""
+    if meta.raw_bytes < POOL_MIN_BYTES:
+        return torch.empty(meta.shape, dtype=meta.dtype)
+    return take(meta.raw_bytes).view(meta.dtype).reshape(meta.shape)
 
 
 def rebuild(

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
 from p2p_collective._liveness import Watcher, open_watch_socket
+from p2p_collective._recvpool import ReceiveBufferPool
 
 StoreLike = Any  # a torch.distributed.Store (not re-exported for type checkers)
 
@@ -84,11 +85,12 @@ def _new_gloo_group(store: StoreLike, rank: int, device: Any, timeout: datetime.
 
 
 class LinkFactory:
-    """Per-Collective transport resources: the host, one gloo device, the liveness watcher."""
+    """Per-Collective transport resources: host, gloo device, liveness watcher, buffer pool."""
 
-    def __init__(self, host: str, name: str) -> None:
+    def __init__(self, host: str, name: str, recv_cache_bytes: int) -> None:
         self.host = host
         self.watcher = Watcher(name)
+        self.recv_pool = ReceiveBufferPool(recv_cache_bytes)
         self._lock = threading.Lock()
         self._device: Any = None
 
@@ -132,8 +134,9 @@ class LinkFactory:
         return GlooLink(pg, rank, peer, watch, self.watcher)
 
     def close(self) -> None:
-        """Stop the liveness watcher."""
+        """Stop the liveness watcher and drop the idle receive buffers."""
         self.watcher.close()
+        self.recv_pool.close()
 
 
 class GlooLink:
@@ -241,6 +244,9 @@ class GlooLink:
         """
         self._pg = None
         self._waits.put(None)
+        waiter = self._waiter
+        if waiter is not None and self._inflight is None:
+            waiter.join(timeout=1.0)
         self._watcher.forget(self._watch)
 
 
@@ -266,4 +272,6 @@ def _waiter_loop(waits: queue.SimpleQueue[_Wait | None]) -> None:
         except BaseException as exc:
             wait.error = exc
         finally:
+            wait.work = None  # drop the gloo work (and its process group) at once
             wait.done.set()
+        del wait

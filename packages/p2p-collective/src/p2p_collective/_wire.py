@@ -15,6 +15,7 @@ from p2p_collective._errors import FramingError
 from p2p_collective._framing import FIXED, Device, Flag, Kind, TensorMeta, parse_fixed, parse_meta
 from p2p_collective._framing import patch_seq as _patch_seq
 from p2p_collective._payload import OutFrame, allocate, flat_bytes
+from p2p_collective._recvpool import ReceiveBufferPool
 from p2p_collective._transport import GlooLink
 
 
@@ -44,6 +45,7 @@ def read_frame(
     scratch_view: memoryview,
     expected_seq: int,
     deadline: float | None,
+    pool: ReceiveBufferPool,
 ) -> Received:
     """Receive one whole frame: header, optional extension, one message per tensor.
 
@@ -53,6 +55,7 @@ def read_frame(
         scratch_view: A memoryview of ``scratch``.
         expected_seq: The sequence number the frame must carry.
         deadline: ``time.monotonic()`` deadline, or None.
+        pool: Where large receive buffers come from.
 
     Raises:
         FramingError: The header or metadata is not a valid frame for ``expected_seq``,
@@ -66,7 +69,7 @@ def read_frame(
     messages = 1
     wire = hdr.inline_len
     if hdr.flags & Flag.EXT:
-        ext = torch.empty(hdr.meta_len + hdr.obj_len, dtype=torch.uint8)
+        ext = pool.take(hdr.meta_len + hdr.obj_len)
         if ext.numel():
             link.recv(ext, deadline)
             messages += 1
@@ -81,12 +84,19 @@ def read_frame(
                 f"frame from {peer!r}: tensor {i} has device kind {m.device} and codec"
                 f" {m.codec_id}; this version receives raw CPU tensors only"
             )
-    tensors = [allocate(m) for m in metas]
-    for t, m in zip(tensors, metas, strict=True):
-        if m.wire_bytes:
-            link.recv(flat_bytes(t), deadline)
-            messages += 1
-            wire += m.wire_bytes
+    tensors = [allocate(m, pool.take) for m in metas]
+    if hdr.flags & Flag.INLINE:
+        off = FIXED.size + hdr.meta_len + hdr.obj_len
+        for t, m in zip(tensors, metas, strict=True):
+            if m.wire_bytes:
+                flat_bytes(t).copy_(scratch[off : off + m.wire_bytes])
+                off += m.wire_bytes
+    else:
+        for t, m in zip(tensors, metas, strict=True):
+            if m.wire_bytes:
+                link.recv(flat_bytes(t), deadline)
+                messages += 1
+                wire += m.wire_bytes
     obj = body[hdr.meta_len : hdr.meta_len + hdr.obj_len] if hdr.obj_len else None
     payload = sum(m.raw_bytes for m in metas) + hdr.obj_len
     return Received(hdr.kind, hdr.flags, metas, names, obj, tensors, messages, payload, wire)
