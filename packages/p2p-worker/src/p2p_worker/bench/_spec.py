@@ -65,7 +65,7 @@ QUICK_SIZES: Final = ("64KiB", "1MiB")
 DEFAULT_LINKS: Final = ("loopback", "1gbit")
 QUICK_LINKS: Final = ("loopback",)
 DEFAULT_REPS: Final = 5
-QUICK_REPS: Final = 2
+QUICK_REPS: Final = 3
 EMULATED_CELL_BUDGET_S: Final = 4.0
 """Largest estimated wire time of one emulated-link cell (all repetitions) that still runs."""
 
