@@ -396,6 +396,29 @@ def t_close_with_pending(ctx: PeerContext, gname: str) -> list[str]:
     return out
 
 
+def t_recreate(ctx: PeerContext, gname: str) -> list[Any]:
+    """The first incarnation uses one direction only; the second uses both."""
+    g = ctx.group(gname)
+    out: list[Any] = []
+    if ctx.rank == 0:
+        out.append(g.recv(timeout=30))
+    else:
+        g.send("from peer-b")
+    ctx.barrier(gname + "/used")
+    g.close()
+    ctx.barrier(gname + "/closed")
+    g2 = ctx.group(gname)
+    assert g2 is not g
+    if ctx.rank == 0:
+        g2.send("again from peer-a")
+        out.append(g2.recv(timeout=30))
+    else:
+        out.append(g2.recv(timeout=30))
+        g2.send("again from peer-b")
+    out.append(g2.incarnation(ctx.store))
+    return out
+
+
 def t_hub(ctx: PeerContext, n_peers: int, rounds: int) -> list[int]:
     hub = Collective("hub", ctx.store, timeout=60.0)
     groups = [hub.create_collective_group(["hub", f"spoke{i}"]) for i in range(n_peers)]

@@ -79,6 +79,12 @@ def recv_until_error(group: object) -> BaseException:
             return exc
 
 
+def test_group_closed_and_recreated_on_both_sides_works_again(peers: PeerPair, gname: str) -> None:
+    a, b = peers.run(ct.t_recreate, (gname,), ct.t_recreate, (gname,))
+    assert a == ["from peer-b", "again from peer-b", 2]
+    assert b == ["again from peer-a", 2]
+
+
 def test_peer_killed_in_the_middle_of_a_receive_fails_within_ten_seconds() -> None:
     store = make_store()
     proc = mp.get_context("spawn").Process(
@@ -123,13 +129,13 @@ def test_peer_that_never_shows_up_times_out_naming_it_and_a_late_peer_still_conn
     sender = threading.Thread(target=lambda: other.send({"hello": torch.arange(3)}))
     sender.start()
     # "early" waits only 0.5 s for a peer: let "late" announce itself first
-    store.wait(["p2p/early+late/1to0/1/send"], datetime.timedelta(seconds=30))
+    store.wait(["p2p/early+late/1/1to0/send"], datetime.timedelta(seconds=30))
     got = group.recv(timeout=30)
     sender.join(timeout=30)
     assert torch.equal(got["hello"], torch.arange(3))
     reply = threading.Thread(target=lambda: other.recv(timeout=30))
     reply.start()
-    store.wait(["p2p/early+late/0to1/1/recv"], datetime.timedelta(seconds=30))
+    store.wait(["p2p/early+late/1/0to1/recv"], datetime.timedelta(seconds=30))
     group.send("back", timeout=30)
     reply.join(timeout=30)
     coll.close()

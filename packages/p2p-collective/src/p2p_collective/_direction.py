@@ -61,7 +61,12 @@ class _Op:
         self.label = label
         self.deadline = deadline
         self.started = False
-        self.work: AsyncResultWork[Any] = AsyncResultWork()
+        self.work: AsyncResultWork[Any] | None = None  # None: run inline, nobody waits on it
+
+    def handle(self) -> AsyncResultWork[Any]:
+        if self.work is None:
+            self.work = AsyncResultWork()
+        return self.work
 
 
 class Direction:
@@ -77,6 +82,7 @@ class Direction:
         self._broken: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._current: _Op | None = None
+        self._sleepers = 0  # threads in self._cond.wait(): only they need a notify
 
     # -- submission ---------------------------------------------------------------------
 
@@ -98,31 +104,34 @@ class Direction:
             Exception: What the operation raised (synchronous calls).
         """
         op = _Op(run, label, deadline)
-        inline = False
-        me = threading.current_thread()
         with self._cond:
             err = self._unusable_error(label)
-            if err is not None:
-                op.work.set_exception(err)
-                return op.work if async_op else op.work.wait()
-            if not async_op and not self._busy and not self._queue:
-                self._busy = True
+            if err is None and not async_op and not self._busy and not self._queue:
+                self._busy = True  # fast path: idle, run it right here in the caller's thread
                 inline = True
             else:
-                self._queue.append(op)
-                if not (me is self._thread and not async_op):
-                    self._ensure_thread()
-                    self._cond.notify_all()
+                inline = False
+                work = op.handle()
+                if err is None:
+                    self._queue.append(op)
+                    if async_op or threading.current_thread() is not self._thread:
+                        self._ensure_thread()
+                        self._cond.notify_all()
         if inline:
-            self._execute(op)
-            return op.work.wait()
+            result, error = self._perform(op)
+            if error is not None:
+                raise error
+            return result
+        if err is not None:
+            work.set_exception(err)
+            return work if async_op else work.wait()
         if async_op:
-            return op.work
-        if me is self._thread:
+            return work
+        if threading.current_thread() is self._thread:
             # A then-callback on this direction's own thread waits for a synchronous op:
             # execute the queue here, in order, up to and including that op.
             self._drain_until(op)
-            return op.work.wait()
+            return work.wait()
         return self._wait_sync(op)
 
     def _unusable_error(self, label: str) -> BaseException | None:
@@ -139,9 +148,10 @@ class Direction:
         return None
 
     def _wait_sync(self, op: _Op) -> Any:
+        work = op.handle()
         left = remaining(op.deadline)
         try:
-            return op.work.wait(None if left is None else left + _GRACE)
+            return work.wait(None if left is None else left + _GRACE)
         except WorkTimeoutError:
             pass
         err = CollectiveTimeoutError(
@@ -150,11 +160,11 @@ class Direction:
         )
         failed: list[tuple[_Op, BaseException]] = []
         with self._cond:
-            if op.started and not op.work.done():
+            if op.started and not work.done():
                 failed = self._break_locked(err)
         _fail_all(failed)
-        op.work.set_exception(err)
-        return op.work.wait()
+        work.set_exception(err)
+        return work.wait()
 
     # -- execution ----------------------------------------------------------------------
 
@@ -167,7 +177,7 @@ class Direction:
         while True:
             with self._cond:
                 while not self._closed and (self._busy or not self._queue):
-                    self._cond.wait()
+                    self._sleep()
                 if self._closed and not self._queue:
                     return
                 if self._busy:
@@ -177,11 +187,18 @@ class Direction:
             self._execute(op)
             del op  # hold nothing (the group, its process groups) while idle
 
+    def _sleep(self) -> None:
+        self._sleepers += 1
+        try:
+            self._cond.wait()
+        finally:
+            self._sleepers -= 1
+
     def _drain_until(self, target: _Op) -> None:
-        while not target.work.done():
+        while not target.handle().done():
             with self._cond:
                 while self._busy:
-                    self._cond.wait()
+                    self._sleep()
                 if not self._queue:
                     return
                 op = self._queue.popleft()
@@ -189,18 +206,27 @@ class Direction:
             self._execute(op)
 
     def _execute(self, op: _Op) -> None:
-        """Run one popped operation (``_busy`` is set by the caller) and complete its work."""
+        """Run one popped, queued operation and complete its handle."""
+        result, error = self._perform(op)
+        work = op.handle()
+        if error is not None:
+            work.set_exception(error)
+        else:
+            work.set_result(result)
+
+    def _perform(self, op: _Op) -> tuple[Any, BaseException | None]:
+        """Run one operation (``_busy`` is set by the caller); return (result, error)."""
         result: Any = None
         error: BaseException | None = None
         t0 = time.perf_counter()
         try:
-            if op.work.done():  # abandoned by its synchronous caller (timed out while queued)
-                return
+            if op.work is not None and op.work.done():  # abandoned by a timed-out caller
+                return None, None
             if op.deadline is not None and time.monotonic() >= op.deadline:
                 error = CollectiveTimeoutError(
                     f"{self.name}: {op.label} timed out while waiting in the queue"
                 )
-                return
+                return None, error
             op.started = True
             self._current = op
             try:
@@ -212,19 +238,18 @@ class Direction:
                 with self._cond:
                     failed = self._break_locked(exc)
                 _fail_all(failed)
+            return result, error
         finally:
+            stats = self.stats
             if op.started:
-                self.stats.busy_seconds += time.perf_counter() - t0
+                stats.busy_seconds += time.perf_counter() - t0
             if error is not None:
-                self.stats.failures += 1
+                stats.failures += 1
             with self._cond:
                 self._busy = False
                 self._current = None
-                self._cond.notify_all()
-            if error is not None:
-                op.work.set_exception(error)
-            else:
-                op.work.set_result(result)
+                if self._sleepers:
+                    self._cond.notify_all()
 
     def abort(self, exc: BaseException) -> None:
         """Break the direction with ``exc`` and fail the running operation's handle.
@@ -237,7 +262,7 @@ class Direction:
             current = self._current
             failed = self._break_locked(exc)
         _fail_all(failed)
-        if current is not None:
+        if current is not None and current.work is not None:
             current.work.set_exception(exc)
 
     def _break_locked(self, exc: BaseException) -> list[tuple[_Op, BaseException]]:
@@ -293,4 +318,4 @@ class Direction:
 
 def _fail_all(failed: list[tuple[_Op, BaseException]]) -> None:
     for op, err in failed:
-        op.work.set_exception(err)
+        op.handle().set_exception(err)

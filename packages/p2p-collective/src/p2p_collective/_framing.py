@@ -31,10 +31,9 @@ a longer message than the posted receive aborts the receiving process inside glo
 
 from __future__ import annotations
 
-import enum
 import math
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -56,8 +55,8 @@ MAX_NDIM = 64
 MAX_META = 1 << 30
 
 
-class Kind(enum.IntEnum):
-    """Payload kind carried in the fixed header."""
+class Kind:
+    """Payload kinds carried in the fixed header (wire values; plain ints for speed)."""
 
     TENSOR = 1
     LIST = 2
@@ -67,7 +66,10 @@ class Kind(enum.IntEnum):
     OBJECT = 6
 
 
-class Flag(enum.IntFlag):
+KIND_NAMES = {1: "tensor", 2: "list", 3: "tuple", 4: "dict", 5: "dataclass", 6: "object"}
+
+
+class Flag:
     """Bits of the fixed header's ``flags``."""
 
     EXT = 0x1  # metadata and object travel in a second message
@@ -76,7 +78,10 @@ class Flag(enum.IntFlag):
     INLINE = 0x8  # the tensors' bytes follow the object inside the header message
 
 
-class Device(enum.IntEnum):
+_KNOWN_FLAGS = Flag.EXT | Flag.NAMES | Flag.ORDERED | Flag.INLINE
+
+
+class Device:
     """Device kind of a tensor entry; the receiver picks its own device index."""
 
     CPU = 0
@@ -118,8 +123,7 @@ for _code, _name in _DTYPE_NAMES:
         CODE_TO_DTYPE[_code] = _dt
 
 
-@dataclass(frozen=True)
-class TensorMeta:
+class TensorMeta(NamedTuple):
     """Metadata of one tensor of a frame."""
 
     dtype: torch.dtype
@@ -131,12 +135,11 @@ class TensorMeta:
     wire_bytes: int
 
 
-@dataclass(frozen=True)
-class FixedHeader:
+class FixedHeader(NamedTuple):
     """The validated fixed part of a frame's header message."""
 
-    kind: Kind
-    flags: Flag
+    kind: int
+    flags: int
     seq: int
     n_tensors: int
     meta_len: int
@@ -179,8 +182,8 @@ def pack_names(names: list[str]) -> bytes:
 def pack_fixed(
     buf: memoryview,
     *,
-    kind: Kind,
-    flags: Flag,
+    kind: int,
+    flags: int,
     n_tensors: int,
     meta_len: int,
     obj_len: int,
@@ -228,20 +231,16 @@ def parse_fixed(buf: memoryview, expected_seq: int, peer: str) -> FixedHeader:
             f"frame from {peer!r} has sequence number {seq}, expected {expected_seq}; the two"
             " sides paired send/recv and send_tensor/recv_tensor calls differently"
         )
-    try:
-        kind_e = Kind(kind)
-    except ValueError:
-        raise FramingError(f"frame from {peer!r} has unknown payload kind {kind}") from None
-    if flags & ~int(Flag.EXT | Flag.NAMES | Flag.ORDERED | Flag.INLINE) or (
-        flags & Flag.EXT and flags & Flag.INLINE
-    ):
+    if kind not in KIND_NAMES:
+        raise FramingError(f"frame from {peer!r} has unknown payload kind {kind}")
+    if flags & ~_KNOWN_FLAGS or (flags & Flag.EXT and flags & Flag.INLINE):
         raise FramingError(f"frame from {peer!r} has unknown or conflicting flags {flags:#x}")
     if n_tensors > MAX_TENSORS or meta_len > MAX_META:
         raise FramingError(
             f"frame from {peer!r} announces {n_tensors} tensors / {meta_len} metadata bytes,"
             f" over the limits {MAX_TENSORS} / {MAX_META}"
         )
-    hdr = FixedHeader(kind_e, Flag(flags), seq, n_tensors, meta_len, obj_len, wire_total)
+    hdr = FixedHeader(kind, flags, seq, n_tensors, meta_len, obj_len, wire_total)
     if not hdr.flags & Flag.EXT and hdr.inline_len > HEADER_MAX:
         raise FramingError(
             f"frame from {peer!r} claims an inline header of {hdr.inline_len} bytes,"

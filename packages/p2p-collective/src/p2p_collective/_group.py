@@ -10,9 +10,9 @@ import torch
 from p2p_collective._config import CollectiveConfig
 from p2p_collective._direction import CleanFailure, Direction
 from p2p_collective._errors import CollectiveError, FramingError, GroupClosedError
-from p2p_collective._framing import FIXED, HEADER_MAX, looks_like_header
+from p2p_collective._framing import FIXED, HEADER_MAX, KIND_NAMES, looks_like_header
 from p2p_collective._payload import OutFrame, check_tensor, encode, flat_bytes, rebuild
-from p2p_collective._rendezvous import claim_epoch, meet, private_client, wait_key
+from p2p_collective._rendezvous import claim_incarnation, meet, private_client, wait_key
 from p2p_collective._transport import GlooLink, LinkFactory, StoreLike, deadline_after, remaining
 from p2p_collective._wire import patch_frame_seq, read_frame
 
@@ -23,10 +23,9 @@ class _Side:
     def __init__(self, group: CollectiveGroup, role: str) -> None:
         self.role = role
         src, dst = (group.rank, 1 - group.rank) if role == "send" else (1 - group.rank, group.rank)
-        self.base = f"p2p/{group.name}/{src}to{dst}"
+        self.direction_key = f"{src}to{dst}"
         self.direction = Direction(f"p2p[{group.name}].{role}")
         self.link: GlooLink | None = None
-        self.epoch: int | None = None
         self.store: StoreLike | None = None
         self.seq = 0
         self.scratch = torch.zeros(HEADER_MAX, dtype=torch.uint8)  # header / small recv_tensor
@@ -45,12 +44,10 @@ class _Side:
         if self.store is None:
             self.store = private_client(g.store)
         try:
-            if self.epoch is None:
-                self.epoch = claim_epoch(self.store, self.base, self.role)
-            prefix = meet(
+            prefix = f"p2p/{g.name}/{g.incarnation(self.store)}/{self.direction_key}"
+            meet(
                 self.store,
-                self.base,
-                self.epoch,
+                prefix,
                 self.role,
                 peer_role,
                 g.peer_name,
@@ -136,6 +133,7 @@ class CollectiveGroup:
         self.world_size = 2
         self._closed = False
         self._close_lock = threading.Lock()
+        self._incarnation: int | None = None
         self._send = _Side(self, "send")
         self._recv = _Side(self, "recv")
 
@@ -147,6 +145,17 @@ class CollectiveGroup:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
+
+    def incarnation(self, store: StoreLike) -> int:
+        """This group's incarnation number, claimed at the first use of either direction.
+
+        Raises:
+            CollectiveError: The store failed.
+        """
+        with self._close_lock:
+            if self._incarnation is None:
+                self._incarnation = claim_incarnation(store, self.name, self.rank)
+            return self._incarnation
 
     def _deadline(self, timeout: float | None) -> float | None:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
@@ -195,7 +204,7 @@ class CollectiveGroup:
         frame = encode(obj)
         return self._send.direction.submit(
             lambda dl: self._do_send(frame, dl),
-            label=f"send({frame.kind.name.lower()})",
+            label=f"send({KIND_NAMES[frame.kind]})",
             deadline=deadline,
             async_op=async_op,
         )
@@ -349,7 +358,7 @@ class CollectiveGroup:
             return rebuild(got.kind, got.flags, got.metas, got.names, got.obj, got.tensors)
         except Exception as exc:
             err = CollectiveError(
-                f"p2p[{self.name}]: received a {got.kind.name.lower()} payload from"
+                f"p2p[{self.name}]: received a {KIND_NAMES[got.kind]} payload from"
                 f" {self.peer_name!r} but could not rebuild it: {exc}"
             )
             err.__cause__ = exc
@@ -379,7 +388,7 @@ class CollectiveGroup:
             if n < HEADER_MAX:
                 # Post a full header-sized receive so a frame header sent by a mismatched
                 # send() is caught here instead of overrunning a small buffer.
-                side.scratch[: FIXED.size].zero_()
+                side.scratch_view[:4] = bytes(4)  # no stale magic from an earlier header
                 link.recv(side.scratch, deadline)
                 probe = side.scratch_view
             else:

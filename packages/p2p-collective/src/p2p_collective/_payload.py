@@ -40,8 +40,9 @@ _NO_OBJECT: Any = object()
 class OutFrame:
     """An encoded frame, ready for the sending thread to put on the wire."""
 
-    kind: Kind
-    buffer: torch.Tensor  # uint8: fixed header + metadata + pickled object
+    kind: int
+    view: memoryview  # fixed header + metadata + pickled object (+ inline tensors)
+    buffer: torch.Tensor  # uint8 tensor over ``view``
     ext: bool  # metadata/object travel in a second message
     tensors: list[torch.Tensor]  # the payload's tensors, in frame order
     metas: list[TensorMeta]
@@ -100,23 +101,23 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def _classify(obj: Any) -> tuple[Kind, Flag, list[Any], list[str], list[str] | None, Any]:
+def _classify(obj: Any) -> tuple[int, int, list[Any], list[str], list[str] | None, Any]:
     """Return kind, flags, tensors, their position names, names section, object part."""
     if isinstance(obj, torch.Tensor):
-        return Kind.TENSOR, Flag(0), [obj], ["payload"], None, _NO_OBJECT
+        return Kind.TENSOR, 0, [obj], ["payload"], None, _NO_OBJECT
     tp = type(obj)
     if tp in (list, tuple) and obj and all(isinstance(x, torch.Tensor) for x in obj):
         kind = Kind.LIST if tp is list else Kind.TUPLE
         return (
             kind,
-            Flag(0),
+            0,
             list(obj),
             [f"payload[{i}]" for i in range(len(obj))],
             None,
             _NO_OBJECT,
         )
     if tp in (dict, OrderedDict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        flags = Flag.ORDERED if tp is OrderedDict else Flag(0)
+        flags = Flag.ORDERED if tp is OrderedDict else 0
         keys = list(obj.keys())
         where = [f"payload[{k!r}]" for k in keys]
         if all(type(k) is str for k in keys):
@@ -141,7 +142,7 @@ def _classify(obj: Any) -> tuple[Kind, Flag, list[Any], list[str], list[str] | N
                 names,
                 skeleton,
             )
-    return Kind.OBJECT, Flag(0), [], [], None, obj
+    return Kind.OBJECT, 0, [], [], None, obj
 
 
 def encode(obj: Any, op: str = "send(obj)") -> OutFrame:
@@ -195,7 +196,7 @@ def encode(obj: Any, op: str = "send(obj)") -> OutFrame:
         wire_total=sum(m.wire_bytes for m in metas),
     )
     buffer = torch.frombuffer(view, dtype=torch.uint8)
-    return OutFrame(kind, buffer, ext, tensors, metas, payloads, obj_len)
+    return OutFrame(kind, view, buffer, ext, tensors, metas, payloads, obj_len)
 
 
 def allocate(meta: TensorMeta, take: Callable[[int], torch.Tensor]) -> torch.Tensor:
@@ -206,8 +207,8 @@ def allocate(meta: TensorMeta, take: Callable[[int], torch.Tensor]) -> torch.Ten
 
 
 def rebuild(
-    kind: Kind,
-    flags: Flag,
+    kind: int,
+    flags: int,
     metas: list[TensorMeta],
     names: list[str] | None,
     obj_bytes: memoryview | None,

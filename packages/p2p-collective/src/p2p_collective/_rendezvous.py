@@ -4,10 +4,11 @@ A ``torch.distributed.TCPStore`` (or any ``torch.distributed.Store``) is used as
 other object with ``set``/``get``/``add``/``wait`` is wrapped in a ``torch.distributed.Store``
 subclass so gloo can use it too.
 
-Each direction of a group meets under its own key prefix. Both members count how often
-they have opened that direction in their role (``store.add``), so the k-th opening on one
-side meets the k-th opening on the other, and a group re-created after a restart never
-reads the stale addresses of an earlier incarnation.
+Each direction of a group meets under its own key prefix, which includes the group's
+incarnation: both members count how often they have put a group with that key to use
+(``store.add``), so the k-th incarnation on one side meets the k-th on the other, and a
+group re-created on both sides (for instance after a restart) never reads the stale
+addresses of an earlier incarnation.
 """
 
 from __future__ import annotations
@@ -134,48 +135,44 @@ def wait_key(
         pause = min(pause * 2, 0.05)
 
 
-def claim_epoch(store: StoreLike, base: str, role: str) -> int:
-    """Count one more opening of a direction in ``role``; the k-th meets the peer's k-th.
+def claim_incarnation(store: StoreLike, group_key: str, rank: int) -> int:
+    """Count one more incarnation of a group on this side; the k-th meets the peer's k-th.
 
     Raises:
         CollectiveError: The store failed.
     """
+    key = f"p2p/{group_key}/incarnations/{rank}"
     try:
-        return int(store.add(f"{base}/{role}", 1))
+        return int(store.add(key, 1))
     except Exception as exc:
-        raise CollectiveError(f"rendezvous store failed at {base!r}: {exc}") from exc
+        raise CollectiveError(f"rendezvous store failed at {key!r}: {exc}") from exc
 
 
 def meet(
     store: StoreLike,
-    base: str,
-    epoch: int,
+    prefix: str,
     role: str,
     peer_role: str,
     peer: str,
     timeout: float | None,
     cancelled: Callable[[], bool] = lambda: False,
-) -> str:
+) -> None:
     """Announce this side of one direction and wait for the peer's matching announcement.
 
     Args:
         store: The rendezvous store (a client private to this direction).
-        base: Key prefix of the direction (group key and direction).
-        epoch: From :func:`claim_epoch`; keep it to retry after a timeout.
+        prefix: Key prefix of the direction (group key, incarnation, direction).
         role: ``"send"`` or ``"recv"``: this side's role in the direction.
         peer_role: The other role.
         peer: Peer name, for error messages.
         timeout: Seconds to wait for the peer (None: no limit).
         cancelled: Polled while waiting; True stops the wait with a CollectiveError.
 
-    Returns:
-        The key prefix under which this direction's connections are made.
-
     Raises:
-        CollectiveTimeoutError: The peer did not announce itself in time.
+        CollectiveTimeoutError: The peer did not announce itself in time (retrying later
+            with the same prefix is fine).
         CollectiveError: The store failed, or the wait was cancelled.
     """
-    prefix = f"{base}/{epoch}"
     try:
         store.set(f"{prefix}/{role}", b"1")
         found = wait_key(store, f"{prefix}/{peer_role}", timeout, cancelled)
@@ -185,7 +182,6 @@ def meet(
         raise CollectiveError(f"rendezvous store failed at {prefix!r}: {exc}") from exc
     if not found:
         raise CollectiveTimeoutError(
-            f"peer {peer!r} did not join {base!r} (as {peer_role}) within {timeout} s;"
+            f"peer {peer!r} did not join {prefix!r} (as {peer_role}) within {timeout} s;"
             " is it running and using the same group?"
         )
-    return prefix

@@ -12,24 +12,26 @@ from dataclasses import dataclass
 import torch
 
 from p2p_collective._errors import FramingError
-from p2p_collective._framing import FIXED, Device, Flag, Kind, TensorMeta, parse_fixed, parse_meta
+from p2p_collective._framing import FIXED, Device, Flag, TensorMeta, parse_fixed, parse_meta
 from p2p_collective._framing import patch_seq as _patch_seq
 from p2p_collective._payload import OutFrame, allocate, flat_bytes
 from p2p_collective._recvpool import ReceiveBufferPool
 from p2p_collective._transport import GlooLink
 
+_NO_MAGIC = bytes(4)
+
 
 def patch_frame_seq(frame: OutFrame, seq: int) -> None:
     """Write the direction's sequence number into an encoded frame's header."""
-    _patch_seq(frame.buffer.numpy().data, seq)
+    _patch_seq(frame.view, seq)
 
 
 @dataclass
 class Received:
     """A frame taken off the wire, not yet rebuilt into the sent object."""
 
-    kind: Kind
-    flags: Flag
+    kind: int
+    flags: int
     metas: list[TensorMeta]
     names: list[str] | None
     obj: memoryview | None
@@ -63,7 +65,7 @@ def read_frame(
         CollectiveTimeoutError, PeerError: From the link.
     """
     peer = link.peer
-    scratch[: FIXED.size].zero_()  # a short stray message must not leave an old header behind
+    scratch_view[:4] = _NO_MAGIC  # a short stray message must not leave an old header behind
     link.recv(scratch, deadline)
     hdr = parse_fixed(scratch_view, expected_seq, peer)
     messages = 1
