@@ -149,6 +149,7 @@ class ChannelLink:
             "put": {},
             "get": {},
         }
+        self._order = {"put": threading.Lock(), "get": threading.Lock()}
         self.orphans: deque[Any] = deque()
         self.closed = False
 
@@ -201,8 +202,13 @@ class ChannelLink:
 
     def submit(
         self, kind: str, call: Callable[[int], Any], item: Any = None, batch: bool = False
-    ) -> ChannelWork:
-        """Issue control call ``call(token)``; its answer is processed in issue order."""
+    ) -> _Op:
+        """Issue control call ``call(token)``; its answer is processed in issue order.
+
+        The caller either :meth:`follow` s the op (asynchronous use) or :meth:`run` s it
+        (a blocking call: the answer is awaited and, when it is next in line, its
+        transfer done in the caller's thread, sparing two thread hand-offs).
+        """
         with self._lock:
             if self.closed:
                 raise ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
@@ -212,27 +218,56 @@ class ChannelLink:
             seq = self._seq[kind]
             self._seq[kind] += 1
         work = ChannelWork(ref, lambda wait, timeout: self._withdraw(token, wait, timeout))
-        op = _Op(seq, kind, work, item, batch)
-        ref.future().add_done_callback(lambda fut: self._on_answer(op, fut))
-        return work
+        return _Op(seq, kind, work, item, batch)
 
-    def _on_answer(self, op: _Op, fut: Future[Any]) -> None:
+    def follow(self, op: _Op) -> ChannelWork:
+        """Process ``op``'s answer whenever it comes; return its handle."""
+        op.work.ref.future().add_done_callback(lambda fut: self._on_future(op, fut))
+        return op.work
+
+    def run(self, op: _Op, limit: float | None) -> Any:
+        """Wait for ``op``'s answer and finish it (inline when possible); return its value.
+
+        After ``limit`` seconds without an answer the op is abandoned with a
+        :class:`ChannelClosedError`; its answer is still processed when it comes.
+        """
+        ref: Any = op.work.ref
+        try:
+            answer, error = ray.get(ref, timeout=limit), None
+        except ray.exceptions.GetTimeoutError:
+            op.work._finish(
+                exception=ChannelClosedError(
+                    f"channel {self.hello.name!r}: no answer from its channel worker within"
+                    f" {limit} s"
+                )
+            )
+            self.follow(op)
+            return op.work.wait(0)
+        except BaseException as exc:
+            answer, error = None, _unwrap(exc)
+        self._deliver(op, answer, error, inline=True)
+        return self.wait(op.work, limit)
+
+    def _on_future(self, op: _Op, fut: Future[Any]) -> None:
         try:
             answer, error = fut.result(), None
         except BaseException as exc:
             answer, error = None, _unwrap(exc)
-        with self._lock:
+        self._deliver(op, answer, error, inline=False)
+
+    def _deliver(self, op: _Op, answer: Any, error: BaseException | None, inline: bool) -> None:
+        with self._order[op.kind]:
             answers = self._answers[op.kind]
             answers[op.seq] = (op, answer, error)
             while self._next[op.kind] in answers:
                 ready = answers.pop(self._next[op.kind])
                 self._next[op.kind] += 1
                 try:
-                    self._process(*ready)
+                    self._process(*ready, inline=inline and ready[0] is op)
                 except BaseException as exc:  # never leave a handle pending
                     ready[0].work._finish(exception=exc)
 
-    def _process(self, op: _Op, answer: Any, error: BaseException | None) -> None:
+    def _process(self, op: _Op, answer: Any, error: BaseException | None, inline: bool) -> None:
         name = self.hello.name
         if error is not None:
             if isinstance(error, ray.exceptions.RayActorError):
@@ -259,9 +294,9 @@ class ChannelLink:
                 )
             )
         elif op.kind == "put":
-            self._start_put(op, answer[1])
+            self._start_put(op, answer[1], inline)
         else:
-            self._start_get(op, answer[1], answer[2])
+            self._start_get(op, answer[1], answer[2], inline)
 
     def _stale(self, op: _Op) -> None:
         op.work._finish(
@@ -273,8 +308,9 @@ class ChannelLink:
 
     # -- payloads -------------------------------------------------------------------------
 
-    def _start_put(self, op: _Op, gen: int) -> None:
-        group = self._group_for(gen)
+    def _start_put(self, op: _Op, gen: int, inline: bool) -> None:
+        with self._lock:
+            group = self._group_for(gen)
         if group is None:
             self._stale(op)
             return
@@ -282,32 +318,46 @@ class ChannelLink:
         abandoned = op.work.done() or op.work.abandoned
         payload = Void() if abandoned else op.item  # abandoned: fill the slot, no item
         try:
-            send = group.send(payload, async_op=True, timeout=timeout)
+            send = group.send(payload, async_op=not inline, timeout=timeout)
         except (TypeError, ValueError) as exc:  # the item cannot be sent: free its slot
             group.send(Void(), async_op=True, timeout=timeout)
             op.work._finish(exception=exc)
             return
+        except Exception as exc:  # inline transfer failed
+            self._put_done(op, gen, abandoned, exc)
+            return
+        if inline:
+            self._put_done(op, gen, abandoned, None)
+        else:
+            ChannelWork._follow(send, lambda w: self._put_done(op, gen, abandoned, w.exception(0)))
 
-        def done(work: AsyncWork[Any]) -> None:
-            exc = work.exception(0)
-            if exc is None:
-                if abandoned:
-                    op.work._finish(exception=WorkCancelledError("the put was cancelled"))
-                op.work._finish(None)
-                return
-            self._ask_reset(gen)
-            err = ChannelError(f"channel {self.hello.name!r}: sending the item failed: {exc}")
-            err.__cause__ = exc
-            op.work._finish(exception=err)
+    def _put_done(self, op: _Op, gen: int, abandoned: bool, exc: BaseException | None) -> None:
+        if exc is None:
+            if abandoned:
+                op.work._finish(exception=WorkCancelledError("the put was cancelled"))
+            op.work._finish(None)
+            return
+        self._ask_reset(gen)
+        err = ChannelError(f"channel {self.hello.name!r}: sending the item failed: {exc}")
+        err.__cause__ = exc
+        op.work._finish(exception=err)
 
-        ChannelWork._follow(send, done)
-
-    def _start_get(self, op: _Op, gen: int, count: int) -> None:
-        group = self._group_for(gen)
+    def _start_get(self, op: _Op, gen: int, count: int, inline: bool) -> None:
+        with self._lock:
+            group = self._group_for(gen)
         if group is None:
             self._stale(op)
             return
         timeout = self.hello.transfer_timeout
+        if inline:
+            outcomes: list[tuple[Any, BaseException | None]] = []
+            for _ in range(count):
+                try:
+                    outcomes.append((group.recv(timeout=timeout), None))
+                except Exception as exc:
+                    outcomes.append((None, exc))
+            self._get_done(op, gen, outcomes)
+            return
         recvs = [group.recv(async_op=True, timeout=timeout) for _ in range(count)]
         left = [count]
         lock = threading.Lock()
@@ -317,24 +367,32 @@ class ChannelLink:
                 left[0] -= 1
                 if left[0]:
                     return
-            got = [w.wait(0) for w in recvs if w.exception(0) is None]
-            failures = [w.exception(0) for w in recvs if w.exception(0) is not None]
-            if failures:
-                self._ask_reset(gen)
-            if op.work.done() or op.work.abandoned:  # keep the items for the next get
-                with self._lock:
-                    self.orphans.extend(got)
-                op.work._finish(exception=WorkCancelledError("the get was cancelled"))
-                return
-            if got:
-                op.work._finish(got if op.batch else got[0])
-                return
-            err = ChannelError(f"channel {self.hello.name!r}: receiving failed: {failures[0]}")
-            err.__cause__ = failures[0]
-            op.work._finish(exception=err)
+            outcomes = [
+                (w.wait(0) if w.exception(0) is None else None, w.exception(0)) for w in recvs
+            ]
+            self._get_done(op, gen, outcomes)
 
         for w in recvs:
             ChannelWork._follow(w, done)
+
+    def _get_done(
+        self, op: _Op, gen: int, outcomes: list[tuple[Any, BaseException | None]]
+    ) -> None:
+        got = [value for value, exc in outcomes if exc is None]
+        failures = [exc for _, exc in outcomes if exc is not None]
+        if failures:
+            self._ask_reset(gen)
+        if op.work.done() or op.work.abandoned:  # keep the items for the next get
+            with self._lock:
+                self.orphans.extend(got)
+            op.work._finish(exception=WorkCancelledError("the get was cancelled"))
+            return
+        if got:
+            op.work._finish(got if op.batch else got[0])
+            return
+        err = ChannelError(f"channel {self.hello.name!r}: receiving failed: {failures[0]}")
+        err.__cause__ = failures[0]
+        op.work._finish(exception=err)
 
     # -- waiting and closing ------------------------------------------------------------
 

@@ -125,10 +125,10 @@ class Channel:
         """
         timeout = check_timeout(timeout)
         link = self._link()
-        work = link.submit(
+        op = link.submit(
             "put", lambda t: link.actor.put_begin.remote(link.peer, t, True, timeout), item
         )
-        return work if async_op else link.wait(work, link.limit(timeout))
+        return link.follow(op) if async_op else link.run(op, link.limit(timeout))
 
     def put_nowait(self, item: Any) -> None:
         """Append ``item`` if there is room now; never wait for room.
@@ -148,30 +148,40 @@ class Channel:
             ...     pass
         """
         link = self._link()
-        work = link.submit(
+        op = link.submit(
             "put", lambda t: link.actor.put_begin.remote(link.peer, t, False, None), item
         )
-        link.wait(work, link.limit(0.0))
+        link.run(op, link.limit(0.0))
 
     # -- getting --------------------------------------------------------------------------
 
     def _get(
-        self, max_items: int, max_bytes: int | None, block: bool, timeout: float | None, batch: bool
-    ) -> ChannelWork:
+        self,
+        max_items: int,
+        max_bytes: int | None,
+        block: bool,
+        timeout: float | None,
+        batch: bool,
+        async_op: bool,
+    ) -> Any:
         link = self._link()
         with link._lock:
             if link.orphans:  # items a get abandoned after they were granted
-                work = ChannelWork(None)
                 taken = [link.orphans.popleft() for _ in range(min(max_items, len(link.orphans)))]
-                work._finish(taken if batch else taken[0])
+                value = taken if batch else taken[0]
+                if not async_op:
+                    return value
+                work = ChannelWork(None)
+                work._finish(value)
                 return work
-        return link.submit(
+        op = link.submit(
             "get",
             lambda t: link.actor.get_begin.remote(
                 link.peer, t, max_items, max_bytes, block, timeout
             ),
             batch=batch,
         )
+        return link.follow(op) if async_op else link.run(op, link.limit(timeout))
 
     def get(self, async_op: bool = False, *, timeout: float | None = None) -> Any:
         """Remove and return the oldest item; wait while the channel is empty.
@@ -197,8 +207,7 @@ class Channel:
             >>> item = await work  # doctest: +SKIP
         """
         timeout = check_timeout(timeout)
-        work = self._get(1, None, True, timeout, batch=False)
-        return work if async_op else self._link().wait(work, self._link().limit(timeout))
+        return self._get(1, None, True, timeout, batch=False, async_op=async_op)
 
     def get_nowait(self) -> Any:
         """Remove and return the oldest item if the channel holds one; never wait for a put.
@@ -220,8 +229,7 @@ class Channel:
             ... except ChannelEmpty:
             ...     item = None
         """
-        work = self._get(1, None, False, None, batch=False)
-        return self._link().wait(work, self._link().limit(0.0))
+        return self._get(1, None, False, 0.0, batch=False, async_op=False)
 
     def get_batch(
         self,
@@ -272,8 +280,7 @@ class Channel:
             if max_bytes < 1:
                 raise ValueError(f"max_bytes must be >= 1 or None, got {max_bytes}")
         timeout = check_timeout(timeout)
-        work = self._get(max_items, max_bytes, True, timeout, batch=True)
-        return work if async_op else self._link().wait(work, self._link().limit(timeout))
+        return self._get(max_items, max_bytes, True, timeout, batch=True, async_op=async_op)
 
     # -- state --------------------------------------------------------------------------
 
