@@ -188,9 +188,15 @@ class Collective:
                     config=self.config,
                     init_timeout=self.init_timeout,
                     owner=self,
+                    on_close=self._forget,
                 )
                 self._groups[key] = group
             return group
+
+    def _forget(self, group: CollectiveGroup) -> None:
+        with self._lock:
+            if self._groups.get(group.name) is group:
+                del self._groups[group.name]
 
     @property
     def groups(self) -> dict[str, CollectiveGroup]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -233,8 +234,10 @@ class Direction:
                 result = op.run(op.deadline)
             except CleanFailure as clean:
                 error = clean.error
+                _scrub(error)
             except BaseException as exc:
                 error = exc
+                _scrub(exc)
                 with self._cond:
                     failed = self._break_locked(exc)
                 _fail_all(failed)
@@ -314,6 +317,24 @@ class Direction:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread() and not busy:
             thread.join(timeout)
+
+
+def _scrub(exc: BaseException) -> None:
+    """Drop the local variables of an error's finished frames (and its causes' frames).
+
+    A failed operation's error is kept (by its handle, and as the cause of a broken
+    direction); its traceback frames would otherwise keep the payload and the process
+    group alive. The traceback itself (files, lines) stays intact.
+    """
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        err = stack.pop()
+        if err is None or id(err) in seen:
+            continue
+        seen.add(id(err))
+        traceback.clear_frames(err.__traceback__)
+        stack += [err.__cause__, err.__context__]
 
 
 def _fail_all(failed: list[tuple[_Op, BaseException]]) -> None:

@@ -53,6 +53,8 @@ _U32 = struct.Struct("<I")
 MAX_TENSORS = 1 << 20
 MAX_NDIM = 64
 MAX_META = 1 << 30
+MAX_BYTES = 1 << 40
+"""Largest pickled object or tensor (1 TiB) a frame may announce; larger is a FramingError."""
 
 
 class Kind:
@@ -235,10 +237,10 @@ def parse_fixed(buf: memoryview, expected_seq: int, peer: str) -> FixedHeader:
         raise FramingError(f"frame from {peer!r} has unknown payload kind {kind}")
     if flags & ~_KNOWN_FLAGS or (flags & Flag.EXT and flags & Flag.INLINE):
         raise FramingError(f"frame from {peer!r} has unknown or conflicting flags {flags:#x}")
-    if n_tensors > MAX_TENSORS or meta_len > MAX_META:
+    if n_tensors > MAX_TENSORS or meta_len > MAX_META or obj_len > MAX_BYTES:
         raise FramingError(
-            f"frame from {peer!r} announces {n_tensors} tensors / {meta_len} metadata bytes,"
-            f" over the limits {MAX_TENSORS} / {MAX_META}"
+            f"frame from {peer!r} announces {n_tensors} tensors / {meta_len} metadata bytes /"
+            f" a {obj_len}-byte object, over the limits {MAX_TENSORS} / {MAX_META} / {MAX_BYTES}"
         )
     hdr = FixedHeader(kind, flags, seq, n_tensors, meta_len, obj_len, wire_total)
     if not hdr.flags & Flag.EXT and hdr.inline_len > HEADER_MAX:
@@ -280,6 +282,11 @@ def _parse_meta(
         shape = struct.unpack_from(f"<{ndim}q", buf, off)
         off += 8 * ndim
         numel = math.prod(shape)
+        if raw_bytes > MAX_BYTES or wire_bytes > MAX_BYTES:
+            raise FramingError(
+                f"frame from {peer!r}: tensor {i} announces {raw_bytes} raw / {wire_bytes} wire"
+                f" bytes, over the limit {MAX_BYTES}"
+            )
         if min(shape, default=0) < 0 or numel * dtype.itemsize != raw_bytes:
             raise FramingError(
                 f"frame from {peer!r}: tensor {i} of shape {shape} and dtype {dtype} does"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,9 +42,9 @@ class _Side:
             raise CleanFailure(GroupClosedError(f"p2p[{g.name}]: the group was closed"))
         wait = _min_timeout(g.init_timeout, remaining(deadline))
         peer_role = "recv" if self.role == "send" else "send"
-        if self.store is None:
-            self.store = private_client(g.store)
         try:
+            if self.store is None:
+                self.store = private_client(g.store, wait)
             prefix = f"p2p/{g.name}/{g.incarnation(self.store)}/{self.direction_key}"
             meet(
                 self.store,
@@ -120,8 +121,10 @@ class CollectiveGroup:
         config: CollectiveConfig,
         init_timeout: float | None,
         owner: object = None,
+        on_close: Callable[[CollectiveGroup], None] | None = None,
     ) -> None:
         self._owner = owner  # keeps the Collective (and its finalizer) alive while in use
+        self._on_close = on_close
         self.name = name
         self.rank = rank
         self.self_name = self_name
@@ -447,3 +450,6 @@ class CollectiveGroup:
         for side in (self._send, self._recv):
             side.direction.close(timeout)
             side.close()
+        if self._on_close is not None:
+            self._on_close(self)  # the Collective forgets the closed group
+        self._owner = None

@@ -14,6 +14,7 @@ addresses of an earlier incarnation.
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -24,6 +25,7 @@ from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
 from p2p_collective._transport import StoreLike, to_timedelta
 
 _TorchStore: Any = dist.Store  # type: ignore[attr-defined]
+_TCPStore: Any = dist.TCPStore  # type: ignore[attr-defined]
 
 
 @runtime_checkable
@@ -97,20 +99,52 @@ def as_torch_store(store: Any) -> StoreLike:
     return _StoreAdapter(store)
 
 
-def private_client(store: StoreLike) -> StoreLike:
-    """A store client of its own for one direction, when the store can clone itself.
+def private_client(store: StoreLike, timeout: float | None) -> StoreLike:
+    """A store client of its own for one direction, made within ``timeout`` seconds.
 
     A ``TCPStore`` client serializes its requests: one thread blocked in ``wait`` holds up
     every other thread's ``set`` on the same client, which would let the rendezvous of one
-    group stall another's. A clone opens its own connection to the same server.
+    group stall another's (gloo's own connect waits on the store). So each direction
+    gets its own connection to the same server: for a ``TCPStore`` a new client whose
+    connect timeout is ``timeout``; for another store that can ``clone()``, a clone made
+    on a helper thread that is waited for at most ``timeout``; otherwise the store itself.
+
+    Raises:
+        CollectiveTimeoutError: The store did not answer in time (it is gone or busy).
+        CollectiveError: The store refused the connection.
     """
+    if isinstance(store, _TCPStore):
+        try:
+            return _TCPStore(
+                store.host,
+                store.port,
+                is_master=False,
+                timeout=to_timedelta(timeout),
+                wait_for_workers=False,
+            )
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CollectiveTimeoutError(
+                f"could not connect a client to the rendezvous store at"
+                f" {store.host}:{store.port} within {timeout} s: {first}"
+            ) from exc
     clone = getattr(store, "clone", None)
     if clone is None:
         return store
-    try:
-        cloned = clone()
-    except Exception:  # stores that cannot clone (NotImplementedError) are used as they are
-        return store
+    box: list[Any] = []
+
+    def make() -> None:
+        try:
+            box.append(clone())
+        except BaseException as exc:  # NotImplementedError: share the store instead
+            box.append(exc)
+
+    helper = threading.Thread(target=make, name="p2p-store-clone", daemon=True)
+    helper.start()
+    helper.join(timeout)
+    if not box:
+        raise CollectiveTimeoutError(f"the rendezvous store did not clone within {timeout} s")
+    cloned = box[0]
     return cloned if isinstance(cloned, _TorchStore) else store
 
 

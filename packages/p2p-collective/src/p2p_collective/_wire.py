@@ -7,7 +7,9 @@ process when a message is longer than the receive posted for it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -41,6 +43,15 @@ class Received:
     wire_bytes: int
 
 
+def _allocate(make: Callable[[], torch.Tensor], nbytes: int, peer: str) -> torch.Tensor:
+    try:
+        return make()
+    except (RuntimeError, MemoryError) as exc:  # the frame cannot be taken off the wire
+        raise FramingError(
+            f"frame from {peer!r}: cannot allocate the {nbytes} bytes it announces: {exc}"
+        ) from exc
+
+
 def read_frame(
     link: GlooLink,
     scratch: torch.Tensor,
@@ -71,7 +82,9 @@ def read_frame(
     messages = 1
     wire = hdr.inline_len
     if hdr.flags & Flag.EXT:
-        ext = pool.take(hdr.meta_len + hdr.obj_len)
+        ext = _allocate(
+            lambda: pool.take(hdr.meta_len + hdr.obj_len), hdr.meta_len + hdr.obj_len, peer
+        )
         if ext.numel():
             link.recv(ext, deadline)
             messages += 1
@@ -86,7 +99,7 @@ def read_frame(
                 f"frame from {peer!r}: tensor {i} has device kind {m.device} and codec"
                 f" {m.codec_id}; this version receives raw CPU tensors only"
             )
-    tensors = [allocate(m, pool.take) for m in metas]
+    tensors = [_allocate(partial(allocate, m, pool.take), m.raw_bytes, peer) for m in metas]
     if hdr.flags & Flag.INLINE:
         off = FIXED.size + hdr.meta_len + hdr.obj_len
         for t, m in zip(tensors, metas, strict=True):
