@@ -290,9 +290,11 @@ class CollectiveGroup:
         """Receive one :meth:`send_tensor` message into ``tensor`` (in place).
 
         Args:
-            tensor: A dense, contiguous CPU tensor with as many bytes as the peer sends. A
-                shorter message leaves the rest of ``tensor`` unchanged; a longer one makes
-                gloo abort this process, so sizes must agree.
+            tensor: A dense, contiguous CPU tensor with exactly as many bytes as the
+                peer's ``send_tensor``. Sizes are not checked (no metadata travels): a
+                shorter message leaves the rest of ``tensor`` zeroed (under 64 KiB) or
+                unchanged; a longer one is cut short when both are under 64 KiB and
+                otherwise makes gloo abort this process.
             async_op: Return an AsyncWork at once instead of waiting.
             timeout: Seconds from now until the tensor must have arrived (None: the
                 configured ``op_timeout``).
@@ -391,7 +393,8 @@ class CollectiveGroup:
             if n < HEADER_MAX:
                 # Post a full header-sized receive so a frame header sent by a mismatched
                 # send() is caught here instead of overrunning a small buffer.
-                side.scratch_view[:4] = bytes(4)  # no stale magic from an earlier header
+                # no stale magic from an earlier header, no stale bytes in a short message
+                side.scratch[: max(n, 4)].zero_()
                 link.recv(side.scratch, deadline)
                 probe = side.scratch_view
             else:
