@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p2p_asyncwork import ConfigError
+from p2p_collective._emulation import NetEmulationConfig as NetEmulationConfig
+from p2p_collective._emulation import parse_net_emulation as parse_net_emulation
 from p2p_compress import (
     TensorBufferPoolConfig,
     TensorCompressionConfig,
@@ -51,15 +53,6 @@ def _nonneg_int(value: object, path: str) -> int:
     return int(value)
 
 
-def _positive(value: object, path: str, *, zero_ok: bool) -> float:
-    allowed = "a number >= 0" if zero_ok else "a number > 0"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise _fail(path, value, allowed)
-    if value < 0 or (value == 0 and not zero_ok) or math.isinf(value):
-        raise _fail(path, value, allowed)
-    return float(value)
-
-
 def _mapping(section: object, path: str, keys: tuple[str, ...]) -> Mapping[str, Any]:
     if not isinstance(section, Mapping):
         raise _fail(path, section, "a mapping of keys to values (or omit the section)")
@@ -70,61 +63,13 @@ def _mapping(section: object, path: str, keys: tuple[str, ...]) -> Mapping[str, 
 
 
 @dataclass(frozen=True)
-class NetEmulationConfig:
-    """Link emulation, paced at the sender (``cluster.net_emulation``; applied in issue 5).
-
-    Attributes:
-        bandwidth_mbps: Link bandwidth in Mbit/s; None leaves bandwidth unlimited.
-        delay_ms: One-way delay added per message, in milliseconds.
-    """
-
-    bandwidth_mbps: float | None = None
-    delay_ms: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """The section as a plain dict that :func:`parse_net_emulation` accepts."""
-        return {"enabled": True, "bandwidth_mbps": self.bandwidth_mbps, "delay_ms": self.delay_ms}
-
-
-def parse_net_emulation(
-    section: Mapping[str, Any] | None, path: str = "cluster.net_emulation"
-) -> NetEmulationConfig | None:
-    """Parse the ``net_emulation`` section.
-
-    Args:
-        section: ``{enabled, bandwidth_mbps, delay_ms}`` as a plain dict, or None.
-        path: The section's key path, for error messages.
-
-    Returns:
-        The config, or None when the section is omitted or ``enabled`` is false.
-
-    Raises:
-        ConfigError: An unknown key or a value out of range.
-
-    Example:
-        >>> parse_net_emulation({"bandwidth_mbps": 1000, "delay_ms": 0.5})
-        NetEmulationConfig(bandwidth_mbps=1000.0, delay_ms=0.5)
-    """
-    if section is None:
-        return None
-    sec = _mapping(section, path, ("enabled", "bandwidth_mbps", "delay_ms"))
-    enabled = sec.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise _fail(f"{path}.enabled", enabled, "true or false")
-    bw = sec.get("bandwidth_mbps")
-    bandwidth = None if bw is None else _positive(bw, f"{path}.bandwidth_mbps", zero_ok=False)
-    delay = _positive(sec.get("delay_ms", 0.0), f"{path}.delay_ms", zero_ok=True)
-    return NetEmulationConfig(bandwidth, delay) if enabled else None
-
-
-@dataclass(frozen=True)
 class CollectiveConfig:
     """Job-level configuration of every :class:`~p2p_collective.Collective` of a job.
 
     Attributes:
-        compression: Tensor compression on the wire (issue 5), or None for raw.
+        compression: Tensor compression on the wire, or None for raw.
         buffer_pool: Bound on the pooled compression buffers of one process.
-        net_emulation: Link emulation (issue 5), or None.
+        net_emulation: Link emulation, paced at each sender, or None.
         init_timeout: Seconds the first operation of each direction waits for the peer
             to join that direction (None: no limit). Default 60.
         op_timeout: Seconds an operation may take from submission to completion when

@@ -21,9 +21,10 @@ Wire layout of one frame (all integers little-endian)::
 A frame whose parts all fit in HEADER_MAX bytes is therefore one gloo message.
 
 Tensor entry in the metadata, 24 bytes ``"<BBBBB3xQQ"`` followed by ``ndim`` int64 dims:
-dtype code, ndim, device kind, codec id (0 = raw), tensor flags (bit 0: requires_grad),
-raw bytes, wire bytes. With ``Flag.NAMES`` a names section follows the entries: u32
-count, then per name u32 length + UTF-8 bytes (string dict keys, dataclass field names).
+dtype code, ndim, device kind, codec id (0 = raw, 1 = lz4, 2 = zstd), tensor flags (bit 0:
+requires_grad), raw bytes, wire bytes (the compressed size when the codec id is not 0).
+With ``Flag.NAMES`` a names section follows the entries: u32 count, then per name u32
+length + UTF-8 bytes (string dict keys, dataclass field names).
 
 The receiver never posts a receive whose size it has not read from a frame it validated:
 a longer message than the posted receive aborts the receiving process inside gloo.
@@ -200,6 +201,30 @@ def pack_fixed(
 def patch_seq(buf: memoryview, seq: int) -> None:
     """Write the sequence number into a packed fixed header."""
     _SEQ.pack_into(buf, SEQ_OFFSET, seq)
+
+
+_ENTRY_CODEC = struct.calcsize("<BBB")  # offset of the codec id inside a tensor entry
+_ENTRY_WIRE = struct.calcsize("<BBBBB3xQ")  # offset of the wire size inside a tensor entry
+_WIRE_TOTAL = struct.calcsize("<4sBBHQIIQ")  # offset of wire_total inside FIXED
+
+
+def entry_size(ndim: int) -> int:
+    """Bytes of one tensor entry of ``ndim`` dimensions in the metadata."""
+    return _ENTRY.size + 8 * ndim
+
+
+def patch_entry_codec(buf: memoryview, offset: int, codec_id: int, wire_bytes: int) -> None:
+    """Rewrite codec id and wire size of the tensor entry at ``offset`` of a packed frame.
+
+    Used when a tensor is compressed after encoding: the entry keeps its size.
+    """
+    buf[offset + _ENTRY_CODEC] = codec_id
+    _SEQ.pack_into(buf, offset + _ENTRY_WIRE, wire_bytes)
+
+
+def patch_wire_total(buf: memoryview, total: int) -> None:
+    """Rewrite ``wire_total`` in a packed fixed header."""
+    _SEQ.pack_into(buf, _WIRE_TOTAL, total)
 
 
 def looks_like_header(buf: memoryview, expected_seq: int) -> bool:

@@ -13,6 +13,8 @@ from functools import partial
 
 import torch
 
+from p2p_collective._compression import WireCodec, WireStats
+from p2p_collective._decoding import FrameDecoder, check_entries
 from p2p_collective._errors import FramingError
 from p2p_collective._framing import FIXED, Device, Flag, TensorMeta, parse_fixed, parse_meta
 from p2p_collective._framing import patch_seq as _patch_seq
@@ -59,8 +61,14 @@ def read_frame(
     expected_seq: int,
     deadline: float | None,
     pool: ReceiveBufferPool,
+    codec: WireCodec | None = None,
+    stats: WireStats | None = None,
 ) -> Received:
     """Receive one whole frame: header, optional extension, one message per tensor.
+
+    Compressed tensors (``codec`` given) are received into pooled buffers of exactly
+    their validated wire size and decoded into the allocated tensors, overlapping the
+    receives of the frame's later payloads.
 
     Args:
         link: The direction's link.
@@ -69,6 +77,8 @@ def read_frame(
         expected_seq: The sequence number the frame must carry.
         deadline: ``time.monotonic()`` deadline, or None.
         pool: Where large receive buffers come from.
+        codec: The Collective's compression state (None: compression off).
+        stats: The direction's tensor counters, updated once the frame is complete.
 
     Raises:
         FramingError: The header or metadata is not a valid frame for ``expected_seq``,
@@ -94,24 +104,49 @@ def read_frame(
         body = scratch_view[FIXED.size : hdr.inline_len]
     metas, names = parse_meta(body[: hdr.meta_len], hdr, peer)
     for i, m in enumerate(metas):
-        if m.device != Device.CPU or m.codec_id != 0:
+        if m.device != Device.CPU:
             raise FramingError(
-                f"frame from {peer!r}: tensor {i} has device kind {m.device} and codec"
-                f" {m.codec_id}; this version receives raw CPU tensors only"
+                f"frame from {peer!r}: tensor {i} has device kind {m.device}; this version"
+                " receives CPU tensors only"
             )
+    compressed = check_entries(metas, codec, peer)
     tensors = [_allocate(partial(allocate, m, pool.take), m.raw_bytes, peer) for m in metas]
+    decoder = None
+    if compressed:
+        assert codec is not None  # check_entries refuses compressed entries without one
+        decoder = FrameDecoder(codec, stats if stats is not None else WireStats(), peer)
     if hdr.flags & Flag.INLINE:
         off = FIXED.size + hdr.meta_len + hdr.obj_len
-        for t, m in zip(tensors, metas, strict=True):
+        for i, (t, m) in enumerate(zip(tensors, metas, strict=True)):
             if m.wire_bytes:
-                flat_bytes(t).copy_(scratch[off : off + m.wire_bytes])
+                src = scratch[off : off + m.wire_bytes]
+                if decoder is not None and m.codec_id:
+                    decoder.decode_now(i, m, src, t)
+                else:
+                    flat_bytes(t).copy_(src)
                 off += m.wire_bytes
     else:
-        for t, m in zip(tensors, metas, strict=True):
-            if m.wire_bytes:
-                link.recv(flat_bytes(t), deadline)
+        last = max((i for i, m in enumerate(metas) if m.wire_bytes), default=-1)
+        try:
+            for i, (t, m) in enumerate(zip(tensors, metas, strict=True)):
+                if not m.wire_bytes:
+                    continue
+                if decoder is not None and m.codec_id:
+                    decoder.receive(
+                        partial(link.recv, deadline=deadline), i, m, t, deadline, i < last
+                    )
+                else:
+                    link.recv(flat_bytes(t), deadline)
                 messages += 1
                 wire += m.wire_bytes
+            if decoder is not None:
+                decoder.finish(deadline)
+        except BaseException:
+            if decoder is not None:
+                decoder.abort()
+            raise
+    if stats is not None:
+        stats.count(metas, None)
     obj = body[hdr.meta_len : hdr.meta_len + hdr.obj_len] if hdr.obj_len else None
     payload = sum(m.raw_bytes for m in metas) + hdr.obj_len
     return Received(hdr.kind, hdr.flags, metas, names, obj, tensors, messages, payload, wire)
