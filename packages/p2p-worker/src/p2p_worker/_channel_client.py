@@ -29,7 +29,16 @@ from p2p_worker._channel_errors import (
     ChannelFull,
     ChannelNotFoundError,
 )
-from p2p_worker._channel_proto import CHANNEL_NAMESPACE, Hello, actor_name, link_group_name
+from p2p_worker._channel_proto import (
+    CANCELLED,
+    CHANNEL_NAMESPACE,
+    NO_ROOM,
+    RESET,
+    Hello,
+    actor_name,
+    decode,
+    link_group_name,
+)
 from p2p_worker._channel_queue import Void
 
 CONTROL_GRACE = 30.0  # seconds a blocking call waits past its own bounds for an answer
@@ -279,14 +288,13 @@ class ChannelLink:
                 error = err
             op.work._finish(exception=error)
             return
-        tag = answer[0]
-        if tag == "full":
+        if answer == NO_ROOM and op.kind == "put":
             op.work._finish(exception=ChannelFull(f"channel {name!r} is full"))
-        elif tag == "empty":
+        elif answer == NO_ROOM:
             op.work._finish(exception=ChannelEmpty(f"channel {name!r} is empty"))
-        elif tag == "cancelled":
+        elif answer == CANCELLED:
             op.work._finish(exception=WorkCancelledError("the channel operation was cancelled"))
-        elif tag == "reset":
+        elif answer == RESET:
             op.work._finish(
                 exception=ChannelError(
                     f"channel {name!r}: {op.kind} interrupted, the link to the channel worker"
@@ -294,9 +302,9 @@ class ChannelLink:
                 )
             )
         elif op.kind == "put":
-            self._start_put(op, answer[1], inline)
+            self._start_put(op, decode(answer)[0], inline)
         else:
-            self._start_get(op, answer[1], answer[2], inline)
+            self._start_get(op, *decode(answer), inline)
 
     def _stale(self, op: _Op) -> None:
         op.work._finish(

@@ -47,3 +47,22 @@ def link_group_name(uid: str, peer: str, gen: int) -> str:
 def actor_name(store_host: str, store_port: int, name: str) -> str:
     """The Ray actor name of a channel, scoped to its job by the job's store address."""
     return f"{store_host}:{store_port}/{name}"
+
+
+# Answers of put_begin/get_begin travel as one int: Ray serializes a plain int far more
+# cheaply than a tuple. Negative: no grant; otherwise gen * _SPLIT + count.
+NO_ROOM = -1  # put: full; get: empty
+CANCELLED = -2
+RESET = -3
+_SPLIT = 1 << 32
+MAX_BATCH = _SPLIT - 1
+
+
+def granted(gen: int, count: int = 0) -> int:
+    """The answer granting ``count`` items (0 for a put) on link generation ``gen``."""
+    return gen * _SPLIT + count
+
+
+def decode(answer: int) -> tuple[int, int]:
+    """``(gen, count)`` of a granting answer (``answer >= 0``)."""
+    return divmod(answer, _SPLIT)

@@ -5,18 +5,18 @@ send/recv through the collective groups between each peer and this worker, so te
 take the optimized path and the job's compression applies as for any send/recv.
 
 - ``put_begin``: waits (FIFO) for a free slot, takes it, posts a ``recv`` from the
-  producer and answers ``("ok", gen)``; the producer then sends its item. When the
+  producer and answers ``granted(gen)``; the producer then sends its item. When the
   payload has arrived it is appended to the queue; a failed or abandoned transfer frees
   the slot. No payload ever travels without a slot, so ``maxsize`` bounds memory.
 - ``get_begin``: waits (FIFO) for items, removes up to the requested number from the
-  head, posts one ``send`` per item to the consumer and answers ``("ok", gen, k)``; the
+  head, posts one ``send`` per item to the consumer and answers ``granted(gen, k)``; the
   consumer then receives ``k`` objects. An item whose send fails goes back to the head;
   a delivered item frees its slot.
 
 Each peer has one link (a collective group with a generation number in its name). A
 failed transfer resets that peer's link: the group is closed (its queued operations
 fail at once), the generation is bumped, and the peer's waiting calls answer
-``("reset", gen)``. Peers learn the current generation from every answer and move to
+``RESET``. Peers learn the current generation from every answer and move to
 the new group, so a dead or confused peer never blocks the others for longer than one
 transfer timeout.
 """
@@ -33,7 +33,16 @@ from typing import Any
 import ray
 import torch
 
-from p2p_worker._channel_proto import ChannelSpec, Hello, channel_address, link_group_name
+from p2p_worker._channel_proto import CANCELLED as CANCELLED_ANSWER
+from p2p_worker._channel_proto import (
+    NO_ROOM,
+    ChannelSpec,
+    Hello,
+    channel_address,
+    granted,
+    link_group_name,
+)
+from p2p_worker._channel_proto import RESET as RESET_ANSWER
 from p2p_worker._channel_queue import (
     CANCELLED,
     RESET,
@@ -84,6 +93,17 @@ class _Tokens:
         return True
 
 
+class _Sends:
+    """The sends of one granted get, completing one by one."""
+
+    __slots__ = ("failed", "items", "left")
+
+    def __init__(self, items: list[Item]) -> None:
+        self.items = items
+        self.left = len(items)
+        self.failed: list[int] = []
+
+
 class _Peer:
     __slots__ = ("gen", "group", "name", "tokens")
 
@@ -123,7 +143,7 @@ class ChannelWorker(Worker):
         )
         self._queue = ChannelQueue(spec.maxsize)
         self._peers: dict[str, _Peer] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._counts = {"puts": 0, "gets": 0, "failures": 0, "resets": 0, "voids": 0}
         self._stop = threading.Event()
         threading.Thread(
@@ -164,10 +184,13 @@ class ChannelWorker(Worker):
         group.close(timeout=0.0)
         self._queue.reset_peer(peer.name)
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _when_done(self, work: Any, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args, work)`` on the event loop once ``work`` has completed."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        # No task per transfer: the completing thread schedules a plain callback.
+        work._add_done_callback(lambda w: loop.call_soon_threadsafe(fn, *args, w))
 
     # -- control calls (Ray) ------------------------------------------------------------
 
@@ -182,7 +205,7 @@ class ChannelWorker(Worker):
             group.send_tensor(torch.empty(0, dtype=torch.uint8), async_op=True, timeout=timeout),
             group.recv_tensor(torch.empty(0, dtype=torch.uint8), async_op=True, timeout=timeout),
         ):
-            self._spawn(self._finish_hello(peer, group, work))
+            self._when_done(work, self._finish_hello, peer, group)
         return Hello(
             self._spec.name,
             self._spec.uid,
@@ -192,43 +215,42 @@ class ChannelWorker(Worker):
             timeout,
         )
 
-    async def _finish_hello(self, peer: _Peer, group: Any, work: Any) -> None:
-        try:
-            await work
-        except Exception as exc:
+    def _finish_hello(self, peer: _Peer, group: Any, work: Any) -> None:
+        exc = work.exception(0)
+        if exc is not None:
             self._reset(peer, group, exc)
 
     async def put_begin(
         self, peer_name: str, token: int, block: bool, timeout: float | None
-    ) -> tuple[Any, ...]:
+    ) -> int:
         """Reserve a slot for the producer's next item and post the receive for it."""
         peer = self._peer(peer_name)
         tokens = peer.tokens
         if not tokens.start(token):
-            return ("cancelled",)
+            return CANCELLED_ANSWER
         try:
             got = await self._queue.reserve(peer_name, block=block, timeout=timeout, token=token)
         finally:
             tokens.finish(token)
         if got is CANCELLED:
-            return ("cancelled",)
+            return CANCELLED_ANSWER
         if got is RESET:
-            return ("reset", peer.gen)
+            return RESET_ANSWER
         if not got:
-            return ("full",)
+            return NO_ROOM
         group = self._group(peer)
         work = group.recv(async_op=True, timeout=self._spec.transfer_timeout)
-        self._spawn(self._finish_recv(peer, group, work))
-        return ("ok", peer.gen)
+        self._when_done(work, self._finish_recv, peer, group)
+        return granted(peer.gen)
 
-    async def _finish_recv(self, peer: _Peer, group: Any, work: Any) -> None:
-        try:
-            obj = await work
-        except Exception as exc:
+    def _finish_recv(self, peer: _Peer, group: Any, work: Any) -> None:
+        exc = work.exception(0)
+        if exc is not None:
             self._counts["failures"] += 1
             self._queue.arrival_failed()
             self._reset(peer, group, exc)
             return
+        obj = work.wait(0)
         if isinstance(obj, Void):
             self._counts["voids"] += 1
             self._queue.arrival_failed()
@@ -244,12 +266,12 @@ class ChannelWorker(Worker):
         max_bytes: int | None,
         block: bool,
         timeout: float | None,
-    ) -> tuple[Any, ...]:
+    ) -> int:
         """Take up to ``max_items`` items from the head and post their sends."""
         peer = self._peer(peer_name)
         tokens = peer.tokens
         if not tokens.start(token):
-            return ("cancelled",)
+            return CANCELLED_ANSWER
         try:
             items = await self._queue.take(
                 peer_name, max_items, max_bytes, block=block, timeout=timeout, token=token
@@ -257,11 +279,11 @@ class ChannelWorker(Worker):
         finally:
             tokens.finish(token)
         if items is CANCELLED:
-            return ("cancelled",)
+            return CANCELLED_ANSWER
         if items is RESET:
-            return ("reset", peer.gen)
+            return RESET_ANSWER
         if items is None:
-            return ("empty",)
+            return NO_ROOM
         group = self._group(peer)
         works = []
         for item in items:
@@ -274,31 +296,29 @@ class ChannelWorker(Worker):
                 if not works:
                     raise RuntimeError(f"cannot send the head item: {exc}") from exc
                 break
-        self._spawn(self._finish_send(peer, group, items[: len(works)], works))
-        return ("ok", peer.gen, len(works))
+        batch = _Sends(items[: len(works)])
+        for i, work in enumerate(works):
+            self._when_done(work, self._finish_send, peer, group, batch, i)
+        return granted(peer.gen, len(works))
 
-    async def _finish_send(
-        self, peer: _Peer, group: Any, items: list[Item], works: list[Any]
-    ) -> None:
-        failed: list[Item] = []
-        for item, work in zip(items, works, strict=True):
-            try:
-                await work
-            except Exception as exc:
-                self._counts["failures"] += 1
-                failed.append(item)
-                self._reset(peer, group, exc)  # fails the rest of the batch at once
-                continue
+    def _finish_send(self, peer: _Peer, group: Any, batch: _Sends, index: int, work: Any) -> None:
+        exc = work.exception(0)
+        if exc is None:
             self._counts["gets"] += 1
-            self._queue.release(1)
-        if failed:
-            self._queue.push_front(failed)
+            self._queue.release(1)  # delivered: its slot is free
+        else:
+            self._counts["failures"] += 1
+            batch.failed.append(index)
+            self._reset(peer, group, exc)  # fails the rest of the batch at once
+        batch.left -= 1
+        if not batch.left and batch.failed:  # back to the head, in channel order
+            self._queue.push_front([batch.items[i] for i in sorted(batch.failed)])
 
     async def cancel(self, peer_name: str, token: int) -> bool:
         """Withdraw the peer's call ``token`` if it still waits (or has not arrived yet).
 
         Returns:
-            True when the call will answer ``("cancelled",)`` and nothing is put or
+            True when the call will answer ``CANCELLED`` and nothing is put or
             taken; False when it was already granted or answered.
         """
         peer = self._peers.get(peer_name)
