@@ -32,6 +32,8 @@ from p2p_collective._errors import (
 )
 from p2p_collective._framing import HEADER_MAX
 from p2p_collective._group import CollectiveGroup
+from p2p_collective._multi import MultiCollectiveGroup
+from p2p_collective._multi_create import create_multi_group, join_ranked_group
 from p2p_collective._rendezvous import Store
 
 __version__ = "0.1.0"
@@ -39,6 +41,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Collective",
     "CollectiveGroup",
+    "MultiCollectiveGroup",
+    "create_multi_group",
+    "join_ranked_group",
     "Store",
     "CollectiveConfig",
     "NetEmulationConfig",

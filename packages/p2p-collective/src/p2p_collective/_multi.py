@@ -1,0 +1,569 @@
+"""MultiCollectiveGroup: collectives (broadcast, allreduce, ...) over a group of N members."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from p2p_collective._direction import CleanFailure, Direction
+from p2p_collective._errors import (
+    CollectiveError,
+    CollectiveTimeoutError,
+    GroupClosedError,
+    PeerError,
+)
+from p2p_collective._multi_ops import (
+    OBJ_HEADER,
+    allocate_from,
+    as_tensor,
+    check_reducible,
+    encode_object,
+    header_for,
+    inline_meta,
+    like,
+    liveness_mesh,
+    meta_length,
+    new_gloo_group,
+    rebuild,
+    reduce_op,
+)
+from p2p_collective._rendezvous import claim_incarnation, private_client, wait_key
+from p2p_collective._transport import StoreLike, deadline_after, remaining, to_timedelta
+
+_D: Any = torch._C._distributed_c10d  # the *Options classes (not all re-exported)
+_WAIT_GRACE = 2.0
+
+
+def _min_timeout(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, TimeoutError) or "timed out" in text or "timeout" in text
+
+
+class MultiCollectiveGroup:
+    """A group of N >= 2 members running collectives over one gloo process group of N ranks.
+
+    Create it with ``Collective.create_collective_group`` given more than two addresses
+    (ranks are the indices of the sorted member names), or with :func:`join_ranked_group`
+    (explicit ranks). Every operation must be called by every member, in the same order.
+    Operations of one group run strictly one at a time in submission order (one FIFO and
+    one executor thread per group). The process group and an idle TCP connection to
+    every other member (liveness) are set up at the first operation, which waits up to
+    ``init_timeout`` for all members.
+
+    Timeouts, errors and breaking follow the two-party rules: every call takes
+    ``timeout`` (None: the configured ``op_timeout``); bad arguments raise
+    ``ValueError``/``TypeError`` before anything is queued; a failure after the group
+    connected breaks it, and later calls raise ``GroupBrokenError`` whose ``__cause__``
+    is the first error. A member that dies (or closes the group) is seen by the others
+    within about ``GONE_GRACE`` (2 s) through its liveness connection: their pending
+    operation fails with ``PeerError`` and the group is broken.
+
+    Tensors: CPU torch tensors and numpy arrays (viewed without a copy through
+    ``torch.from_numpy``; in-place results land in the given array). Accelerator tensors
+    raise ``ValueError``: the NCCL transport of N-member groups is not available yet.
+
+    Attributes:
+        name: The group's key. rank: This member's rank. world_size: N.
+        member_names: Member names by rank.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        rank: int,
+        member_names: Sequence[str],
+        store: StoreLike,
+        links: Any,
+        config: Any,
+        init_timeout: float | None,
+        owner: object = None,
+        on_close: Callable[[Any], None] | None = None,
+    ) -> None:
+        self._owner = owner
+        self._on_close = on_close
+        self.name = name
+        self.rank = rank
+        self.member_names = list(member_names)
+        self.world_size = len(self.member_names)
+        self.self_name = self.member_names[rank]
+        self.store = store
+        self.links = links
+        self.config = config
+        self.init_timeout = init_timeout
+        self._closed = False
+        self._lock = threading.Lock()
+        self._pg: Any = None
+        self._socks: dict[int, Any] = {}
+        self._gone: PeerError | None = None
+        self._joined = False
+        self._prefix: str | None = None
+        self._private: StoreLike | None = None
+        self._direction = Direction(f"coll[{name}]")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"<MultiCollectiveGroup {self.name!r} rank={self.rank}/{self.world_size} {state}>"
+        )
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    # -- connection ----------------------------------------------------------------------
+
+    def _connect(self, deadline: float | None) -> Any:
+        if self._pg is not None:
+            if self._gone is not None:
+                raise self._gone
+            return self._pg
+        if self._closed:
+            raise CleanFailure(GroupClosedError(f"coll[{self.name}]: the group was closed"))
+        wait = _min_timeout(self.init_timeout, remaining(deadline))
+        cancelled = self._is_closed
+        try:
+            if self._private is None:
+                self._private = private_client(self.store, wait)
+            store = self._private
+            if self._prefix is None:
+                inc = claim_incarnation(store, self.name, self.rank)
+                self._prefix = f"p2p/{self.name}/{inc}/coll{self.world_size}"
+            prefix = self._prefix
+            if not self._joined:
+                store.set(f"{prefix}/join/{self.rank}", b"1")
+                self._joined = True
+            end = deadline_after(wait)
+            missing = [
+                self.member_names[r]
+                for r in range(self.world_size)
+                if not wait_key(store, f"{prefix}/join/{r}", remaining(end), cancelled)
+            ]
+        except CollectiveError as exc:
+            raise CleanFailure(exc) from exc
+        except Exception as exc:
+            err = CollectiveError(f"coll[{self.name}]: rendezvous store failed: {exc}")
+            raise CleanFailure(err) from exc
+        if missing:
+            raise CleanFailure(
+                CollectiveTimeoutError(
+                    f"coll[{self.name}]: members {missing} did not join within {wait} s;"
+                    " are they running and creating the same group?"
+                )
+            )
+        socks = liveness_mesh(
+            store,
+            prefix,
+            self.rank,
+            self.member_names,
+            self.links.host,
+            self.init_timeout,
+            lambda key, t: wait_key(store, key, t, cancelled),
+        )
+        try:
+            pg = new_gloo_group(
+                store, prefix, self.rank, self.world_size, self.links.device(), self.init_timeout
+            )
+        except Exception as exc:
+            for sock in socks.values():
+                sock.close()
+            if _is_timeout(exc):
+                raise CollectiveTimeoutError(
+                    f"coll[{self.name}]: the process group did not connect within"
+                    f" {self.init_timeout} s"
+                ) from exc
+            raise CollectiveError(f"coll[{self.name}]: could not connect: {exc}") from exc
+        with self._lock:
+            self._socks = socks
+            self._pg = pg
+        for peer, sock in socks.items():
+            self.links.watcher.watch(sock, lambda why, p=peer: self._member_gone(p, why))
+        return pg
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    def _member_gone(self, peer: int, reason: str) -> None:
+        if self._gone is not None or self._closed:
+            return
+        self._gone = PeerError(
+            f"coll[{self.name}]: member {self.member_names[peer]!r} (rank {peer}) {reason}"
+        )
+        self._direction.abort(self._gone)
+
+    def _wait(self, works: list[Any], what: str, deadline: float | None) -> None:
+        pause = 0.00005
+        try:
+            for work in works:
+                while not work.is_completed():
+                    if self._gone is not None:
+                        raise self._gone
+                    if deadline is not None and time.monotonic() > deadline + _WAIT_GRACE:
+                        raise CollectiveTimeoutError(
+                            f"coll[{self.name}]: {what} did not complete in time"
+                        )
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.002)
+                work.wait()
+        except (PeerError, CollectiveTimeoutError):
+            raise
+        except Exception as exc:
+            if self._gone is not None:
+                raise self._gone from exc
+            if _is_timeout(exc):
+                raise CollectiveTimeoutError(
+                    f"coll[{self.name}]: {what} did not complete in time"
+                ) from exc
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise PeerError(f"coll[{self.name}]: {what} failed: {first}") from exc
+
+    def _opts(self, cls: str, deadline: float | None, **fields: Any) -> Any:
+        opts = getattr(_D, cls)()
+        opts.timeout = to_timedelta(remaining(deadline))
+        for key, value in fields.items():
+            setattr(opts, key, value)
+        return opts
+
+    def _submit(
+        self, label: str, run: Callable[[Any, float | None], Any], timeout: float | None, async_op: bool
+    ) -> Any:
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ValueError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
+        deadline = deadline_after(self.config.op_timeout if timeout is None else float(timeout))
+        return self._direction.submit(
+            lambda dl: run(self._connect(dl), dl), label=label, deadline=deadline, async_op=async_op
+        )
+
+    def _check_rank(self, rank: object, arg: str) -> int:
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
+            raise ValueError(f"{arg}: got {rank!r}; allowed: a rank in 0..{self.world_size - 1}")
+        return rank
+
+    # -- collectives ---------------------------------------------------------------------
+
+    def broadcast(
+        self, obj: Any = None, src: int = 0, async_op: bool = False, *, timeout: float | None = None
+    ) -> Any:
+        """Send ``obj`` from member ``src`` to every member; return it on every member.
+
+        Like ``send``/``recv``: tensors, lists/tuples/dicts of tensors travel as raw bytes
+        (never compressed) into freshly allocated tensors; any other object is pickled.
+
+        Args:
+            obj: The object on ``src``; ignored on the other members (pass None).
+            src: Rank of the sending member.
+            async_op: Return an AsyncWork (result: the object) instead of waiting.
+            timeout: Seconds until done (None: the configured ``op_timeout``).
+
+        Returns:
+            The object (on ``src``: ``obj`` itself), or an AsyncWork.
+
+        Raises:
+            ValueError: Bad ``src``/``timeout``, or (on ``src``) an unusable payload.
+            CollectiveTimeoutError, PeerError, GroupBrokenError, GroupClosedError: As for
+                the two-party ``send``.
+
+        Example:
+            >>> weights = group.broadcast(state if group.rank == 0 else None, src=0)  # doctest: +SKIP
+        """
+        src = self._check_rank(src, "src")
+        if self.rank == src:
+            meta, payloads = encode_object(obj, "broadcast(obj)")
+
+            def run(pg: Any, dl: float | None) -> Any:
+                header = header_for(meta)
+                msgs = [header]
+                if inline_meta(header, len(meta)) is None:
+                    msgs.append(torch.frombuffer(bytearray(meta), dtype=torch.uint8))
+                self._bcast(pg, msgs + payloads, src, dl, "broadcast(obj)")
+                return obj
+
+        else:
+
+            def run(pg: Any, dl: float | None) -> Any:
+                header = torch.empty(OBJ_HEADER, dtype=torch.uint8)
+                self._bcast(pg, [header], src, dl, "broadcast(obj) header")
+                length = meta_length(header)
+                meta = inline_meta(header, length)
+                if meta is None:
+                    buf = torch.empty(length, dtype=torch.uint8)
+                    self._bcast(pg, [buf], src, dl, "broadcast(obj) metadata")
+                    meta = buf.numpy().tobytes()
+                decoded, tensors, views = allocate_from(meta)
+                self._bcast(pg, views, src, dl, "broadcast(obj) tensors")
+                return rebuild(decoded, tensors)
+
+        return self._submit(f"broadcast(src={src})", run, timeout, async_op)
+
+    def _bcast(
+        self, pg: Any, tensors: list[torch.Tensor], src: int, dl: float | None, what: str
+    ) -> None:
+        works = [pg.broadcast([t], self._opts("BroadcastOptions", dl, rootRank=src)) for t in tensors]
+        self._wait(works, what, dl)
+
+    def broadcast_tensor(
+        self, tensor: Any, src: int = 0, async_op: bool = False, *, timeout: float | None = None
+    ) -> Any:
+        """Broadcast ``tensor`` of ``src`` into ``tensor`` of every member (in place).
+
+        Args:
+            tensor: A CPU tensor or numpy array of the same shape and dtype on every member.
+            src: Rank of the sending member.
+            async_op: Return an AsyncWork (result: ``tensor``) instead of waiting.
+            timeout: Seconds until done (None: the configured ``op_timeout``).
+
+        Returns:
+            ``tensor``, or an AsyncWork.
+
+        Raises:
+            TypeError, ValueError: Bad arguments. CollectiveError: As for :meth:`broadcast`.
+        """
+        src = self._check_rank(src, "src")
+        t = as_tensor(tensor, "tensor", "broadcast_tensor", writable=self.rank != src)
+
+        def run(pg: Any, dl: float | None) -> Any:
+            self._bcast(pg, [t], src, dl, "broadcast_tensor")
+            return tensor
+
+        return self._submit(f"broadcast_tensor(src={src})", run, timeout, async_op)
+
+    def allreduce(
+        self, tensor: Any, op: Any = "sum", async_op: bool = False, *, timeout: float | None = None
+    ) -> Any:
+        """Reduce ``tensor`` over all members with ``op``; every member gets the result in place.
+
+        Args:
+            tensor: CPU tensor or numpy array, same shape and dtype on every member.
+            op: ``"sum"``, ``"product"``, ``"min"`` or ``"max"``.
+            async_op: Return an AsyncWork (result: ``tensor``) instead of waiting.
+            timeout: Seconds until done (None: the configured ``op_timeout``).
+
+        Returns:
+            ``tensor`` (holding the result), or an AsyncWork.
+
+        Raises:
+            TypeError, ValueError: Bad arguments. CollectiveError: As for :meth:`broadcast`.
+
+        Example:
+            >>> group.allreduce(grad, op="sum")  # doctest: +SKIP
+        """
+        red = reduce_op(op)
+        t = as_tensor(tensor, "tensor", "allreduce", writable=True)
+        check_reducible(t, "tensor", "allreduce")
+
+        def run(pg: Any, dl: float | None) -> Any:
+            self._wait([pg.allreduce([t], self._opts("AllreduceOptions", dl, reduceOp=red))], "allreduce", dl)
+            return tensor
+
+        return self._submit("allreduce", run, timeout, async_op)
+
+    def reduce(
+        self,
+        tensor: Any,
+        dst: int = 0,
+        op: Any = "sum",
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """Reduce ``tensor`` over all members into ``tensor`` of member ``dst`` (in place).
+
+        The other members' tensors are left unchanged.
+
+        Returns:
+            ``tensor``, or an AsyncWork. Raises as :meth:`allreduce`.
+        """
+        dst = self._check_rank(dst, "dst")
+        red = reduce_op(op)
+        t = as_tensor(tensor, "tensor", "reduce", writable=self.rank == dst)
+        check_reducible(t, "tensor", "reduce")
+
+        def run(pg: Any, dl: float | None) -> Any:
+            buf = t if self.rank == dst else t.clone()
+            opts = self._opts("ReduceOptions", dl, reduceOp=red, rootRank=dst)
+            self._wait([pg.reduce([buf], opts)], "reduce", dl)
+            return tensor
+
+        return self._submit(f"reduce(dst={dst})", run, timeout, async_op)
+
+    def allgather(
+        self,
+        tensor: Any,
+        output: list[Any] | None = None,
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """Gather ``tensor`` of every member; return the list, by rank, on every member.
+
+        Args:
+            tensor: CPU tensor or numpy array, same shape and dtype on every member.
+            output: Optional list of ``world_size`` tensors/arrays to fill in place.
+            async_op: Return an AsyncWork (result: the list) instead of waiting.
+            timeout: Seconds until done (None: the configured ``op_timeout``).
+
+        Returns:
+            The list (``output`` when given; else new tensors, numpy arrays for numpy
+            input), or an AsyncWork.
+
+        Raises:
+            TypeError, ValueError: Bad arguments. CollectiveError: As for :meth:`broadcast`.
+        """
+        t = as_tensor(tensor, "tensor", "allgather")
+        if output is None:
+            outs = [torch.empty_like(t) for _ in range(self.world_size)]
+            result: list[Any] = [like(tensor, o) for o in outs]
+        else:
+            if not isinstance(output, list) or len(output) != self.world_size:
+                raise ValueError(f"output: expected a list of {self.world_size} tensors, got {output!r:.80}")
+            outs = [as_tensor(o, f"output[{i}]", "allgather", writable=True) for i, o in enumerate(output)]
+            result = output
+
+        def run(pg: Any, dl: float | None) -> Any:
+            self._wait([pg.allgather([outs], [t], self._opts("AllgatherOptions", dl))], "allgather", dl)
+            return result
+
+        return self._submit("allgather", run, timeout, async_op)
+
+    def reduce_scatter(
+        self,
+        output: Any,
+        inputs: Sequence[Any],
+        op: Any = "sum",
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """Reduce ``inputs[r]`` over all members into ``output`` of member ``r``.
+
+        Args:
+            output: This member's result tensor/array (written in place).
+            inputs: ``world_size`` tensors/arrays shaped like ``output``.
+            op: ``"sum"``, ``"product"``, ``"min"`` or ``"max"``.
+            async_op: Return an AsyncWork (result: ``output``) instead of waiting.
+            timeout: Seconds until done (None: the configured ``op_timeout``).
+
+        Returns:
+            ``output``, or an AsyncWork.
+
+        Raises:
+            TypeError, ValueError: Bad arguments. CollectiveError: As for :meth:`broadcast`.
+        """
+        red = reduce_op(op)
+        out = as_tensor(output, "output", "reduce_scatter", writable=True)
+        check_reducible(out, "output", "reduce_scatter")
+        if isinstance(inputs, (str, bytes)) or len(inputs) != self.world_size:
+            raise ValueError(f"inputs: expected {self.world_size} tensors, got {len(inputs)}")
+        ins = [as_tensor(x, f"inputs[{i}]", "reduce_scatter") for i, x in enumerate(inputs)]
+        for i, x in enumerate(ins):
+            if x.shape != out.shape or x.dtype != out.dtype:
+                raise ValueError(
+                    f"reduce_scatter: inputs[{i}] is {x.dtype}{tuple(x.shape)}, output is"
+                    f" {out.dtype}{tuple(out.shape)}; they must match"
+                )
+
+        def run(pg: Any, dl: float | None) -> Any:
+            # gloo's own reduce_scatter hangs on torch 2.13 (measured), so one reduce per
+            # rank: inputs[r] of every member reduced into member r's output.
+            works = []
+            for dst, x in enumerate(ins):
+                if dst == self.rank:
+                    out.copy_(x)
+                buf = out if dst == self.rank else x.clone()
+                opts = self._opts("ReduceOptions", dl, reduceOp=red, rootRank=dst)
+                works.append(pg.reduce([buf], opts))
+            self._wait(works, "reduce_scatter", dl)
+            return output
+
+        return self._submit("reduce_scatter", run, timeout, async_op)
+
+    def barrier(self, async_op: bool = False, *, timeout: float | None = None) -> Any:
+        """Wait until every member reached its barrier (and finished earlier operations).
+
+        Returns:
+            None, or an AsyncWork. Raises as :meth:`broadcast`.
+        """
+
+        def run(pg: Any, dl: float | None) -> None:
+            self._wait([pg.barrier(self._opts("BarrierOptions", dl))], "barrier", dl)
+
+        return self._submit("barrier", run, timeout, async_op)
+
+    def send_tensor(
+        self, tensor: Any, dst: int, async_op: bool = False, *, timeout: float | None = None
+    ) -> Any:
+        """Send ``tensor``'s bytes to member ``dst``; it calls :meth:`recv_tensor` in the same order.
+
+        Returns:
+            None, or an AsyncWork.
+
+        Raises:
+            TypeError, ValueError: Bad arguments. CollectiveError: As for :meth:`broadcast`.
+        """
+        dst = self._check_rank(dst, "dst")
+        if dst == self.rank:
+            raise ValueError(f"dst: got {dst}, this member's own rank")
+        t = as_tensor(tensor, "tensor", "send_tensor")
+
+        def run(pg: Any, dl: float | None) -> None:
+            self._wait([pg.send([t.reshape(-1).view(torch.uint8)], dst, 0)], "send_tensor", dl)
+
+        return self._submit(f"send_tensor(dst={dst})", run, timeout, async_op)
+
+    def recv_tensor(
+        self, tensor: Any, src: int, async_op: bool = False, *, timeout: float | None = None
+    ) -> Any:
+        """Receive a :meth:`send_tensor` of member ``src`` into ``tensor`` (same size).
+
+        Returns:
+            ``tensor``, or an AsyncWork. Raises as :meth:`send_tensor`.
+        """
+        src = self._check_rank(src, "src")
+        if src == self.rank:
+            raise ValueError(f"src: got {src}, this member's own rank")
+        t = as_tensor(tensor, "tensor", "recv_tensor", writable=True)
+
+        def run(pg: Any, dl: float | None) -> Any:
+            self._wait([pg.recv([t.reshape(-1).view(torch.uint8)], src, 0)], "recv_tensor", dl)
+            return tensor
+
+        return self._submit(f"recv_tensor(src={src})", run, timeout, async_op)
+
+    # -- state ---------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the group's executor (operations, failures, queue, broken)."""
+        return self._direction.snapshot()
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        """Close the group: queued operations fail; the other members see it as gone.
+
+        Idempotent. An operation already running ends at completion, failure or deadline.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            socks, self._socks = self._socks, {}
+            self._pg = None
+        self._direction.close(timeout)
+        for sock in socks.values():
+            self.links.watcher.forget(sock)
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def __enter__(self) -> MultiCollectiveGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
