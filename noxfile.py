@@ -118,6 +118,14 @@ def integration(session: nox.Session, device: str) -> None:
 
 
 @nox.session
+def multinode(session: nox.Session) -> None:
+    """Two Ray nodes in Linux network namespaces joined by a shaped veth (root; skips otherwise)."""
+    install_stack(session, "worker", *TEST_TOOLS)
+    paths = session.posargs or ["tests/multinode"]
+    session.run("pytest", *paths, env=short_tmp_env())
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """The README's main job: p2p-bench on an embedded local Ray cluster."""
     install_stack(session, "worker")
