@@ -8,11 +8,13 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from p2p_collective._compression import WireCodec
 from p2p_collective._config import CollectiveConfig
 from p2p_collective._errors import GroupClosedError
 from p2p_collective._group import CollectiveGroup
 from p2p_collective._rendezvous import as_torch_store
 from p2p_collective._transport import LinkFactory
+from p2p_compress import probe_codec_library
 
 
 class _Default(enum.Enum):
@@ -49,7 +51,10 @@ def address_name(address: object, what: str = "address") -> str:
 
 
 def _close_groups(
-    groups: dict[str, CollectiveGroup], lock: threading.Lock, links: LinkFactory
+    groups: dict[str, CollectiveGroup],
+    lock: threading.Lock,
+    links: LinkFactory,
+    wire: WireCodec | None,
 ) -> None:
     with lock:
         items = list(groups.values())
@@ -57,6 +62,8 @@ def _close_groups(
     for group in items:
         group.close(timeout=1.0)
     links.close()
+    if wire is not None:
+        wire.close()
 
 
 class Collective:
@@ -70,13 +77,17 @@ class Collective:
             ``add`` and ``wait(keys, timedelta)`` is wrapped.
         host: Address of this machine that the gloo transport binds to (default
             loopback). Use the node's IP on a multi-node cluster; never ``0.0.0.0``.
-        config: Job-level configuration (timeouts; compression arrives with issue 5).
+        config: Job-level configuration: compression on the wire and its buffer pool,
+            link emulation, timeouts. Every process of a job must hold the same
+            ``compression`` section (checked when a group's direction is set up).
         timeout: Seconds the first operation of each direction of a group waits for the
             peer to join it (None: no limit). Defaults to ``config.init_timeout`` (60 s).
 
     Raises:
         TypeError: ``address`` or ``store`` is not usable.
         ValueError: ``host`` is empty or ``0.0.0.0``, or ``timeout`` is negative.
+        p2p_compress.CompressionError: ``config`` enables compression and the codec's
+            library is missing or broken (probed here, when the config is loaded).
 
     Example:
         >>> import datetime, torch.distributed as dist  # doctest: +SKIP
@@ -115,10 +126,17 @@ class Collective:
             raise ValueError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
         self._lock = threading.Lock()
         self._groups: dict[str, CollectiveGroup] = {}
+        self._wire: WireCodec | None = None
+        compression = self.config.compression
+        if compression is not None:
+            # A missing codec library fails here, when the job's config is loaded; native
+            # contexts come with the first eligible tensor, the pool starts empty.
+            probe_codec_library(compression.codec_name)
+            self._wire = WireCodec(compression, self.config.buffer_pool)
         self._links = LinkFactory(host, self.name, self.config.recv_buffer_cache_bytes)
         self._closed = False
         self._finalizer = weakref.finalize(
-            self, _close_groups, self._groups, self._lock, self._links
+            self, _close_groups, self._groups, self._lock, self._links, self._wire
         )
 
     def __repr__(self) -> str:
@@ -189,6 +207,7 @@ class Collective:
                     init_timeout=self.init_timeout,
                     owner=self,
                     on_close=self._forget,
+                    wire=self._wire,
                 )
                 self._groups[key] = group
             return group
@@ -197,6 +216,21 @@ class Collective:
         with self._lock:
             if self._groups.get(group.name) is group:
                 del self._groups[group.name]
+
+    def compression_stats(self) -> dict[str, Any] | None:
+        """Counters of the compression resources this Collective's groups share.
+
+        Returns:
+            None when compression is off; else ``{"pool": {...}, "codec": {...}}``: the
+            buffer pool's counters (``active_bytes``, ``cached_bytes``, ``hits``,
+            ``misses``, ``evictions``, ``rejections``, ``discards``, ...) and the codec
+            provider's (None until the first eligible tensor created it).
+
+        Example:
+            >>> coll.compression_stats()["pool"]["active_bytes"]  # doctest: +SKIP
+            0
+        """
+        return None if self._wire is None else self._wire.stats()
 
     @property
     def groups(self) -> dict[str, CollectiveGroup]:

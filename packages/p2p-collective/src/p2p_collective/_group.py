@@ -3,19 +3,36 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from p2p_collective._compression import (
+    Outgoing,
+    WireCodec,
+    WireStats,
+    check_peer_wire_config,
+    publish_wire_config,
+    transmit,
+    wire_fingerprint,
+)
 from p2p_collective._config import CollectiveConfig
 from p2p_collective._direction import CleanFailure, Direction
-from p2p_collective._errors import CollectiveError, FramingError, GroupClosedError
+from p2p_collective._emulation import LinkPacer
+from p2p_collective._errors import (
+    CollectiveError,
+    CollectiveTimeoutError,
+    FramingError,
+    GroupClosedError,
+)
 from p2p_collective._framing import FIXED, HEADER_MAX, KIND_NAMES, looks_like_header
-from p2p_collective._payload import OutFrame, check_tensor, encode, flat_bytes, rebuild
+from p2p_collective._payload import check_tensor, encode, flat_bytes, rebuild
 from p2p_collective._rendezvous import claim_incarnation, meet, private_client, wait_key
 from p2p_collective._transport import GlooLink, LinkFactory, StoreLike, deadline_after, remaining
 from p2p_collective._wire import patch_frame_seq, read_frame
+from p2p_compress import CompressionError
 
 
 class _Side:
@@ -31,6 +48,7 @@ class _Side:
         self.seq = 0
         self.scratch = torch.zeros(HEADER_MAX, dtype=torch.uint8)  # header / small recv_tensor
         self.scratch_view = self.scratch.numpy().data
+        self.wire_stats = WireStats()  # tensors compressed / raw, codec and pacing time
         self._group = group
 
     def ensure_link(self, deadline: float | None) -> GlooLink:
@@ -46,6 +64,9 @@ class _Side:
             if self.store is None:
                 self.store = private_client(g.store, wait)
             prefix = f"p2p/{g.name}/{g.incarnation(self.store)}/{self.direction_key}"
+            # Both ends must hold the same job-level compression config: publish ours
+            # before meeting, compare with the peer's after (a clear error, no garbage).
+            publish_wire_config(self.store, prefix, self.role, g.wire_fingerprint)
             meet(
                 self.store,
                 prefix,
@@ -54,6 +75,9 @@ class _Side:
                 g.peer_name,
                 wait,
                 cancelled=lambda: g.closed,
+            )
+            check_peer_wire_config(
+                self.store, prefix, peer_role, g.wire_fingerprint, g.self_name, g.peer_name
             )
         except CollectiveError as exc:  # nothing is on the wire yet: retry later is fine
             raise CleanFailure(exc) from exc
@@ -122,6 +146,7 @@ class CollectiveGroup:
         init_timeout: float | None,
         owner: object = None,
         on_close: Callable[[CollectiveGroup], None] | None = None,
+        wire: WireCodec | None = None,
     ) -> None:
         self._owner = owner  # keeps the Collective (and its finalizer) alive while in use
         self._on_close = on_close
@@ -139,6 +164,12 @@ class CollectiveGroup:
         self._incarnation: int | None = None
         self._send = _Side(self, "send")
         self._recv = _Side(self, "recv")
+        if wire is None and config.compression is not None:
+            wire = WireCodec(config.compression, config.buffer_pool)
+        self._wire = wire  # shared by the Collective's groups: pool, codec provider, threads
+        self.wire_fingerprint = wire_fingerprint(config.compression)
+        # Link emulation paces this side's sends: the directed link self -> peer.
+        self._pacer = LinkPacer.create(config.net_emulation, self_name, peer_name)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -205,8 +236,14 @@ class CollectiveGroup:
         """
         deadline = self._deadline(timeout)
         frame = encode(obj)
+        try:
+            out = Outgoing.prepare(self._wire, frame, async_op)
+        except CompressionError as exc:
+            raise CollectiveError(
+                f"p2p[{self.name}]: compressing the payload failed: {exc}"
+            ) from exc
         return self._send.direction.submit(
-            lambda dl: self._do_send(frame, dl),
+            lambda dl: self._do_send(out, dl),
             label=f"send({KIND_NAMES[frame.kind]})",
             deadline=deadline,
             async_op=async_op,
@@ -277,8 +314,9 @@ class CollectiveGroup:
         """
         payload = self._raw_view(tensor, "send_tensor(tensor)")
         deadline = self._deadline(timeout)
+        ready = time.monotonic()
         return self._send.direction.submit(
-            lambda dl: self._do_send_tensor(payload, dl),
+            lambda dl: self._do_send_tensor(payload, ready, dl),
             label="send_tensor()",
             deadline=deadline,
             async_op=async_op,
@@ -332,17 +370,22 @@ class CollectiveGroup:
 
     # -- operations (run by the direction, one at a time, in order) -----------------------
 
-    def _do_send(self, frame: OutFrame, deadline: float | None) -> None:
+    def _do_send(self, out: Outgoing, deadline: float | None) -> None:
         side = self._send
         link = side.ensure_link(deadline)
+        try:
+            packed = out.resolve(deadline)  # compressed here unless the compressor did it
+        except (CompressionError, CollectiveTimeoutError) as exc:
+            err = CollectiveError(f"p2p[{self.name}]: compressing the payload failed: {exc}")
+            err.__cause__ = exc
+            raise CleanFailure(err) from exc  # nothing is on the wire yet
+        frame = packed.frame
         patch_frame_seq(frame, side.seq)
         side.seq += 1
-        messages = [*frame.header_messages(), *frame.payloads]
-        for msg in messages:
-            link.send(msg, deadline)
+        sent = transmit(link.send, packed, self._pacer, side.wire_stats, deadline)
         st = side.direction.stats
         st.messages += 1
-        st.transport_messages += len(messages)
+        st.transport_messages += sent
         st.payload_bytes += frame.payload_bytes
         st.wire_bytes += frame.wire_bytes
 
@@ -352,7 +395,14 @@ class CollectiveGroup:
         expected = side.seq
         side.seq += 1
         got = read_frame(
-            link, side.scratch, side.scratch_view, expected, deadline, self.links.recv_pool
+            link,
+            side.scratch,
+            side.scratch_view,
+            expected,
+            deadline,
+            self.links.recv_pool,
+            self._wire,
+            side.wire_stats,
         )
         st = side.direction.stats
         st.messages += 1
@@ -369,11 +419,15 @@ class CollectiveGroup:
             err.__cause__ = exc
             raise CleanFailure(err) from exc
 
-    def _do_send_tensor(self, payload: torch.Tensor, deadline: float | None) -> None:
+    def _do_send_tensor(self, payload: torch.Tensor, ready: float, deadline: float | None) -> None:
         side = self._send
         link = side.ensure_link(deadline)
         side.seq += 1
         if payload.numel():
+            if self._pacer is not None:
+                side.wire_stats.add_seconds(
+                    emulated=self._pacer.pace(payload.numel(), ready, deadline)
+                )
             link.send(payload, deadline)
         st = side.direction.stats
         st.messages += 1
@@ -425,13 +479,22 @@ class CollectiveGroup:
             operations), ``payload_bytes`` (tensor bytes plus pickled object bytes),
             ``wire_bytes`` (every byte on the wire, headers included),
             ``transport_messages`` (gloo messages), ``busy_seconds`` (time spent
-            executing operations), ``failures``, ``queued`` and ``broken``.
+            executing operations), ``failures``, ``queued`` and ``broken``; and, for
+            the tensors (with at least one byte) of ``send`` / ``recv`` frames,
+            ``compressed_tensors``, ``raw_tensors``, ``raw_reasons`` (sender only: why
+            each raw tensor stayed raw, e.g. ``{"excluded_dtype": 2, "inline": 1}``),
+            ``tensor_raw_bytes`` and ``tensor_wire_bytes`` (their bytes before and on
+            the wire), ``codec_seconds`` (compressing / decoding) and
+            ``emulated_seconds`` (sender only: time the link emulation paced sends).
 
         Example:
             >>> group.stats()["send"]["messages"]  # doctest: +SKIP
             3
         """
-        return {"send": self._send.direction.snapshot(), "recv": self._recv.direction.snapshot()}
+        return {
+            role: {**side.direction.snapshot(), **side.wire_stats.as_dict()}
+            for role, side in (("send", self._send), ("recv", self._recv))
+        }
 
     def close(self, *, timeout: float | None = 5.0) -> None:
         """Fail queued operations, stop both direction threads and drop the process groups.
@@ -450,6 +513,8 @@ class CollectiveGroup:
             if self._closed:
                 return
             self._closed = True
+        if self._pacer is not None:
+            self._pacer.close()  # a send paced on the emulated link fails at once
         for side in (self._send, self._recv):
             side.direction.close(timeout)
             side.close()

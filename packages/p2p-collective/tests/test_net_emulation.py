@@ -1,0 +1,108 @@
+"""Link emulation between two real processes: time on the wire follows bytes / bandwidth + delay.
+
+The sizes make the emulated time dominate (hundreds of milliseconds against a few of real
+transport), so the 10 % bound holds on a busy two-core machine. Both processes read the
+same system-wide monotonic clock: the sender takes ``t0`` right before its first send,
+the receiver ``t1`` once everything arrived.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import wire_tasks as wt
+from conftest import PeerPair
+
+pytestmark = pytest.mark.timeout(300)
+MiB = 1 << 20
+
+
+def emulated(mbps: float, delay_ms: float, **collective: Any) -> dict[str, Any]:
+    cluster: dict[str, Any] = {"net_emulation": {"bandwidth_mbps": mbps, "delay_ms": delay_ms}}
+    if collective:
+        cluster["collective"] = collective
+    return cluster
+
+
+def run_timed(
+    peers: PeerPair, gname: str, cluster: dict[str, Any], payloads: list[Any], async_op: bool
+) -> tuple[float, dict[str, Any], list[Any]]:
+    sent, got = peers.run(
+        wt.t_timed_send,
+        (gname, cluster, payloads, async_op),
+        wt.t_timed_recv,
+        (gname, cluster, len(payloads)),
+    )
+    for want, have in zip(payloads, got["got"], strict=True):
+        assert torch.equal(want, have)
+    return got["t1"] - sent["t0"], sent, got["got"]
+
+
+def expected_seconds(wire_bytes: int, mbps: float, delay_ms: float) -> float:
+    return wire_bytes * 8 / (mbps * 1e6) + delay_ms / 1000
+
+
+def test_one_raw_message_takes_bytes_over_bandwidth_plus_delay(peers: PeerPair, gname: str) -> None:
+    cluster = emulated(100, 20)
+    took, sent, _ = run_timed(peers, gname, cluster, [wt.random_bytes(4 * MiB)], async_op=False)
+    assert sent["wire_bytes"] > 4 * MiB  # the header is charged too
+    want = expected_seconds(sent["wire_bytes"], 100, 20)  # 0.356 s
+    assert abs(took - want) <= 0.1 * want, (took, want)
+    assert abs(sent["emulated_seconds"] - want) <= 0.1 * want
+
+
+def test_back_to_back_messages_stream_at_the_bandwidth_with_one_delay(
+    peers: PeerPair, gname: str
+) -> None:
+    cluster = emulated(100, 50)
+    payloads = [wt.random_bytes(MiB, seed=i) for i in range(8)]
+    took, sent, _ = run_timed(peers, gname, cluster, payloads, async_op=True)
+    want = expected_seconds(sent["wire_bytes"], 100, 50)  # 0.72 s; a delay per message: 1.07 s
+    assert abs(took - want) <= 0.1 * want, (took, want)
+
+
+def test_compressed_tensors_are_charged_their_compressed_size(peers: PeerPair, gname: str) -> None:
+    from p2p_compress import make_synthetic_tensor
+
+    ids = make_synthetic_tensor("int64_token_ids", 4 * MiB)  # about half on the wire with lz4
+    cluster = emulated(50, 20, tensor_compression={"codec": "lz4"})
+    took, sent, _ = run_timed(peers, gname, cluster, [ids], async_op=False)
+    assert sent["tensor_wire_bytes"] < 0.6 * 4 * MiB
+    want = expected_seconds(sent["wire_bytes"], 50, 20)
+    raw_time = expected_seconds(4 * MiB, 50, 20)
+    assert want < 0.65 * raw_time
+    # the codec's own time is not link time: compression and decoding come on top
+    assert 0.9 * want <= took <= 1.1 * want + 0.1, (took, want)
+    assert abs(sent["emulated_seconds"] - want) <= 0.1 * want
+
+
+def test_a_delay_only_link(peers: PeerPair, gname: str) -> None:
+    cluster = {"net_emulation": {"delay_ms": 150}}
+    took, _, _ = run_timed(peers, gname, cluster, [torch.arange(10)], async_op=False)
+    assert abs(took - 0.15) <= 0.015, took
+
+
+def test_per_link_overrides_pace_each_direction_on_its_own(peers: PeerPair, gname: str) -> None:
+    # peer-a -> peer-b at 200 Mbit/s (default); peer-b -> peer-a at 50 Mbit/s (override)
+    cluster = {
+        "net_emulation": {
+            "bandwidth_mbps": 200,
+            "links": [{"src": "peer-b/*", "dst": "peer-a/*", "bandwidth_mbps": 50}],
+        }
+    }
+    payload = wt.random_bytes(2 * MiB)
+    took_ab, sent_ab, _ = run_timed(peers, gname, cluster, [payload], async_op=False)
+    recv_a, send_b = peers.run(
+        wt.t_timed_recv,
+        (gname + "r", cluster, 1),
+        wt.t_timed_send,
+        (gname + "r", cluster, [payload], False),
+    )
+    assert torch.equal(recv_a["got"][0], payload)
+    took_ba = recv_a["t1"] - send_b["t0"]
+    want_ab = expected_seconds(sent_ab["wire_bytes"], 200, 0)  # 0.084 s
+    want_ba = expected_seconds(send_b["wire_bytes"], 50, 0)  # 0.336 s
+    assert abs(took_ba - want_ba) <= 0.1 * want_ba, (took_ba, want_ba)
+    assert want_ab * 0.9 <= took_ab <= want_ab * 1.1 + 0.02, (took_ab, want_ab)
