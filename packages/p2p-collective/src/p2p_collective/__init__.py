@@ -22,6 +22,7 @@ from p2p_collective._config import (
     parse_collective_config,
     parse_net_emulation,
 )
+from p2p_collective._emulation import EMULATED_WINDOW_BYTES, LinkEmulation
 from p2p_collective._errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -47,6 +48,8 @@ __all__ = [
     "Store",
     "CollectiveConfig",
     "NetEmulationConfig",
+    "LinkEmulation",
+    "EMULATED_WINDOW_BYTES",
     "parse_collective_config",
     "parse_net_emulation",
     "DEFAULT_INIT_TIMEOUT",

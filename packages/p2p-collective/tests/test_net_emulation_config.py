@@ -1,0 +1,134 @@
+"""``cluster.net_emulation``: parsing, per-link overrides and the pacer's virtual clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from p2p_asyncwork import ConfigError
+from p2p_collective import (
+    CollectiveTimeoutError,
+    GroupClosedError,
+    LinkEmulation,
+    NetEmulationConfig,
+    parse_net_emulation,
+)
+from p2p_collective._emulation import EMULATED_WINDOW_BYTES, LinkPacer
+
+
+def test_defaults_and_the_original_keys() -> None:
+    assert parse_net_emulation(None) is None
+    assert parse_net_emulation({"enabled": False, "bandwidth_mbps": 5}) is None
+    cfg = parse_net_emulation({"bandwidth_mbps": 1000, "delay_ms": 0.5})
+    assert cfg == NetEmulationConfig(1000.0, 0.5, ())
+    assert parse_net_emulation({}) == NetEmulationConfig(None, 0.0, ())
+    assert cfg is not None
+    assert cfg.to_dict() == {"enabled": True, "bandwidth_mbps": 1000.0, "delay_ms": 0.5}
+    assert parse_net_emulation(cfg.to_dict()) == cfg
+
+
+def test_links_override_per_directed_link_first_match_wins() -> None:
+    cfg = parse_net_emulation(
+        {
+            "bandwidth_mbps": 1000,
+            "delay_ms": 1,
+            "links": [
+                {"src": "actor:*", "dst": "rollout:*", "bandwidth_mbps": 100, "delay_ms": 5},
+                {"src": "actor:*", "delay_ms": 2},  # bandwidth inherited
+                {"dst": "p2p_driver*", "bandwidth_mbps": None},  # unlimited, delay inherited
+            ],
+        }
+    )
+    assert cfg is not None
+    assert cfg.for_link("actor:0", "rollout:3") == LinkEmulation("actor:*", "rollout:*", 100.0, 5.0)
+    assert cfg.for_link("actor:0", "critic:0") == LinkEmulation("actor:*", "*", 1000.0, 2.0)
+    assert cfg.for_link("rollout:3", "actor:0") == LinkEmulation("*", "*", 1000.0, 1.0)
+    assert cfg.for_link("rollout:3", "p2p_driver.12:0") == LinkEmulation(
+        "*", "p2p_driver*", None, 1.0
+    )
+    assert parse_net_emulation(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("section", "path", "fragment"),
+    [
+        ({"bandwidth": 1}, "cluster.net_emulation.bandwidth", "unknown key"),
+        ({"bandwidth_mbps": 0}, "cluster.net_emulation.bandwidth_mbps", "> 0"),
+        ({"bandwidth_mbps": -3}, "cluster.net_emulation.bandwidth_mbps", "> 0"),
+        ({"bandwidth_mbps": "fast"}, "cluster.net_emulation.bandwidth_mbps", "Mbit/s"),
+        ({"bandwidth_mbps": float("inf")}, "cluster.net_emulation.bandwidth_mbps", "> 0"),
+        ({"delay_ms": -1}, "cluster.net_emulation.delay_ms", ">= 0"),
+        ({"delay_ms": True}, "cluster.net_emulation.delay_ms", ">= 0"),
+        ({"enabled": "yes"}, "cluster.net_emulation.enabled", "true or false"),
+        ({"links": {"src": "a"}}, "cluster.net_emulation.links", "a list"),
+        ({"links": ["a"]}, "cluster.net_emulation.links[0]", "a mapping"),
+        ({"links": [{"from": "a"}]}, "cluster.net_emulation.links[0].from", "unknown key"),
+        ({"links": [{"src": ""}]}, "cluster.net_emulation.links[0].src", "pattern"),
+        ({"links": [{"dst": 3}]}, "cluster.net_emulation.links[0].dst", "pattern"),
+        (
+            {"links": [{}, {"bandwidth_mbps": 0}]},
+            "cluster.net_emulation.links[1].bandwidth_mbps",
+            "> 0",
+        ),
+        ("fast", "cluster.net_emulation", "a mapping"),
+    ],
+)
+def test_bad_values_name_the_key_path(section: object, path: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_net_emulation(section)  # type: ignore[arg-type]
+    assert info.value.path == path
+    assert path in str(info.value)
+    assert fragment in str(info.value)
+
+
+def test_a_disabled_section_is_still_checked() -> None:
+    with pytest.raises(ConfigError):
+        parse_net_emulation({"enabled": False, "delay_ms": -1})
+
+
+def test_pacer_only_for_emulated_links() -> None:
+    cfg = NetEmulationConfig(None, 0.0, (LinkEmulation("a", "b", 10.0, 0.0),))
+    assert LinkPacer.create(None, "a", "b") is None
+    assert LinkPacer.create(cfg, "b", "a") is None  # nothing to emulate on that link
+    pacer = LinkPacer.create(cfg, "a", "b")
+    assert pacer is not None
+    assert pacer.transfer_seconds(1_250_000) == pytest.approx(1.0)
+
+
+def test_virtual_clock_streams_at_the_bandwidth_and_adds_the_delay_once() -> None:
+    # 80 Mbit/s: 100_000 bytes take 10 ms; 200 ms delay. Paying the delay per message
+    # would take over a second; streaming takes 5 * 10 ms + 200 ms.
+    pacer = LinkPacer(LinkEmulation(bandwidth_mbps=80.0, delay_ms=200.0), "a -> b")
+    ready = time.monotonic()
+    for _ in range(5):  # five messages ready at once: back to back, one delay
+        pacer.pace(100_000, ready, None)
+    elapsed = time.monotonic() - ready
+    assert 0.25 - 0.002 <= elapsed < 0.7
+    # a lone message later: bytes / bandwidth + delay
+    t0 = time.monotonic()
+    pacer.pace(100_000, t0, None)
+    assert 0.21 - 0.002 <= time.monotonic() - t0 < 0.7
+
+
+def test_credit_is_bounded_by_the_window() -> None:
+    pacer = LinkPacer(LinkEmulation(bandwidth_mbps=8.0, delay_ms=0.0), "a -> b", window_bytes=1000)
+    ready = time.monotonic() - 10.0  # ready long ago, as if the transport had been held up
+    t0 = time.monotonic()
+    # 1000 bytes of credit (1 ms); the second message must be paced: 2000 bytes = 2 ms
+    pacer.pace(1000, ready, None)
+    pacer.pace(2000, ready, None)
+    assert time.monotonic() - t0 >= 0.0015
+    assert EMULATED_WINDOW_BYTES == 4 * 1024 * 1024
+
+
+def test_pacing_past_the_deadline_times_out_and_close_wakes_the_sender() -> None:
+    pacer = LinkPacer(LinkEmulation(bandwidth_mbps=8.0, delay_ms=0.0), "a -> b")
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match="a -> b"):
+        pacer.pace(1_000_000, t0, t0 + 0.05)  # needs 1 s
+    assert time.monotonic() - t0 < 0.5
+    pacer2 = LinkPacer(LinkEmulation(bandwidth_mbps=8.0, delay_ms=0.0), "a -> b")
+    pacer2.close()
+    with pytest.raises(GroupClosedError):
+        pacer2.pace(1_000_000, time.monotonic(), None)
