@@ -13,6 +13,7 @@ to complete finish, the link is declared gone and its pending operation fails wi
 from __future__ import annotations
 
 import contextlib
+import logging
 import selectors
 import socket
 import threading
@@ -20,6 +21,8 @@ import time
 from collections.abc import Callable
 
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
+
+_log = logging.getLogger("p2p_collective")
 
 GONE_GRACE = 2.0
 """Seconds between seeing the peer's connection close and failing the pending operation."""
@@ -169,7 +172,10 @@ class Watcher:
                     (due.append((fn, why)) if at <= now else keep.append((at, fn, why)))
                 self._pending = keep
             for fn, why in due:
-                fn(why)
+                try:
+                    fn(why)
+                except Exception:  # a failing callback must not stop watching the others
+                    _log.exception("p2p liveness callback failed")
 
     def close(self) -> None:
         """Stop the thread; sockets are closed by their owners (:meth:`forget`)."""
