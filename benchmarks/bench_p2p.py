@@ -10,7 +10,8 @@ Two spawned processes on loopback run, in the same run and alternating round by 
   allocates every tensor fresh), ``send_tensor``/``recv_tensor`` (preallocated), and raw
   ``dist.send``/``dist.recv`` into a preallocated buffer and into a fresh one.
 
-Each figure is the best of several rounds (the machine may be shared). Results go to
+Each figure is the best of many short chunks, interleaved kind by kind so that every kind
+sees the same machine load (the machine may be shared); medians are reported too. Results go to
 ``--out`` as JSON and Markdown; ratios against raw gloo are printed.
 
 Usage:
@@ -45,9 +46,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _messages_for(size: int, quick: bool) -> int:
-    budget = (64 if quick else 256) * MiB
-    return max(3, min(200, budget // size))
+def _messages_for(size: int) -> int:
+    """Messages per timed chunk: about 16 MiB, between 1 and 50 messages."""
+    return max(1, min(50, (16 * MiB) // size))
 
 
 def _peer(rank: int, store_port: int, pg_port: int, args: dict[str, Any], out: Any) -> None:
@@ -190,7 +191,7 @@ def _peer(rank: int, store_port: int, pg_port: int, args: dict[str, Any], out: A
         "p2p_send_tensor",
     ]
     for size in args["sizes"]:
-        k = _messages_for(size, args["quick"])
+        k = _messages_for(size)
         for kind in tp_kinds:
             one_way(kind, size, 1)
         tp: dict[str, list[float]] = {kind: [] for kind in tp_kinds}
@@ -229,7 +230,8 @@ def _report(res: dict[str, Any], meta: dict[str, Any]) -> str:
         "# p2p-collective vs raw torch.distributed (gloo), loopback",
         "",
         f"Command: `{meta['command']}`  ",
-        f"Host: {meta['host']}, torch {meta['torch']}, {meta['rounds']} rounds, best of rounds.",
+        f"Host: {meta['host']}, torch {meta['torch']}; throughput: {meta['rounds']} interleaved"
+        " rounds of ~16 MiB chunks per kind, best chunk.",
         "Raw baselines: `dist.send/recv` on a default gloo group (raw_dist) and `send/recv`"
         " on a standalone `ProcessGroupGloo` like the ones p2p-collective builds (raw_gloo);"
         " ratios use the faster of the two.",
@@ -248,13 +250,13 @@ def _report(res: dict[str, Any], meta: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "## One-way throughput (MB/s = 1e6 bytes/s, best of rounds)",
+        "## One-way throughput (MB/s = 1e6 bytes/s, best chunk of the rounds)",
         "",
         "send/recv allocates every received tensor (as the API promises); raw prealloc"
         " receives into one reused buffer (the best case for raw), raw fresh allocates"
         " like send/recv does.",
         "",
-        "| size | msgs | raw dist prealloc | raw gloo prealloc | raw gloo fresh |"
+        "| size | msgs/chunk | raw dist prealloc | raw gloo prealloc | raw gloo fresh |"
         " p2p send/recv | p2p send_tensor | send/recv vs raw prealloc |"
         " send/recv vs raw fresh | send_tensor vs raw prealloc |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -283,7 +285,7 @@ def _report(res: dict[str, Any], meta: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output dir")
-    parser.add_argument("--quick", action="store_true", help="fewer sizes, rounds, messages")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, rounds and chunks")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per figure")
     parser.add_argument(
         "--max-size-mib", type=int, default=256, help="largest tensor size in MiB (default 256)"
@@ -293,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     sizes = [s for s in (QUICK_SIZES if ns.quick else SIZES) if s <= ns.max_size_mib * MiB]
-    rounds = ns.rounds or (3 if ns.quick else 5)
+    rounds = ns.rounds or (6 if ns.quick else 15)
     store = dist.TCPStore(
         "127.0.0.1",
         0,
