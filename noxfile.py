@@ -159,5 +159,10 @@ def docs(session: nox.Session) -> None:
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
     """What .ci/run runs: lint, typecheck, unit tests, CPU integration tests and docs."""
-    for name in ("lint", "typecheck", "tests", "integration(device='cpu')", "docs"):
+    # notify() takes one session per name, so every parametrization is named explicitly.
+    names = ["lint"]
+    names += [f"typecheck(package='{p}')" for p in PACKAGES]
+    names += [f"tests(package='{p}')" for p in PACKAGES]
+    names += ["integration(device='cpu')", "docs"]
+    for name in names:
         session.notify(name)
