@@ -73,7 +73,7 @@ def test_exits_zero_and_writes_three_files(quick_run: Any) -> None:
     assert proc.returncode == 0, _log(proc)
     for name in ("p2p-bench.json", "p2p-bench.md", "p2p-bench.png"):
         assert (out / name).is_file(), f"{name} missing\n{_log(proc)}"
-    assert "MB/s (median time)" in proc.stdout
+    assert "MB/s (median of 3) — loopback" in proc.stdout
 
 
 def test_json_has_positive_samples_for_every_method_and_kind(quick_run: Any) -> None:

@@ -109,15 +109,21 @@ def test_markdown_without_p2p_says_there_is_no_ratio() -> None:
     assert "| tensor | 8 B | 8e-06 (1.00 s) |" in md
 
 
-def test_rich_tables_render() -> None:
+def test_rich_tables_render_compact() -> None:
     from rich.console import Console
 
-    console = Console(record=True, width=200)
-    for table in render_rich_tables(fake_result()):
+    result = fake_result()
+    result.meta["reps"] = 3
+    console = Console(record=True, width=100)
+    for table in render_rich_tables(result):
         console.print(table)
     text = console.export_text()
-    assert "torch.distributed gloo" in text
-    assert "p2p lz4 @ 1gbit" in text
+    assert "MB/s (median of 3) — loopback" in text
+    assert "MB/s (median of 3) — emulated 1gbit" in text
+    assert "Ray store" in text
+    assert "p2p lz4" in text
+    assert "@" not in text  # the link is in the title, not in every column
+    assert "wire:" not in text
 
 
 def test_write_outputs_json_markdown_and_a_real_png(tmp_path: Path) -> None:

@@ -114,11 +114,14 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds * 1e6:.3g} µs"
 
 
-def table_rows(summaries: Sequence[Summary], link: str) -> tuple[list[str], list[list[str]]]:
+def table_rows(
+    summaries: Sequence[Summary], link: str, *, compact: bool = False
+) -> tuple[list[str], list[list[str]]]:
     """A wide table for one link: one row per (kind, size), one column per series.
 
     Each cell reads ``<MB/s> (<median time>)``, plus ``wire:<ratio>x`` (logical / wire bytes)
-    for compressed series when the transport reports wire bytes.
+    for compressed series when the transport reports wire bytes. ``compact`` (the
+    terminal) gives MB/s alone under short column names.
 
     Returns:
         ``(header, rows)``.
@@ -132,7 +135,7 @@ def table_rows(summaries: Sequence[Summary], link: str) -> tuple[list[str], list
     for s in on_link:
         grid.setdefault((s.cell.kind, s.cell.size), {})[s.series] = s
     keys = sorted(grid, key=lambda k: (KINDS.index(k[0]), k[1]))
-    header = ["kind", "size", *series]
+    header = ["kind", "size", *(_short(s) if compact else s for s in series)]
     rows = []
     for kind, size in keys:
         here = grid[(kind, size)]
@@ -142,12 +145,23 @@ def table_rows(summaries: Sequence[Summary], link: str) -> tuple[list[str], list
             if found is None:
                 row.append("-")
                 continue
+            if compact:
+                row.append(mbps(found.throughput))
+                continue
             text = f"{mbps(found.throughput)} ({_fmt_time(found.median_s)})"
             if found.wire_ratio is not None and found.cell.codec != "raw":
                 text += f" wire:{found.wire_ratio:.2f}x"
             row.append(text)
         rows.append(row)
     return header, rows
+
+
+_SHORT = {"torch.distributed gloo": "gloo", "Ray object store": "Ray store"}
+
+
+def _short(series: str) -> str:
+    base = series.split(" @ ")[0]
+    return _SHORT.get(base, base)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -245,15 +259,21 @@ def render_markdown(result: RunResult, plot_name: str | None = PLOT_NAME) -> str
 
 
 def render_rich_tables(result: RunResult) -> list[Any]:
-    """The same tables as :func:`render_markdown`, as ``rich.table.Table`` objects."""
+    """The tables of :func:`render_markdown` in compact form, as ``rich.table.Table`` s."""
     from rich.table import Table
 
     sums = result.summaries()
     links = list(dict.fromkeys(s.cell.link for s in sums if s.cell.method == "p2p")) or ["loopback"]
     out: list[Any] = []
     for link in links:
-        header, rows = table_rows(sums, link)
-        table = Table(title=f"MB/s (median time) — {link}")
+        header, rows = table_rows(sums, link, compact=True)
+        real = str(result.meta.get("real_link", "loopback"))
+        where = real if link == "loopback" else f"emulated {link}"
+        table = Table(
+            title=f"MB/s (median of {result.meta.get('reps', '?')}) — {where}",
+            caption="median times and wire ratios: see p2p-bench.md",
+            min_width=66,
+        )
         for i, name in enumerate(header):
             table.add_column(name, justify="left" if i < 2 else "right")
         for row in rows:
