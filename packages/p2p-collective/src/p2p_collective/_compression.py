@@ -277,25 +277,48 @@ class WireStats:
     emulated_seconds: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def count(self, metas: list[TensorMeta], reasons: list[str] | None) -> None:
-        """Count a frame's tensors; ``reasons`` (sender only) parallels the metas with bytes."""
-        with self.lock:
-            k = 0
-            for m in metas:
-                if not m.raw_bytes:
-                    continue
-                self.tensor_raw_bytes += m.raw_bytes
-                self.tensor_wire_bytes += m.wire_bytes
+    def count(
+        self,
+        metas: list[TensorMeta],
+        reasons: list[str] | str | None,
+        codec_seconds: float = 0.0,
+        emulated_seconds: float = 0.0,
+    ) -> None:
+        """Count a frame's tensors (those with bytes) and the time spent on them.
+
+        Args:
+            metas: The frame's tensor entries, as they went on the wire.
+            reasons: Sender only: per tensor with bytes, "" when compressed or why it
+                stayed raw; or one reason for all of them.
+            codec_seconds: Time spent compressing or decoding them.
+            emulated_seconds: Time the link emulation paced them.
+        """
+        n = comp = raw_bytes = wire_bytes = 0
+        for m in metas:
+            if m.raw_bytes:
+                n += 1
+                raw_bytes += m.raw_bytes
+                wire_bytes += m.wire_bytes
                 if m.codec_id != CODEC_RAW:
-                    self.compressed_tensors += 1
-                else:
-                    self.raw_tensors += 1
-                    if reasons is not None:
-                        r = reasons[k]
-                        self.raw_reasons[r] = self.raw_reasons.get(r, 0) + 1
-                k += 1
+                    comp += 1
+        with self.lock:
+            self.codec_seconds += codec_seconds
+            self.emulated_seconds += emulated_seconds
+            self.tensor_raw_bytes += raw_bytes
+            self.tensor_wire_bytes += wire_bytes
+            self.compressed_tensors += comp
+            self.raw_tensors += n - comp
+            counts = self.raw_reasons
+            if type(reasons) is list:
+                for r in reasons:
+                    if r:
+                        counts[r] = counts.get(r, 0) + 1
+            elif reasons and n > comp:
+                assert isinstance(reasons, str)
+                counts[reasons] = counts.get(reasons, 0) + n - comp
 
     def add_seconds(self, codec: float = 0.0, emulated: float = 0.0) -> None:
+        """Add codec or pacing time spent outside a counted frame."""
         with self.lock:
             self.codec_seconds += codec
             self.emulated_seconds += emulated
@@ -316,19 +339,33 @@ class WireStats:
 # -- sender --------------------------------------------------------------------------------
 
 
-@dataclass
 class Packed:
-    """A frame after the compression decision: what the direction thread puts on the wire."""
+    """A frame after the compression decision: what the direction thread puts on the wire.
 
-    frame: OutFrame
-    plan: CompressionPlan | None
-    reasons: list[str]  # per tensor with bytes: "" compressed, else why raw
-    ready: float  # time.monotonic() when the frame was ready to go
-    codec_seconds: float = 0.0
+    Attributes:
+        frame: The frame, its metadata patched for the compressed tensors.
+        plan: The compression plan holding the buffer leases, or None when all are raw.
+        reasons: Per tensor with bytes, "" when compressed or why it stayed raw; or one
+            reason for all of them.
+        ready: ``time.monotonic()`` at which the frame was ready to go (0: unknown).
+        codec_seconds: Time spent compressing.
+    """
 
+    __slots__ = ("__weakref__", "codec_seconds", "frame", "plan", "ready", "reasons")
 
-def _raw_reasons(metas: list[TensorMeta], reason: str) -> list[str]:
-    return [reason for m in metas if m.raw_bytes]
+    def __init__(
+        self,
+        frame: OutFrame,
+        plan: CompressionPlan | None,
+        reasons: list[str] | str,
+        ready: float,
+        codec_seconds: float = 0.0,
+    ) -> None:
+        self.frame = frame
+        self.plan = plan
+        self.reasons = reasons
+        self.ready = ready
+        self.codec_seconds = codec_seconds
 
 
 def compress_frame(codec: WireCodec, frame: OutFrame) -> Packed:
@@ -397,8 +434,7 @@ class Outgoing:
         """
         if codec is None or not frame.payloads:
             # Without payload messages the tensors (if any) ride inline in the header.
-            reason = "disabled" if codec is None else "inline"
-            return cls(Packed(frame, None, _raw_reasons(frame.metas, reason), 0.0), None)
+            return cls(Packed(frame, None, "disabled" if codec is None else "inline", 0.0), None)
         if not async_op:
             return cls(compress_frame(codec, frame), None)
         job: Job[Packed] = Job(lambda: compress_frame(codec, frame))
@@ -440,23 +476,32 @@ def transmit(
     """
     frame, plan = packed.frame, packed.plan
     headers = frame.header_messages()
-    messages = [*headers, *frame.payloads]
-    nh = len(headers)
+    payloads = frame.payloads
+    if plan is None and pacer is None:  # the plain path: nothing to pace or give back
+        for msg in headers:
+            send(msg, deadline)
+        for msg in payloads:
+            send(msg, deadline)
+        stats.count(frame.metas, packed.reasons, packed.codec_seconds)
+        return len(headers) + len(payloads)
     paced = 0.0
     try:
-        for j, msg in enumerate(messages):
+        for msg in headers:
             if pacer is not None:
                 paced += pacer.pace(msg.numel(), packed.ready, deadline)
             send(msg, deadline)
-            if plan is not None and j >= nh:
-                plan.release_entry(j - nh)
+        for j, msg in enumerate(payloads):
+            if pacer is not None:
+                paced += pacer.pace(msg.numel(), packed.ready, deadline)
+            send(msg, deadline)
+            if plan is not None:
+                plan.release_entry(j)  # this payload's send completed
     except BaseException:
         if plan is not None:
             for entry in plan.entries:
                 if entry.lease is not None:
                     entry.lease.discard()
-        raise
-    finally:
         stats.add_seconds(codec=packed.codec_seconds, emulated=paced)
-    stats.count(frame.metas, packed.reasons)
-    return len(messages)
+        raise
+    stats.count(frame.metas, packed.reasons, packed.codec_seconds, paced)
+    return len(headers) + len(payloads)
