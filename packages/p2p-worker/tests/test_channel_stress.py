@@ -107,6 +107,15 @@ class Consumer(Worker):
         return out
 
 
+def settled(ch: Channel, timeout: float = 30.0) -> dict[str, Any]:
+    """Stats once every delivered item's slot is back (freed just after delivery)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = ch.stats()
+        if st["held"] == st["queued"] + st["arriving"] or time.monotonic() > deadline:
+            return st
+
+
 def wait_until(cond: Any, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -145,7 +154,7 @@ def test_four_producers_four_consumers_every_item_once_in_order(cluster: Cluster
             mine = [i for q, i in got if q == p]
             assert mine == sorted(mine)
     assert all(results), "every consumer got items"
-    st = ch.stats()
+    st = settled(ch)
     assert (st["held"], st["queued"], st["failures"]) == (0, 0, 0)
     assert st["puts"] >= 4 * count + 4  # the STOPs too (consumers hand back extra ones)
     print(f"\n4x4x{count} items through one channel in {elapsed:.1f} s")
@@ -165,7 +174,7 @@ def test_a_consumer_killed_while_waiting_does_not_wedge_the_channel(cluster: Clu
     producer.put_raw("wedge", list(range(10))).wait(120)
     assert getting.wait(120) == [list(range(10))]  # nothing lost, nothing doubled, FIFO
     assert time.monotonic() - t0 < 45  # far less than a transfer timeout per item
-    st = ch.stats()
+    st = settled(ch)
     assert (st["held"], st["queued"]) == (0, 0)
     with pytest.raises(Exception):  # noqa: B017, PT011 - the killed call fails, its kind is Ray's
         blocked.wait(30)
@@ -181,7 +190,7 @@ def test_a_producer_dead_after_taking_a_slot_frees_it(cluster: Cluster) -> None:
     ch.put("after", timeout=45)  # room comes back once the dead producer's link fails
     assert time.monotonic() - t0 < 45
     assert ch.get(timeout=30) == "after"
-    st = ch.stats()
+    st = settled(ch)
     assert st["failures"] == 1
     assert st["held"] == 0
 

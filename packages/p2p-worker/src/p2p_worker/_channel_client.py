@@ -159,6 +159,10 @@ class ChannelLink:
             "get": {},
         }
         self._order = {"put": threading.Lock(), "get": threading.Lock()}
+        self._inbox: dict[str, deque[tuple[_Op, Any, BaseException | None]]] = {
+            "put": deque(),
+            "get": deque(),
+        }
         self.orphans: deque[Any] = deque()
         self.closed = False
 
@@ -265,16 +269,36 @@ class ChannelLink:
         self._deliver(op, answer, error, inline=False)
 
     def _deliver(self, op: _Op, answer: Any, error: BaseException | None, inline: bool) -> None:
-        with self._order[op.kind]:
-            answers = self._answers[op.kind]
-            answers[op.seq] = (op, answer, error)
-            while self._next[op.kind] in answers:
-                ready = answers.pop(self._next[op.kind])
-                self._next[op.kind] += 1
-                try:
-                    self._process(*ready, inline=inline and ready[0] is op)
-                except BaseException as exc:  # never leave a handle pending
-                    ready[0].work._finish(exception=exc)
+        """Hand in an answer; process every answer that is next in line, in order.
+
+        Whoever holds the kind's lock processes; Ray's callback thread never waits for
+        it (a blocking caller may hold it through a whole transfer): it leaves its
+        answer in the inbox, which the holder drains before it lets go.
+        """
+        kind = op.kind
+        inbox, lock = self._inbox[kind], self._order[kind]
+        inbox.append((op, answer, error))
+        while inbox:
+            if not lock.acquire(blocking=inline):
+                return  # the holder will find our answer in the inbox
+            try:
+                answers = self._answers[kind]
+                while inbox:
+                    got = inbox.popleft()
+                    answers[got[0].seq] = got
+                while self._next[kind] in answers:
+                    ready = answers.pop(self._next[kind])
+                    self._next[kind] += 1
+                    try:
+                        self._process(*ready, inline=inline and ready[0] is op)
+                    except BaseException as exc:  # never leave a handle pending
+                        ready[0].work._finish(exception=exc)
+                    while inbox:
+                        got = inbox.popleft()
+                        answers[got[0].seq] = got
+            finally:
+                lock.release()
+            inline = False  # our own op is processed; later rounds only drain
 
     def _process(self, op: _Op, answer: Any, error: BaseException | None, inline: bool) -> None:
         name = self.hello.name
