@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from p2p_worker._address import check_group_name
 from p2p_worker._channel_client import ChannelWork, check_timeout, connect_link
 from p2p_worker._channel_endpoint import driver_endpoint, remember_handle
 from p2p_worker._channel_errors import ChannelExistsError
@@ -27,7 +26,12 @@ from p2p_worker._channel_handle import (
     Channel,
     connect_on,
 )
-from p2p_worker._channel_proto import CHANNEL_NAMESPACE, ChannelSpec, actor_name
+from p2p_worker._channel_proto import (
+    CHANNEL_NAMESPACE,
+    ChannelSpec,
+    actor_name,
+    check_channel_name,
+)
 from p2p_worker._errors import WorkerError
 from p2p_worker._runtime import WorkerRuntime
 
@@ -63,7 +67,7 @@ def create_on(
 ) -> Channel:
     """Start the channel worker of a new channel and connect ``endpoint`` to it."""
     global _actor_cls
-    check_group_name(name, "name")
+    check_channel_name(name)
     nodes = endpoint.job.nodes
     _check_int(node_id, "node_id", 0)
     if node_id >= len(nodes):

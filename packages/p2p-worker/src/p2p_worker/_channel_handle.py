@@ -7,7 +7,6 @@ from typing import Any
 
 import ray
 
-from p2p_worker._address import check_group_name
 from p2p_worker._channel_client import ChannelLink, ChannelWork, check_timeout, connect_link
 from p2p_worker._channel_endpoint import (
     cached_handle,
@@ -16,6 +15,7 @@ from p2p_worker._channel_endpoint import (
     remember_handle,
 )
 from p2p_worker._channel_errors import ChannelClosedError
+from p2p_worker._channel_proto import MAX_BATCH, check_channel_name
 
 DEFAULT_TRANSFER_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 30.0
@@ -32,7 +32,9 @@ class Channel:
 
     Items are any picklable objects; tensors (and lists, dicts and dataclasses of
     tensors) travel on the optimized tensor path of ``Worker.send``, compressed as the
-    job configures, and arrive as fresh CPU tensors.
+    job configures, and arrive as fresh CPU tensors. The channel worker rebuilds every
+    item to pass it on, so the classes of pickled objects must be importable there (as
+    in the consumers).
 
     Ordering: an item is in the channel once its put has been granted room; it is
     queued when its payload has arrived at the channel worker, and items leave in the
@@ -60,7 +62,7 @@ class Channel:
     """
 
     def __init__(self, name: str, store: tuple[str, int], link: ChannelLink | None = None) -> None:
-        self.name = check_group_name(name, "name")
+        self.name = check_channel_name(name)
         self._store = store
         self._link_obj = link
         self._lock = threading.Lock()
@@ -272,8 +274,8 @@ class Channel:
         """
         if isinstance(max_items, bool) or not isinstance(max_items, int):
             raise TypeError(f"max_items must be an int, got {max_items!r}")
-        if max_items < 1:
-            raise ValueError(f"max_items must be >= 1, got {max_items}")
+        if not 1 <= max_items <= MAX_BATCH:
+            raise ValueError(f"max_items must be in 1..{MAX_BATCH}, got {max_items}")
         if max_bytes is not None:
             if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
                 raise TypeError(f"max_bytes must be an int or None, got {max_bytes!r}")
@@ -387,7 +389,7 @@ class Channel:
 
 def connect_on(endpoint: Any, name: str, timeout: float | None) -> Channel:
     """Return ``endpoint``'s handle on channel ``name`` (connecting once per process)."""
-    check_group_name(name, "name")
+    check_channel_name(name)
     timeout = check_timeout(timeout)
     cached: Channel | None = cached_handle(endpoint, name)
     if cached is not None:

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from p2p_worker._address import WorkerAddress
 from p2p_worker._runtime import JobContext
 
 CHANNEL_NAMESPACE = "p2p_channels"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def check_channel_name(name: object) -> str:
+    """Return ``name`` if it is a valid channel name.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        ValueError: ``name`` is empty or holds other than letters, digits, ``_ . -``.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if not _NAME_RE.match(name):
+        raise ValueError(
+            f"name={name!r} is not a valid channel name: use letters, digits, '_', '.' and '-'"
+        )
+    return name
 
 
 @dataclass(frozen=True)
