@@ -36,7 +36,8 @@ def _layout(links: list[str], kinds: list[str]) -> tuple[int, int, list[tuple[st
         ncols = 2 if len(kinds) > 1 else 1
         nrows = (len(kinds) + ncols - 1) // ncols
         return nrows, ncols, [(links[0], k) for k in kinds]
-    return len(links), len(kinds), [(lk, k) for lk in links for k in kinds]
+    # One row per kind, one column per link: each kind's links side by side.
+    return len(kinds), len(links), [(lk, k) for k in kinds for lk in links]
 
 
 def plot_throughput(
@@ -130,7 +131,7 @@ def plot_throughput(
         ax.xaxis.set_major_locator(FixedLocator(sizes))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticklabels([format_size(n) for n in sizes], fontsize=8)
-        link_text = real_link if link == "loopback" else f"emulated {link}"
+        link_text = real_link if link == "loopback" else f"emulated {link}, p2p only"
         ax.set_title(f"{kind} ({_SHORT_DATA.get(kind, '')}) — {link_text}", fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
         if idx % ncols == 0:
