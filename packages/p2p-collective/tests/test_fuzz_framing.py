@@ -46,19 +46,6 @@ pytestmark = pytest.mark.filterwarnings(
     # torch warns when it allocates a complex32 tensor; the frames carry every dtype
     "ignore:ComplexHalf support is experimental:UserWarning"
 )
-# Until parse_fixed/parse_meta bound obj_len and tensor sizes (MAX_BYTES) and read_frame
-# turns a failed allocation into FramingError, the cases that need them are expected to fail.
-SIZE_LIMITS = pytest.mark.xfail(
-    not hasattr(fr, "MAX_BYTES"),
-    strict=True,
-    reason=(
-        "bug: _framing.parse_fixed puts no limit on obj_len (u64) and parse_meta none on a "
-        "tensor's raw/wire bytes, and _wire.read_frame allocates from them unguarded: an "
-        "absurd size makes the allocation fail with RuntimeError/MemoryError instead of "
-        "FramingError (fix: a MAX_BYTES limit checked before allocating, allocation "
-        "failures turned into FramingError)"
-    ),
-)
 DTYPE_CODES = sorted(fr.CODE_TO_DTYPE)
 KINDS = sorted(getattr(fr, "KIND_NAMES", None) or [int(k) for k in fr.Kind])  # type: ignore[attr-defined]
 KNOWN_FLAGS = int(fr.Flag.EXT | fr.Flag.NAMES | fr.Flag.ORDERED | fr.Flag.INLINE)
@@ -307,8 +294,8 @@ def _huge_tensor_frame(nbytes: int) -> tuple[bytes, list[bytes]]:
     [
         pytest.param(_frame_with(n_tensors=fr.MAX_TENSORS + 1), id="n_tensors"),
         pytest.param(_frame_with(meta_len=fr.MAX_META + 1), id="meta_len"),
-        pytest.param(_frame_with(obj_len=(1 << 44)), id="obj_len", marks=SIZE_LIMITS),
-        pytest.param(_huge_tensor_frame(1 << 44), id="tensor_bytes", marks=SIZE_LIMITS),
+        pytest.param(_frame_with(obj_len=(1 << 44)), id="obj_len"),
+        pytest.param(_huge_tensor_frame(1 << 44), id="tensor_bytes"),
     ],
 )
 def test_sizes_over_the_limits_are_refused_before_allocating(
@@ -320,7 +307,6 @@ def test_sizes_over_the_limits_are_refused_before_allocating(
     assert link.posted == [fr.HEADER_MAX]  # nothing but the header was received
 
 
-@SIZE_LIMITS
 @FUZZ
 @given(frame=mutated(any_values))
 @example(frame=_frame_with(obj_len=1 << 44))
