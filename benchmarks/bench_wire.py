@@ -1,0 +1,369 @@
+"""Benchmark tensor compression on the wire over emulated links, raw vs lz4 vs zstd.
+
+Two spawned processes on loopback stream tensors of the p2p-compress benchmark's data
+kinds (``p2p_compress.SYNTHETIC_KINDS``) through ``CollectiveGroup.send`` / ``recv``: a
+burst of asynchronous sends of one tensor each, received by asynchronous receives posted
+beforehand. Effective throughput is raw tensor bytes delivered per second, from the
+sender's first send to the receiver's last completed receive (one machine, one
+monotonic clock). Every (link, codec) pair has its own pair of Collectives configured
+with ``cluster.net_emulation`` and ``tensor_compression``; all pairs run in the same
+run, interleaved cell by cell within each round, and ratios compare against raw on the
+same link in the same round (best of rounds).
+
+Links: emulated 100 Mbit/s, 1 Gbit/s, 10 Gbit/s (no delay) and plain loopback.
+Codecs: ``raw`` (no compression), ``lz4`` and ``zstd`` (level 1) trying every dtype
+(``excluded_dtypes: []``), and ``default`` (lz4 with the seed's defaults: float32
+excluded, min_bytes 16 KiB). A second table compares overlapped codec work (compressor
+and decoder threads) with codec work done in line by the direction threads, on the
+1 Gbit/s link, for single tensors and for lists of four.
+
+Usage:
+    python benchmarks/bench_wire.py --out bench-results [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MiB = 1024 * 1024
+LINKS: dict[str, float | None] = {"100M": 100.0, "1G": 1000.0, "10G": 10000.0, "loopback": None}
+CODECS: dict[str, dict[str, Any] | None] = {
+    "raw": None,
+    "lz4": {"codec": "lz4", "excluded_dtypes": []},
+    "zstd": {"codec": "zstd", "level": 1, "excluded_dtypes": []},
+    "default": {"codec": "lz4"},
+}
+OVERLAP_KINDS = ("int64_token_ids", "sparse_float32")
+TIMEOUT = 600.0
+
+
+def _cluster(link: str, codec: str) -> dict[str, Any]:
+    cluster: dict[str, Any] = {"collective": {}}
+    if CODECS[codec] is not None:
+        cluster["collective"]["tensor_compression"] = CODECS[codec]
+    if LINKS[link] is not None:
+        cluster["net_emulation"] = {"bandwidth_mbps": LINKS[link], "delay_ms": 0}
+    return cluster
+
+
+def _cells(args: dict[str, Any]) -> list[dict[str, Any]]:
+    """The schedule of one round, identical in both processes."""
+    cells = [
+        {"link": link, "codec": codec, "kind": kind, "shape": "tensor", "overlap": True}
+        for link in args["links"]
+        for kind in args["kinds"]
+        for codec in CODECS
+        if "main" in args["sections"]
+    ]
+    for kind in OVERLAP_KINDS if "overlap" in args["sections"] else ():
+        for codec in ("lz4", "zstd"):
+            for shape in ("tensor", "list4"):
+                for overlap in (True, False):
+                    cells.append(
+                        {
+                            "link": "1G",
+                            "codec": codec,
+                            "kind": kind,
+                            "shape": shape,
+                            "overlap": overlap,
+                            "section": "overlap",
+                        }
+                    )
+    return cells
+
+
+def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+
+    from p2p_collective import (
+        Collective,
+        _compression,
+        parse_collective_config,
+        parse_net_emulation,
+    )
+    from p2p_compress import make_synthetic_tensor
+
+    torch.set_num_threads(1)
+    if args["compressor_threads"]:
+        _compression.COMPRESSOR_THREADS = args["compressor_threads"]
+    store = dist.TCPStore(
+        "127.0.0.1", store_port, is_master=False, timeout=datetime.timedelta(seconds=TIMEOUT)
+    )
+    me, peer = ("tx", "rx") if role == "tx" else ("rx", "tx")
+    colls: dict[tuple[str, str], Any] = {}
+    groups: dict[tuple[str, str], Any] = {}
+
+    def group(link: str, codec: str) -> Any:
+        key = (link, codec)
+        if key not in groups:
+            cluster = _cluster(link, codec)
+            cfg = parse_collective_config(cluster["collective"], "cluster.collective")
+            net = parse_net_emulation(cluster.get("net_emulation"), "cluster.net_emulation")
+            cfg = dataclasses.replace(cfg, net_emulation=net)
+            name = f"{me}/{link}/{codec}"
+            colls[key] = Collective(name, store, config=cfg, timeout=TIMEOUT)
+            groups[key] = colls[key].create_collective_group([name, f"{peer}/{link}/{codec}"])
+        return groups[key]
+
+    size, count = args["size"], args["messages"]
+    data = {k: make_synthetic_tensor(k, size, seed=1) for k in args["kinds"]}
+    quarters = {k: [make_synthetic_tensor(k, size // 4, seed=s) for s in range(4)] for k in data}
+
+    def payload(cell: dict[str, Any]) -> Any:
+        return data[cell["kind"]] if cell["shape"] == "tensor" else quarters[cell["kind"]]
+
+    def barrier(key: str) -> None:
+        store.set(f"bw/{key}/{role}", b"1")
+        store.wait([f"bw/{key}/tx", f"bw/{key}/rx"], datetime.timedelta(seconds=TIMEOUT))
+
+    def run_cell(cell: dict[str, Any], key: str, n: int) -> dict[str, Any] | None:
+        _compression.OVERLAP = cell["overlap"]
+        g = group(cell["link"], cell["codec"])
+        if role == "rx":
+            works = [g.recv(async_op=True, timeout=TIMEOUT) for _ in range(n)]
+            barrier(key)
+            got = [w.wait(timeout=TIMEOUT) for w in works]
+            t1 = time.monotonic()
+            want = payload(cell)
+            if cell["shape"] == "tensor":
+                ok = all(torch.equal(x, want) for x in got)
+            else:
+                ok = all(torch.equal(a, b) for x in got for a, b in zip(x, want, strict=True))
+            g.send((t1, ok), timeout=TIMEOUT)
+            return None
+        before = g.stats()["send"]
+        barrier(key)
+        t0 = time.monotonic()
+        works = [g.send(payload(cell), async_op=True, timeout=TIMEOUT) for _ in range(n)]
+        for w in works:
+            w.wait(timeout=TIMEOUT)
+        t1, ok = g.recv(timeout=TIMEOUT)
+        after = g.stats()["send"]
+        if not ok:
+            raise AssertionError(f"received data differs: {cell}")
+        raw = after["tensor_raw_bytes"] - before["tensor_raw_bytes"]
+        return {
+            **cell,
+            "seconds": t1 - t0,
+            "raw_bytes": raw,
+            "tensor_wire_bytes": after["tensor_wire_bytes"] - before["tensor_wire_bytes"],
+            "wire_bytes": after["wire_bytes"] - before["wire_bytes"],
+            "Bps": raw / (t1 - t0),
+            "raw_reasons": {
+                k: v - before["raw_reasons"].get(k, 0)
+                for k, v in after["raw_reasons"].items()
+                if v - before["raw_reasons"].get(k, 0)
+            },
+        }
+
+    cells = _cells(args)
+    for i, cell in enumerate(cells):  # warm-up: connect, create codecs and pooled buffers
+        run_cell(cell, f"warm{i}", 1)
+    results = []
+    for r in range(args["rounds"]):
+        for i, cell in enumerate(cells):
+            res = run_cell(cell, f"r{r}c{i}", count)
+            if res is not None:
+                res["round"] = r
+                results.append(res)
+                if args["verbose"]:
+                    print(
+                        f"round {r} {cell['link']:>8} {cell['codec']:>7} {cell['kind']:>16}"
+                        f" {cell['shape']:>6} overlap={cell['overlap']!s:5}"
+                        f" {res['Bps'] / 1e6:8.1f} MB/s",
+                        flush=True,
+                    )
+    barrier("done")
+    for coll in colls.values():
+        coll.close()
+    if role == "tx":
+        out.put(results)
+
+
+def _best(results: list[dict[str, Any]], **match: Any) -> dict[str, Any]:
+    rows = [r for r in results if all(r.get(k) == v for k, v in match.items())]
+    return max(rows, key=lambda r: r["Bps"])
+
+
+def _ratio(results: list[dict[str, Any]], **match: Any) -> float:
+    """Best-of-rounds throughput of a cell over best-of-rounds raw on the same link and kind."""
+    raw = _best(results, link=match["link"], codec="raw", kind=match["kind"])
+    return _best(results, **match)["Bps"] / raw["Bps"]
+
+
+def _report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, dict[str, float]]:
+    rounds, kinds = meta["rounds"], meta["kinds"]
+    main = [r for r in results if r.get("section") is None]
+    lines = [
+        "# Compression on the wire: effective throughput over emulated links",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Host: {meta['host']}, torch {meta['torch']}; {meta['messages']} asynchronous sends"
+        f" of one {meta['size'] // MiB} MiB tensor per cell, {rounds} round(s), best of rounds.",
+        "MB/s = 1e6 raw tensor bytes delivered per second (sender's first send to receiver's"
+        " last receive). `x` = best of rounds against raw's best of rounds on the same link.",
+        "lz4 / zstd try every dtype (`excluded_dtypes: []`, zstd level 1); default = lz4 with"
+        " the seed's defaults (float32 excluded). wire = raw bytes / tensor bytes on the wire.",
+        "",
+    ]
+    targets: dict[str, float] = {}
+    for link in [lk for lk in LINKS if any(r["link"] == lk for r in main)]:
+        label = "plain loopback" if LINKS[link] is None else f"emulated {link}bit/s link"
+        lines += [
+            f"## {label}",
+            "",
+            "| kind | raw MB/s | lz4 MB/s | lz4 x | lz4 wire | zstd MB/s | zstd x | zstd wire |"
+            " default MB/s | default x |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for kind in kinds:
+            cols = [kind]
+            raw = _best(main, link=link, codec="raw", kind=kind)
+            cols.append(f"{raw['Bps'] / 1e6:.0f}")
+            for codec in ("lz4", "zstd", "default"):
+                best = _best(main, link=link, codec=codec, kind=kind)
+                ratio = _ratio(main, link=link, codec=codec, kind=kind)
+                cols += [f"{best['Bps'] / 1e6:.0f}", f"{ratio:.2f}x"]
+                if codec != "default":
+                    cols.append(f"{best['raw_bytes'] / max(best['tensor_wire_bytes'], 1):.2f}")
+                targets[f"{link}/{codec}/{kind}"] = ratio
+            lines.append("| " + " | ".join(cols) + " |")
+        lines.append("")
+    ov = [r for r in results if r.get("section") == "overlap"]
+    if ov:
+        lines += _overlap_lines(ov)
+    if all(f"1G/{c}/{k}" in targets for c in ("lz4", "zstd", "default") for k in kinds):
+        lines += _target_lines(targets)
+    return "\n".join(lines), targets
+
+
+def _overlap_lines(ov: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "## Overlap of codec work with the wire (emulated 1 Gbit/s)",
+        "",
+        "overlapped: asynchronous sends are compressed by the compressor thread while earlier"
+        " frames are on the wire, and a list's payloads are decoded by the decoder thread"
+        " while the next one arrives; in line: the direction threads do the codec work"
+        " between messages. `list4` sends four tensors of a quarter size per message.",
+        "",
+        "| kind | codec | payload | overlapped MB/s | in line MB/s | overlapped / in line |",
+        "| --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    for kind in OVERLAP_KINDS:
+        for codec in ("lz4", "zstd"):
+            for shape in ("tensor", "list4"):
+                on = _best(ov, kind=kind, codec=codec, shape=shape, overlap=True)
+                off = _best(ov, kind=kind, codec=codec, shape=shape, overlap=False)
+                lines.append(
+                    f"| {kind} | {codec} | {shape} | {on['Bps'] / 1e6:.0f} |"
+                    f" {off['Bps'] / 1e6:.0f} | {on['Bps'] / off['Bps']:.2f}x |"
+                )
+    return lines
+
+
+def _target_lines(targets: dict[str, float]) -> list[str]:
+    tok = max(targets["1G/lz4/int64_token_ids"], targets["1G/zstd/int64_token_ids"])
+    sparse = max(targets["1G/lz4/sparse_float32"], targets["1G/zstd/sparse_float32"])
+    noise = targets["1G/default/random_float32"]
+    targets.update({"token_ids": tok, "sparse_float32": sparse, "random_default": noise})
+    return [
+        "",
+        "## Targets (emulated 1 Gbit/s)",
+        "",
+        f"- int64 token ids, better codec: {tok:.2f}x raw (target >= 2x)",
+        f"- sparse float32, better codec: {sparse:.2f}x raw (target >= 2x)",
+        f"- random float32 (incompressible), default config: {noise:.2f}x raw (target >= 0.95x)",
+        f"- random float32 with every dtype tried (lz4 gives up, sends raw):"
+        f" {targets['1G/lz4/random_float32']:.2f}x raw",
+        "",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output dir")
+    parser.add_argument("--quick", action="store_true", help="one round, smaller bursts")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 3, quick 1)")
+    parser.add_argument("--size-mib", type=int, default=4, help="tensor size in MiB (default 4)")
+    parser.add_argument("--messages", type=int, default=None, help="sends per cell")
+    parser.add_argument("--verbose", action="store_true", help="print every cell as it runs")
+    parser.add_argument(
+        "--compressor-threads", type=int, default=None, help="compressor threads per Collective"
+    )
+    parser.add_argument(
+        "--sections", default="main,overlap", help="comma-separated: main, overlap (default both)"
+    )
+    parser.add_argument(
+        "--links", default=",".join(LINKS), help=f"main-table links (default {','.join(LINKS)})"
+    )
+    ns = parser.parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    from p2p_compress import SYNTHETIC_KINDS
+
+    args = {
+        "size": ns.size_mib * MiB,
+        "messages": ns.messages or (3 if ns.quick else 6),
+        "rounds": ns.rounds or (1 if ns.quick else 3),
+        "kinds": list(SYNTHETIC_KINDS),
+        "verbose": ns.verbose,
+        "sections": ns.sections.split(","),
+        "compressor_threads": ns.compressor_threads,
+        "links": [link for link in ns.links.split(",") if link],
+    }
+    unknown = [link for link in args["links"] if link not in LINKS]
+    if unknown:
+        parser.error(f"--links: unknown {unknown}; allowed: {', '.join(LINKS)}")
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=TIMEOUT),
+    )
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_peer, args=(role, store.port, args, out)) for role in ("tx", "rx")]
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    results = out.get(timeout=3 * 3600)
+    for p in procs:
+        p.join(timeout=60)
+    meta = {
+        "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv or sys.argv[1:])]),
+        "host": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.platform()})",
+        "torch": torch.__version__,
+        "rounds": args["rounds"],
+        "messages": args["messages"],
+        "size": args["size"],
+        "kinds": args["kinds"],
+        "quick": ns.quick,
+        "elapsed_s": time.monotonic() - t0,
+    }
+    report, targets = _report(results, meta)
+    ns.out.mkdir(parents=True, exist_ok=True)
+    (ns.out / "bench_wire.json").write_text(
+        json.dumps({"meta": meta, "targets": targets, "results": results}, indent=2)
+    )
+    (ns.out / "bench_wire.md").write_text(report)
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
