@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +51,9 @@ def address_name(address: object, what: str = "address") -> str:
     return name
 
 
+_CLOSE_WAIT = 3.0  # seconds close() and exit give running operations of all groups to end
+
+
 def _close_groups(
     groups: dict[str, CollectiveGroup],
     lock: threading.Lock,
@@ -60,7 +64,10 @@ def _close_groups(
         items = list(groups.values())
         groups.clear()
     for group in items:
-        group.close(timeout=1.0)
+        group._begin_close()
+    deadline = time.monotonic() + _CLOSE_WAIT
+    for group in items:  # one shared wait: running operations end, threads exit
+        group._finish_close(deadline)
     links.close()
     if wire is not None:
         wire.close()

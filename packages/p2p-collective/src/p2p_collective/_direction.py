@@ -296,17 +296,12 @@ class Direction:
             out["broken"] = self._broken is not None
         return out
 
-    def close(self, timeout: float | None) -> None:
-        """Fail queued operations with GroupClosedError, stop the thread (wait ``timeout``).
-
-        An operation already running on the wire cannot be interrupted; it ends when it
-        completes, fails, or reaches its deadline.
-        """
+    def begin_close(self) -> None:
+        """Refuse new operations and fail queued ones with GroupClosedError (never blocks)."""
         with self._cond:
             self._closed = True
             pending = list(self._queue)
             self._queue.clear()
-            busy = self._busy
             self._cond.notify_all()
         _fail_all(
             [
@@ -314,9 +309,40 @@ class Direction:
                 for op in pending
             ]
         )
+
+    def finish_close(self, deadline: float | None) -> bool:
+        """Wait until the running operation (if any) has ended and the thread has exited.
+
+        An operation already on the wire cannot be interrupted; it ends when it
+        completes, fails (for instance because the peer closed too) or reaches its own
+        deadline. Waiting here lets it end while the interpreter is still fully alive: a
+        thread that returns from a gloo call during interpreter shutdown aborts the
+        process.
+
+        Returns:
+            True when the direction is idle and its thread has exited.
+        """
+        me = threading.current_thread()
+        with self._cond:
+            while self._busy and self._thread is not me:
+                left = remaining(deadline)
+                if left == 0.0:
+                    return False
+                self._sleepers += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._sleepers -= 1
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread() and not busy:
-            thread.join(timeout)
+        if thread is not None and thread is not me:
+            thread.join(remaining(deadline))
+            return not thread.is_alive()
+        return True
+
+    def close(self, timeout: float | None) -> None:
+        """:meth:`begin_close`, then :meth:`finish_close` within ``timeout`` seconds."""
+        self.begin_close()
+        self.finish_close(None if timeout is None else time.monotonic() + timeout)
 
 
 def _scrub(exc: BaseException) -> None:

@@ -124,8 +124,8 @@ class CollectiveGroup:
 
     Pairing: ``send``/``recv`` and ``send_tensor``/``recv_tensor`` must be paired in the
     same order on both sides. A mismatch is reported as :class:`FramingError` except in one
-    case that cannot be caught: ``send_tensor`` of more than 4096 bytes answered by
-    ``recv`` makes gloo abort the receiving process.
+    case that cannot be caught: ``send_tensor`` of more than 64 KiB (``HEADER_MAX``)
+    answered by ``recv`` makes gloo abort the receiving process.
 
     Attributes:
         name: The group's key (its sorted member names, or the group name given).
@@ -497,27 +497,40 @@ class CollectiveGroup:
         }
 
     def close(self, *, timeout: float | None = 5.0) -> None:
-        """Fail queued operations, stop both direction threads and drop the process groups.
+        """Fail queued operations, drop the process groups, let running operations end.
 
-        Idempotent. An operation already on the wire cannot be interrupted: it ends when
-        it completes, fails (the peer's close makes it fail at once) or reaches its
-        deadline. The peer's pending operations fail with :class:`PeerError`.
+        Idempotent. Queued operations fail with :class:`GroupClosedError`. An operation
+        already on the wire cannot be interrupted: ``close`` waits up to ``timeout`` for
+        it to end (it completes, fails, or reaches its deadline; the peer closing its
+        side makes it fail at once), so that no thread is still inside gloo when the
+        interpreter exits. The peer's pending operations fail with :class:`PeerError`.
 
         Args:
-            timeout: Seconds to wait for each idle direction thread to exit.
+            timeout: Seconds to wait for running operations and direction threads to end
+                (None: no limit).
 
         Example:
             >>> group.close()  # doctest: +SKIP
         """
+        self._begin_close()
+        self._finish_close(None if timeout is None else time.monotonic() + timeout)
+
+    def _begin_close(self) -> bool:
+        """Signal the close (never blocks); False if it was already closed."""
         with self._close_lock:
             if self._closed:
-                return
+                return False
             self._closed = True
         if self._pacer is not None:
             self._pacer.close()  # a send paced on the emulated link fails at once
         for side in (self._send, self._recv):
-            side.direction.close(timeout)
-            side.close()
+            side.direction.begin_close()
+            side.close()  # drops the process group, closes the liveness connection
         if self._on_close is not None:
             self._on_close(self)  # the Collective forgets the closed group
         self._owner = None
+        return True
+
+    def _finish_close(self, deadline: float | None) -> None:
+        for side in (self._send, self._recv):
+            side.direction.finish_close(deadline)
