@@ -13,6 +13,8 @@ from p2p_collective._compression import WireCodec
 from p2p_collective._config import CollectiveConfig
 from p2p_collective._errors import GroupClosedError
 from p2p_collective._group import CollectiveGroup
+from p2p_collective._multi import MultiCollectiveGroup
+from p2p_collective._multi_create import create_multi_group
 from p2p_collective._rendezvous import as_torch_store
 from p2p_collective._transport import LinkFactory
 from p2p_compress import probe_codec_library
@@ -151,7 +153,7 @@ class Collective:
 
     def create_collective_group(
         self, worker_addresses: Sequence[object], group_name: str | None = None
-    ) -> CollectiveGroup:
+    ) -> CollectiveGroup | MultiCollectiveGroup:
         """Return the group of these two addresses, creating it on first request.
 
         Groups are cached by their key: ``group_name`` when given, else the sorted member
@@ -184,6 +186,8 @@ class Collective:
                 f" {type(worker_addresses).__name__}"
             )
         names = [address_name(a, f"worker_addresses[{i}]") for i, a in enumerate(worker_addresses)]
+        if len(names) > 2:  # an N-member group (collectives), see _multi.py
+            return create_multi_group(self, names, group_name)
         if len(names) != 2 or names[0] == names[1]:
             raise ValueError(
                 f"worker_addresses: got {names!r}; allowed: exactly two distinct addresses"
