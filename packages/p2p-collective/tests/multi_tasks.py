@@ -227,3 +227,15 @@ def t_dies(ctx: Ctx, gname: str, victim: int) -> dict[str, Any]:
         out["second"] = type(exc).__name__
         out["second_cause"] = type(exc.__cause__).__name__
     return out
+
+
+def t_send_recv(ctx: Ctx, gname: str) -> list[float]:
+    """Point-to-point inside an N-member group (ranks 0 -> 1), then a barrier."""
+    g = ctx.group(gname)
+    t = torch.zeros(2)
+    if ctx.rank == 0:
+        g.send_tensor(torch.tensor([7.0, 8.0]), 1, timeout=60)
+    elif ctx.rank == 1:
+        g.recv_tensor(t, 0, timeout=60)
+    g.barrier(timeout=60)
+    return t.tolist()

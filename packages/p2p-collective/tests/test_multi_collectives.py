@@ -103,6 +103,10 @@ def test_member_joining_late_times_out_cleanly_and_retry_works(quad: mt.Quad) ->
         assert seen == [*first, str([4.0, 4.0])]
 
 
+def test_point_to_point_inside_the_group(quad: mt.Quad) -> None:
+    assert quad.run(mt.t_send_recv, "sr") == [[0.0, 0.0], [7.0, 8.0], [0.0, 0.0], [0.0, 0.0]]
+
+
 def test_dead_member_fails_the_others_within_seconds() -> None:
     q = mt.Quad()
     try:
@@ -127,6 +131,7 @@ def test_group_dispatch_and_argument_errors() -> None:
         assert isinstance(g, MultiCollectiveGroup)
         assert (g.rank, g.world_size, g.member_names) == (0, 3, ["m0", "m1", "m2"])
         assert create_multi_group(coll, ["m0", "m1", "m2"]) is g
+        assert coll.create_collective_group(["m1", "m2", "m0"]) is g
         assert isinstance(coll.create_collective_group(["m0", "m1"]), CollectiveGroup)
         with pytest.raises(ValueError, match="src"):
             g.broadcast(1, src=3)

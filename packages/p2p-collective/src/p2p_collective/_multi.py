@@ -35,6 +35,7 @@ from p2p_collective._transport import StoreLike, deadline_after, remaining, to_t
 
 _D: Any = torch._C._distributed_c10d  # the *Options classes (not all re-exported)
 _WAIT_GRACE = 2.0
+_P2P_TAG = 1 << 28  # far from the tags gloo numbers its collectives with (0, 1, ...)
 
 
 def _min_timeout(a: float | None, b: float | None) -> float | None:
@@ -46,6 +47,32 @@ def _min_timeout(a: float | None, b: float | None) -> float | None:
 def _is_timeout(exc: BaseException) -> bool:
     text = str(exc).lower()
     return isinstance(exc, TimeoutError) or "timed out" in text or "timeout" in text
+
+
+def _threaded_wait(work: Any, deadline: float | None) -> Callable[[], bool]:
+    """Run ``work.wait()`` on a helper thread; return a probe that is True once it returned.
+
+    The probe raises what ``wait`` raised. (A second ``wait()`` on a gloo send/recv work
+    blocks forever, so the caller must not call it again.)
+    """
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            work.wait(to_timedelta(remaining(deadline)))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    def probe() -> bool:
+        if done.is_set() and errors:
+            raise errors[0]
+        return done.is_set()
+
+    threading.Thread(target=waiter, name="p2p-coll-p2p-wait", daemon=True).start()
+    return probe
 
 
 class MultiCollectiveGroup:
@@ -201,11 +228,15 @@ class MultiCollectiveGroup:
         )
         self._direction.abort(self._gone)
 
-    def _wait(self, works: list[Any], what: str, deadline: float | None) -> None:
+    def _wait(
+        self, works: list[Any], what: str, deadline: float | None, p2p: bool = False
+    ) -> None:
         pause = 0.00005
         try:
             for work in works:
-                while not work.is_completed():
+                # gloo's send/recv works never report is_completed(): wait in a helper.
+                probe = _threaded_wait(work, deadline) if p2p else work.is_completed
+                while not probe():
                     if self._gone is not None:
                         raise self._gone
                     if deadline is not None and time.monotonic() > deadline + _WAIT_GRACE:
@@ -214,7 +245,8 @@ class MultiCollectiveGroup:
                         )
                     time.sleep(pause)
                     pause = min(pause * 2, 0.002)
-                work.wait()
+                if not p2p:
+                    work.wait()
         except (PeerError, CollectiveTimeoutError):
             raise
         except Exception as exc:
@@ -516,7 +548,7 @@ class MultiCollectiveGroup:
         t = as_tensor(tensor, "tensor", "send_tensor")
 
         def run(pg: Any, dl: float | None) -> None:
-            self._wait([pg.send([t.reshape(-1).view(torch.uint8)], dst, 0)], "send_tensor", dl)
+            self._wait([pg.send([t.reshape(-1).view(torch.uint8)], dst, _P2P_TAG)], "send_tensor", dl, p2p=True)
 
         return self._submit(f"send_tensor(dst={dst})", run, timeout, async_op)
 
@@ -534,7 +566,7 @@ class MultiCollectiveGroup:
         t = as_tensor(tensor, "tensor", "recv_tensor", writable=True)
 
         def run(pg: Any, dl: float | None) -> Any:
-            self._wait([pg.recv([t.reshape(-1).view(torch.uint8)], src, 0)], "recv_tensor", dl)
+            self._wait([pg.recv([t.reshape(-1).view(torch.uint8)], src, _P2P_TAG)], "recv_tensor", dl, p2p=True)
             return tensor
 
         return self._submit(f"recv_tensor(src={src})", run, timeout, async_op)
@@ -550,17 +582,26 @@ class MultiCollectiveGroup:
 
         Idempotent. An operation already running ends at completion, failure or deadline.
         """
+        self._begin_close()
+        self._finish_close(None if timeout is None else time.monotonic() + timeout)
+
+    def _begin_close(self) -> bool:
+        """Signal the close (never blocks); False if it was already closed."""
         with self._lock:
             if self._closed:
-                return
+                return False
             self._closed = True
             socks, self._socks = self._socks, {}
             self._pg = None
-        self._direction.close(timeout)
+        self._direction.begin_close()
         for sock in socks.values():
             self.links.watcher.forget(sock)
         if self._on_close is not None:
             self._on_close(self)
+        return True
+
+    def _finish_close(self, deadline: float | None) -> None:
+        self._direction.finish_close(deadline)
 
     def __enter__(self) -> MultiCollectiveGroup:
         return self
