@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from p2p_worker._address import WorkerAddress, check_group_name
 from p2p_worker._channel import ChannelMixin
+from p2p_worker._collectives import CollectivesMixin
 from p2p_worker._errors import WorkerError
 from p2p_worker._info import WorkerInfo
 from p2p_worker._runtime import WorkerRuntime
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 W = TypeVar("W", bound="Worker")
 
 
-class Worker(ChannelMixin):
+class Worker(ChannelMixin, CollectivesMixin):
     """Base class of a remote worker: one Ray actor process of a :class:`WorkerGroup`.
 
     Subclass it, then launch a group with ``MyWorker.create_group(...).launch(cluster)``.
