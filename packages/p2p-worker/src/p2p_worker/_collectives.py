@@ -1,0 +1,144 @@
+"""Worker-level collectives: groups over the members of one or several worker groups."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from p2p_worker._address import WorkerAddress, check_group_name
+from p2p_worker._errors import WorkerError
+from p2p_worker._runtime import import_lower
+
+SIZE_KEY = "p2p/worker-group-size/{}"
+SIZE_TIMEOUT = 60.0
+
+
+def _members(
+    spec: object, own: WorkerAddress, own_size: int, store: Any, timeout: float | None
+) -> list[WorkerAddress]:
+    """Resolve a members spec into addresses (sizes of other groups come from the store)."""
+    items: list[Any] = [spec] if isinstance(spec, (str, WorkerAddress, tuple)) else list(spec)  # type: ignore[call-overload]
+    if not items:
+        raise ValueError("members: got an empty list; allowed: group names, (name, ranks), addresses")
+    out: list[WorkerAddress] = []
+    for i, item in enumerate(items):
+        if isinstance(item, WorkerAddress):
+            out.append(item)
+        elif isinstance(item, str):
+            check_group_name(item, f"members[{i}]")
+            size = own_size if item == own.root_group_name else _group_size(store, item, timeout)
+            out += [WorkerAddress(item, r) for r in range(size)]
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            name, ranks = item
+            ranks = [ranks] if isinstance(ranks, int) else list(ranks)
+            out += [WorkerAddress(name, r) for r in ranks]
+        else:
+            raise TypeError(
+                f"members[{i}]: got {item!r}; allowed: a group name, (group_name, ranks) or a"
+                " WorkerAddress"
+            )
+    if len(set(out)) != len(out):
+        raise ValueError(f"members: the same worker appears twice in {[str(a) for a in out]}")
+    if own not in out:
+        raise ValueError(f"members: {[str(a) for a in out]} does not include this worker ({own})")
+    return out
+
+
+def _group_size(store: Any, group: str, timeout: float | None) -> int:
+    key = SIZE_KEY.format(group)
+    wait = datetime.timedelta(seconds=SIZE_TIMEOUT if timeout is None else timeout)
+    try:
+        store.wait([key], wait)
+        return int(bytes(store.get(key)).decode())
+    except Exception as exc:
+        raise WorkerError(
+            f"the size of worker group {group!r} is unknown: none of its workers created a"
+            f" collective within {wait.total_seconds()} s (or pass ({group!r}, ranks))"
+        ) from exc
+
+
+class CollectivesMixin:
+    """Collectives over workers of one or several groups (mixed into :class:`Worker`)."""
+
+    collective: Any
+    worker_address: WorkerAddress
+    _world_size: int
+
+    def create_collective(
+        self, members: Any, name: str | None = None, *, timeout: float | None = None
+    ) -> Any:
+        """The collective group (``p2p_collective.MultiCollectiveGroup``) of ``members``.
+
+        Every member calls this with the same members (and name); ranks in the returned
+        group are the members in sorted address order (group name, then rank).
+
+        Args:
+            members: A worker group name (all its workers), or a list of group names,
+                ``(group_name, ranks)`` pairs and ``WorkerAddress`` es. The sizes of
+                other groups named in full are read from the job's store, where every
+                worker creating a collective publishes its own group's size.
+            name: Optional key shared by all members (else the sorted member names).
+            timeout: Seconds to wait for another group's size (None: 60 s).
+
+        Returns:
+            The group: ``broadcast``, ``allreduce``, ``reduce``, ``allgather``,
+            ``reduce_scatter``, ``barrier`` (sync or ``async_op=True``).
+
+        Raises:
+            TypeError, ValueError: Bad members (or this worker is not among them).
+            WorkerError: Not launched, or another group's size is unknown.
+
+        Example:
+            >>> g = self.create_collective(["trainer", "rollout"])  # doctest: +SKIP
+            >>> g.allreduce(grad)  # doctest: +SKIP
+        """
+        me = self.worker_address
+        coll = self.collective
+        store = self.__dict__["_p2p_runtime"].store()  # the job's store client
+        store.set(SIZE_KEY.format(me.root_group_name), str(self._world_size).encode())
+        addresses = _members(members, me, self._world_size, store, timeout)
+        create = import_lower("p2p_collective", "create_multi_group", "Worker collectives")
+        return create(coll, addresses, group_name=name)
+
+    def broadcast(
+        self,
+        object: Any = None,  # noqa: A002 - the name Worker.send uses
+        members: Any = None,
+        src_group_name: str | None = None,
+        src_rank: int = 0,
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """Broadcast ``object`` from worker ``src_group_name:src_rank`` to all ``members``.
+
+        Like :meth:`send`: tensors and containers of tensors travel as raw bytes, other
+        objects pickled; never compressed.
+
+        Args:
+            object: The payload on the source worker (ignored elsewhere).
+            members: As for :meth:`create_collective` (must include the source).
+            src_group_name: The source's group (default: this worker's group).
+            src_rank: The source's rank in that group.
+            async_op: Return an ``AsyncWork`` instead of waiting.
+            timeout: Seconds the broadcast may take (None: the job's default).
+
+        Returns:
+            The object on every member, or an ``AsyncWork``.
+
+        Raises:
+            ValueError: The source is not a member. Others as :meth:`create_collective`.
+
+        Example:
+            >>> w = self.broadcast(weights, ["trainer", "rollout"], "trainer", 0)  # doctest: +SKIP
+        """
+        if members is None:
+            raise ValueError("members: got None; allowed: group names / (name, ranks) / addresses")
+        group = self.create_collective(members)
+        src = WorkerAddress(src_group_name or self.worker_address.root_group_name, src_rank)
+        if src.get_name() not in group.member_names:
+            raise ValueError(f"src: {src} is not among the members {group.member_names}")
+        return group.broadcast(
+            object, src=group.member_names.index(src.get_name()), async_op=async_op, timeout=timeout
+        )
+
