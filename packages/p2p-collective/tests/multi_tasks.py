@@ -23,7 +23,11 @@ NAMES = [f"m{r}" for r in range(N)]
 
 def make_store() -> dist.TCPStore:
     return dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=60),
     )
 
 
@@ -63,7 +67,9 @@ class Quad:
         self.cmd = [c.Queue() for _ in range(N)]
         self.res = [c.Queue() for _ in range(N)]
         self.procs = [
-            c.Process(target=serve, args=(r, self.store.port, self.cmd[r], self.res[r]), daemon=True)
+            c.Process(
+                target=serve, args=(r, self.store.port, self.cmd[r], self.res[r]), daemon=True
+            )
             for r in range(N)
         ]
         for p in self.procs:
@@ -175,7 +181,10 @@ def t_interleaved(ctx: Ctx, gname: str) -> list[Any]:
         works.append(g.allreduce(torch.full((3,), float(i + r)), async_op=True))
         works.append(g.broadcast(i * 100 if r == 0 else None, src=0, async_op=True))
     values = [w.wait(timeout=60) for w in works]
-    return [v.tolist() if isinstance(v, torch.Tensor) else (int(v["i"]) if isinstance(v, dict) else v) for v in values]
+    return [
+        v.tolist() if isinstance(v, torch.Tensor) else (int(v["i"]) if isinstance(v, dict) else v)
+        for v in values
+    ]
 
 
 def t_barrier(ctx: Ctx, gname: str) -> bool:

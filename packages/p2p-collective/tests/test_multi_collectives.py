@@ -61,7 +61,7 @@ def test_every_collective_matches_local_values(quad: mt.Quad, kind: str, async_o
 
 def test_broadcast_of_objects_and_tensor_containers(quad: mt.Quad) -> None:
     outs = quad.run(mt.t_broadcast_objects, "objs", 1)
-    sent = mt.payloads() + [{"k": torch.ones(4)}]
+    sent = [*mt.payloads(), {"k": torch.ones(4)}]
     for got in outs:
         assert len(got) == len(sent)
         for g, s in zip(got, sent, strict=True):
@@ -71,7 +71,9 @@ def test_broadcast_of_objects_and_tensor_containers(quad: mt.Quad) -> None:
             elif isinstance(s, (dict, OrderedDict)):
                 assert list(g) == list(s)
                 for k in s:
-                    assert (torch.equal(g[k], s[k]) if isinstance(s[k], torch.Tensor) else g[k] == s[k])
+                    assert (
+                        torch.equal(g[k], s[k]) if isinstance(s[k], torch.Tensor) else g[k] == s[k]
+                    )
             elif isinstance(s, (list, tuple)):
                 assert all(torch.equal(a, b) for a, b in zip(g, s, strict=True))
             else:
@@ -141,9 +143,9 @@ def test_group_dispatch_and_argument_errors() -> None:
             g.allreduce([1.0, 2.0])
         with pytest.raises(ValueError, match="dtype"):
             g.allreduce(torch.ones(2, dtype=torch.bool))
+        ro = np.ones(3)
+        ro.flags.writeable = False
         with pytest.raises(ValueError, match="read-only"):
-            ro = np.ones(3)
-            ro.flags.writeable = False
             g.allreduce(ro)
         with pytest.raises(ValueError, match="timeout"):
             g.barrier(timeout=-1)
@@ -165,5 +167,5 @@ def test_errors_pickle_with_cause() -> None:
     err = PeerError("member gone")
     err.__cause__ = RuntimeError("eof")
     back = pickle.loads(pickle.dumps(err))
-    assert str(back) == "member gone" and isinstance(back.__cause__, RuntimeError)
-
+    assert str(back) == "member gone"
+    assert isinstance(back.__cause__, RuntimeError)

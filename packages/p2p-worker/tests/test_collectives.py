@@ -19,7 +19,11 @@ class CollWorker(Worker):
         g = self.create_collective(["coll_a", "coll_b"], timeout=60)
         x = torch.full((3,), float(g.rank + 1))
         g.allreduce(x, op="sum", timeout=60)
-        obj = {"w": torch.arange(4.0), "tag": "v1"} if str(self.worker_address) == "coll_b:1" else None
+        obj = (
+            {"w": torch.arange(4.0), "tag": "v1"}
+            if str(self.worker_address) == "coll_b:1"
+            else None
+        )
         got = self.broadcast(obj, ["coll_a", "coll_b"], "coll_b", 1, timeout=60)
         gathered = g.allgather(np.array([g.rank], dtype=np.int64), timeout=60)
         return {
@@ -68,8 +72,12 @@ class CollWorker(Worker):
 
 
 def test_collectives_over_two_worker_groups(cluster: Cluster) -> None:
-    a = CollWorker.create_group().launch(cluster, PackedPlacementStrategy(2, cpus_per_worker=0), name="coll_a")
-    b = CollWorker.create_group().launch(cluster, PackedPlacementStrategy(2, cpus_per_worker=0), name="coll_b")
+    a = CollWorker.create_group().launch(
+        cluster, PackedPlacementStrategy(2, cpus_per_worker=0), name="coll_a"
+    )
+    b = CollWorker.create_group().launch(
+        cluster, PackedPlacementStrategy(2, cpus_per_worker=0), name="coll_b"
+    )
     ha, hb = a.mixed(), b.mixed()
     outs = ha.wait() + hb.wait()
     assert sorted(o["rank"] for o in outs) == [0, 1, 2, 3]
@@ -82,7 +90,9 @@ def test_collectives_over_two_worker_groups(cluster: Cluster) -> None:
 
 def test_ray_style_compat_layer(cluster: Cluster) -> None:
     n = 4
-    g = CollWorker.create_group().launch(cluster, PackedPlacementStrategy(n, cpus_per_worker=0), name="raystyle")
+    g = CollWorker.create_group().launch(
+        cluster, PackedPlacementStrategy(n, cpus_per_worker=0), name="raystyle"
+    )
     outs = g.ray_style(n).wait()
     for rank, o in enumerate(outs):
         assert o["sum"] == [10.0] * 4

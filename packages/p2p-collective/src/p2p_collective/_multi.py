@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
 from p2p_collective._direction import CleanFailure, Direction
 from p2p_collective._errors import (
     CollectiveError,
@@ -139,9 +140,7 @@ class MultiCollectiveGroup:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return (
-            f"<MultiCollectiveGroup {self.name!r} rank={self.rank}/{self.world_size} {state}>"
-        )
+        return f"<MultiCollectiveGroup {self.name!r} rank={self.rank}/{self.world_size} {state}>"
 
     @property
     def closed(self) -> bool:
@@ -228,9 +227,7 @@ class MultiCollectiveGroup:
         )
         self._direction.abort(self._gone)
 
-    def _wait(
-        self, works: list[Any], what: str, deadline: float | None, p2p: bool = False
-    ) -> None:
+    def _wait(self, works: list[Any], what: str, deadline: float | None, p2p: bool = False) -> None:
         pause = 0.00005
         try:
             for work in works:
@@ -267,7 +264,11 @@ class MultiCollectiveGroup:
         return opts
 
     def _submit(
-        self, label: str, run: Callable[[Any, float | None], Any], timeout: float | None, async_op: bool
+        self,
+        label: str,
+        run: Callable[[Any, float | None], Any],
+        timeout: float | None,
+        async_op: bool,
     ) -> Any:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
             raise ValueError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
@@ -306,7 +307,7 @@ class MultiCollectiveGroup:
                 the two-party ``send``.
 
         Example:
-            >>> weights = group.broadcast(state if group.rank == 0 else None, src=0)  # doctest: +SKIP
+            >>> state = group.broadcast(state if group.rank == 0 else None)  # doctest: +SKIP
         """
         src = self._check_rank(src, "src")
         if self.rank == src:
@@ -340,7 +341,9 @@ class MultiCollectiveGroup:
     def _bcast(
         self, pg: Any, tensors: list[torch.Tensor], src: int, dl: float | None, what: str
     ) -> None:
-        works = [pg.broadcast([t], self._opts("BroadcastOptions", dl, rootRank=src)) for t in tensors]
+        works = [
+            pg.broadcast([t], self._opts("BroadcastOptions", dl, rootRank=src)) for t in tensors
+        ]
         self._wait(works, what, dl)
 
     def broadcast_tensor(
@@ -394,7 +397,11 @@ class MultiCollectiveGroup:
         check_reducible(t, "tensor", "allreduce")
 
         def run(pg: Any, dl: float | None) -> Any:
-            self._wait([pg.allreduce([t], self._opts("AllreduceOptions", dl, reduceOp=red))], "allreduce", dl)
+            self._wait(
+                [pg.allreduce([t], self._opts("AllreduceOptions", dl, reduceOp=red))],
+                "allreduce",
+                dl,
+            )
             return tensor
 
         return self._submit("allreduce", run, timeout, async_op)
@@ -457,12 +464,19 @@ class MultiCollectiveGroup:
             result: list[Any] = [like(tensor, o) for o in outs]
         else:
             if not isinstance(output, list) or len(output) != self.world_size:
-                raise ValueError(f"output: expected a list of {self.world_size} tensors, got {output!r:.80}")
-            outs = [as_tensor(o, f"output[{i}]", "allgather", writable=True) for i, o in enumerate(output)]
+                raise ValueError(
+                    f"output: expected a list of {self.world_size} tensors, got {output!r:.80}"
+                )
+            outs = [
+                as_tensor(o, f"output[{i}]", "allgather", writable=True)
+                for i, o in enumerate(output)
+            ]
             result = output
 
         def run(pg: Any, dl: float | None) -> Any:
-            self._wait([pg.allgather([outs], [t], self._opts("AllgatherOptions", dl))], "allgather", dl)
+            self._wait(
+                [pg.allgather([outs], [t], self._opts("AllgatherOptions", dl))], "allgather", dl
+            )
             return result
 
         return self._submit("allgather", run, timeout, async_op)
@@ -534,7 +548,7 @@ class MultiCollectiveGroup:
     def send_tensor(
         self, tensor: Any, dst: int, async_op: bool = False, *, timeout: float | None = None
     ) -> Any:
-        """Send ``tensor``'s bytes to member ``dst``; it calls :meth:`recv_tensor` in the same order.
+        """Send ``tensor``'s bytes to member ``dst``, which calls :meth:`recv_tensor`.
 
         Returns:
             None, or an AsyncWork.
@@ -548,7 +562,12 @@ class MultiCollectiveGroup:
         t = as_tensor(tensor, "tensor", "send_tensor")
 
         def run(pg: Any, dl: float | None) -> None:
-            self._wait([pg.send([t.reshape(-1).view(torch.uint8)], dst, _P2P_TAG)], "send_tensor", dl, p2p=True)
+            self._wait(
+                [pg.send([t.reshape(-1).view(torch.uint8)], dst, _P2P_TAG)],
+                "send_tensor",
+                dl,
+                p2p=True,
+            )
 
         return self._submit(f"send_tensor(dst={dst})", run, timeout, async_op)
 
@@ -566,7 +585,12 @@ class MultiCollectiveGroup:
         t = as_tensor(tensor, "tensor", "recv_tensor", writable=True)
 
         def run(pg: Any, dl: float | None) -> Any:
-            self._wait([pg.recv([t.reshape(-1).view(torch.uint8)], src, _P2P_TAG)], "recv_tensor", dl, p2p=True)
+            self._wait(
+                [pg.recv([t.reshape(-1).view(torch.uint8)], src, _P2P_TAG)],
+                "recv_tensor",
+                dl,
+                p2p=True,
+            )
             return tensor
 
         return self._submit(f"recv_tensor(src={src})", run, timeout, async_op)

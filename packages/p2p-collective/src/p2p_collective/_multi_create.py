@@ -21,7 +21,9 @@ def _names(collective: Any, addresses: Sequence[object]) -> list[str]:
         )
     names = [address_name(a, f"worker_addresses[{i}]") for i, a in enumerate(addresses)]
     if len(names) < 2 or len(set(names)) != len(names):
-        raise ValueError(f"worker_addresses: got {names!r}; allowed: two or more distinct addresses")
+        raise ValueError(
+            f"worker_addresses: got {names!r}; allowed: two or more distinct addresses"
+        )
     if collective.name not in names:
         raise ValueError(
             f"worker_addresses: got {names!r}; allowed: a list that includes this"
@@ -38,6 +40,7 @@ def _cached(collective: Any, key: str, make: Any) -> MultiCollectiveGroup:
         if not isinstance(group, MultiCollectiveGroup) or group.closed:
             group = make(key)
             collective._groups[key] = group
+        assert isinstance(group, MultiCollectiveGroup)
         return group
 
 

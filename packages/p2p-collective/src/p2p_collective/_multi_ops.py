@@ -21,7 +21,7 @@ from p2p_collective._payload import check_tensor, flat_bytes
 from p2p_collective._transport import StoreLike, to_timedelta
 
 _PREFIX_STORE: Any = dist.PrefixStore  # type: ignore[attr-defined]
-_REDUCE_OP: Any = dist.ReduceOp  # type: ignore[attr-defined]
+_REDUCE_OP: Any = dist.ReduceOp
 
 OBJ_HEADER = 1024
 """Bytes of the first broadcast message of an object broadcast (length + inline metadata)."""
@@ -46,13 +46,14 @@ K_TENSOR, K_LIST, K_TUPLE, K_DICT, K_ODICT, K_OBJECT = range(6)
 
 
 def reduce_op(op: object, arg: str = "op") -> Any:
-    """Map ``"sum"``/``"product"``/``"min"``/``"max"`` (any case, or an enum with such a
-    ``name``/``value``, or a ``torch.distributed.ReduceOp``) to the torch ReduceOp.
+    """Map a reduction name (``"sum"``, ``"product"``, ``"min"``, ``"max"``) to a ReduceOp.
+
+    Any case is accepted, as are enums with such a ``name`` and torch ReduceOps.
 
     Raises:
         ValueError: ``op`` is none of these.
     """
-    if isinstance(op, _REDUCE_OP.RedOpType) or isinstance(op, _REDUCE_OP):
+    if isinstance(op, (_REDUCE_OP.RedOpType, _REDUCE_OP)):
         return op
     text = op if isinstance(op, str) else getattr(op, "name", None)
     if isinstance(text, str):
@@ -75,9 +76,13 @@ def as_tensor(value: object, where: str, op: str, *, writable: bool = False) -> 
     """
     if isinstance(value, np.ndarray):
         if not value.flags.c_contiguous:
-            raise ValueError(f"{op}: {where} is a non-contiguous numpy array; use np.ascontiguousarray")
+            raise ValueError(
+                f"{op}: {where} is a non-contiguous numpy array; use np.ascontiguousarray"
+            )
         if writable and not value.flags.writeable:
-            raise ValueError(f"{op}: {where} is a read-only numpy array; the result is written in place")
+            raise ValueError(
+                f"{op}: {where} is a read-only numpy array; the result is written in place"
+            )
         try:
             tensor = torch.from_numpy(value)
         except TypeError as exc:
@@ -126,13 +131,21 @@ def encode_object(obj: Any, op: str) -> tuple[bytes, list[torch.Tensor]]:
         kind, tensors = K_TENSOR, [obj]
     elif tp in (list, tuple) and obj and all(isinstance(x, torch.Tensor) for x in obj):
         kind, tensors = (K_LIST if tp is list else K_TUPLE), list(obj)
-    elif tp in (dict, OrderedDict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        kind, keys, tensors = (K_ODICT if tp is OrderedDict else K_DICT), list(obj), list(obj.values())
+    elif (
+        tp in (dict, OrderedDict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values())
+    ):
+        kind, keys, tensors = (
+            (K_ODICT if tp is OrderedDict else K_DICT),
+            list(obj),
+            list(obj.values()),
+        )
     else:
         kind, tensors, rest = K_OBJECT, [], obj
     specs = []
     for i, t in enumerate(tensors):
-        where = "payload" if kind == K_TENSOR else f"payload[{keys[i]!r}]" if keys else f"payload[{i}]"
+        where = (
+            "payload" if kind == K_TENSOR else f"payload[{keys[i]!r}]" if keys else f"payload[{i}]"
+        )
         check_tensor(t, where, op)
         specs.append((t.dtype, tuple(t.shape), bool(t.requires_grad)))
     try:
@@ -228,7 +241,13 @@ def liveness_mesh(
                 continue
             low, high = min(rank, peer), max(rank, peer)
             socks[peer] = open_watch_socket(
-                store, f"{prefix}/live/{low}-{high}", rank == low, host, names[peer], timeout, wait_key
+                store,
+                f"{prefix}/live/{low}-{high}",
+                rank == low,
+                host,
+                names[peer],
+                timeout,
+                wait_key,
             )
     except BaseException:
         for sock in socks.values():

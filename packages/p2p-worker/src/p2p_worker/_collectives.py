@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2p_worker._address import WorkerAddress, check_group_name
 from p2p_worker._errors import WorkerError
@@ -19,7 +19,9 @@ def _members(
     """Resolve a members spec into addresses (sizes of other groups come from the store)."""
     items: list[Any] = [spec] if isinstance(spec, (str, WorkerAddress, tuple)) else list(spec)  # type: ignore[call-overload]
     if not items:
-        raise ValueError("members: got an empty list; allowed: group names, (name, ranks), addresses")
+        raise ValueError(
+            "members: got an empty list; allowed: group names, (name, ranks), addresses"
+        )
     out: list[WorkerAddress] = []
     for i, item in enumerate(items):
         if isinstance(item, WorkerAddress):
@@ -60,9 +62,15 @@ def _group_size(store: Any, group: str, timeout: float | None) -> int:
 class CollectivesMixin:
     """Collectives over workers of one or several groups (mixed into :class:`Worker`)."""
 
-    collective: Any
-    worker_address: WorkerAddress
     _world_size: int
+
+    if TYPE_CHECKING:  # provided by Worker
+
+        @property
+        def collective(self) -> Any: ...
+
+        @property
+        def worker_address(self) -> WorkerAddress: ...
 
     def create_collective(
         self, members: Any, name: str | None = None, *, timeout: float | None = None
@@ -102,7 +110,7 @@ class CollectivesMixin:
 
     def broadcast(
         self,
-        object: Any = None,  # noqa: A002 - the name Worker.send uses
+        object: Any = None,
         members: Any = None,
         src_group_name: str | None = None,
         src_rank: int = 0,
@@ -141,4 +149,3 @@ class CollectivesMixin:
         return group.broadcast(
             object, src=group.member_names.index(src.get_name()), async_op=async_op, timeout=timeout
         )
-

@@ -82,7 +82,9 @@ def init_collective_group(
         )
     runtime = current_runtime()
     if runtime is None:
-        raise WorkerError("init_collective_group must be called inside a launched p2p_worker.Worker")
+        raise WorkerError(
+            "init_collective_group must be called inside a launched p2p_worker.Worker"
+        )
     join = import_lower("p2p_collective", "join_ranked_group", "init_collective_group")
     with _lock:
         if group_name in _groups and not _groups[group_name].closed:
@@ -129,7 +131,11 @@ def get_collective_group_size(group_name: str = "default") -> int:
 
 
 def allreduce(
-    tensor: Any, group_name: str = "default", op: Any = ReduceOp.SUM, *, timeout: float | None = None
+    tensor: Any,
+    group_name: str = "default",
+    op: Any = ReduceOp.SUM,
+    *,
+    timeout: float | None = None,
 ) -> None:
     """Reduce ``tensor`` over the group, in place on every member."""
     _group(group_name).allreduce(tensor, op=op, timeout=timeout)
@@ -143,7 +149,11 @@ def broadcast(
 
 
 def allgather(
-    tensor_list: list[Any], tensor: Any, group_name: str = "default", *, timeout: float | None = None
+    tensor_list: list[Any],
+    tensor: Any,
+    group_name: str = "default",
+    *,
+    timeout: float | None = None,
 ) -> None:
     """Gather every member's ``tensor`` into ``tensor_list`` (by rank), in place."""
     _group(group_name).allgather(tensor, tensor_list, timeout=timeout)
