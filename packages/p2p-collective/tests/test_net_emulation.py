@@ -1,7 +1,10 @@
 """Link emulation between two real processes: time on the wire follows bytes / bandwidth + delay.
 
 The sizes make the emulated time dominate (about a second against tens of milliseconds
-of real transport and scheduling), so the 10 % bound holds on a busy two-core machine. Both processes read the
+of real transport and scheduling). Emulation never lets a transfer finish early, so every
+attempt must take at least 90 % of the expected time; scheduling on a busy two-core
+machine can only add time, so the upper bound applies to the best of up to three
+attempts. Both processes read the
 same system-wide monotonic clock: the sender takes ``t0`` right before its first send,
 the receiver ``t1`` once everything arrived.
 """
@@ -40,15 +43,50 @@ def run_timed(
     return got["t1"] - sent["t0"], sent, got["got"]
 
 
+ATTEMPTS = 3
+
+
+def best_of(
+    peers: PeerPair,
+    gname: str,
+    cluster: dict[str, Any],
+    payloads: list[Any],
+    async_op: bool,
+    want: Any,
+    slack: float = 0.0,
+) -> tuple[float, dict[str, Any], float]:
+    """Time the transfer until it is within 10 % (+ ``slack`` s) of ``want(sent)``.
+
+    Returns the best time, the sender's figures of that attempt and the expected time.
+    """
+    best: tuple[float, dict[str, Any], float] | None = None
+    for attempt in range(ATTEMPTS):
+        took, sent, _ = run_timed(peers, f"{gname}-{attempt}", cluster, payloads, async_op)
+        expected = want(sent)
+        assert took >= 0.9 * expected, (took, expected)  # never faster than the link
+        if best is None or took - expected < best[0] - best[2]:
+            best = (took, sent, expected)
+        if took <= 1.1 * expected + slack:
+            break
+    assert best is not None
+    return best
+
+
 def expected_seconds(wire_bytes: int, mbps: float, delay_ms: float) -> float:
     return wire_bytes * 8 / (mbps * 1e6) + delay_ms / 1000
 
 
 def test_one_raw_message_takes_bytes_over_bandwidth_plus_delay(peers: PeerPair, gname: str) -> None:
     cluster = emulated(100, 20)
-    took, sent, _ = run_timed(peers, gname, cluster, [wt.random_bytes(12 * MiB)], async_op=False)
+    took, sent, want = best_of(
+        peers,
+        gname,
+        cluster,
+        [wt.random_bytes(12 * MiB)],
+        False,
+        lambda s: expected_seconds(s["wire_bytes"], 100, 20),  # 1.03 s
+    )
     assert sent["wire_bytes"] > 12 * MiB  # the header is charged too
-    want = expected_seconds(sent["wire_bytes"], 100, 20)  # 1.03 s
     assert abs(took - want) <= 0.1 * want, (took, want)
     assert abs(sent["emulated_seconds"] - want) <= 0.1 * want
 
@@ -58,8 +96,14 @@ def test_back_to_back_messages_stream_at_the_bandwidth_with_one_delay(
 ) -> None:
     cluster = emulated(100, 50)
     payloads = [wt.random_bytes(2 * MiB, seed=i) for i in range(6)]
-    took, sent, _ = run_timed(peers, gname, cluster, payloads, async_op=True)
-    want = expected_seconds(sent["wire_bytes"], 100, 50)  # 1.06 s; a delay per message: 1.31 s
+    took, _, want = best_of(
+        peers,
+        gname,
+        cluster,
+        payloads,
+        True,
+        lambda s: expected_seconds(s["wire_bytes"], 100, 50),  # 1.06 s; delay per message: 1.31
+    )
     assert abs(took - want) <= 0.1 * want, (took, want)
 
 
@@ -68,19 +112,26 @@ def test_compressed_tensors_are_charged_their_compressed_size(peers: PeerPair, g
 
     ids = make_synthetic_tensor("int64_token_ids", 8 * MiB)  # about half on the wire with lz4
     cluster = emulated(50, 20, tensor_compression={"codec": "lz4"})
-    took, sent, _ = run_timed(peers, gname, cluster, [ids], async_op=False)
+    # the codec's own time is not link time: compression and decoding come on top
+    took, sent, want = best_of(
+        peers,
+        gname,
+        cluster,
+        [ids],
+        False,
+        lambda s: expected_seconds(s["wire_bytes"], 50, 20),  # 0.7 s (1.36 s raw)
+        slack=0.1,
+    )
     assert sent["tensor_wire_bytes"] < 0.6 * 8 * MiB
-    want = expected_seconds(sent["wire_bytes"], 50, 20)  # 0.7 s (1.36 s raw)
     raw_time = expected_seconds(8 * MiB, 50, 20)
     assert want < 0.65 * raw_time
-    # the codec's own time is not link time: compression and decoding come on top
     assert 0.9 * want <= took <= 1.1 * want + 0.1, (took, want)
     assert abs(sent["emulated_seconds"] - want) <= 0.1 * want
 
 
 def test_a_delay_only_link(peers: PeerPair, gname: str) -> None:
     cluster = {"net_emulation": {"delay_ms": 500}}
-    took, _, _ = run_timed(peers, gname, cluster, [torch.arange(10)], async_op=False)
+    took, _, _ = best_of(peers, gname, cluster, [torch.arange(10)], False, lambda s: 0.5)
     assert abs(took - 0.5) <= 0.05, took
 
 
@@ -93,16 +144,30 @@ def test_per_link_overrides_pace_each_direction_on_its_own(peers: PeerPair, gnam
         }
     }
     payload = wt.random_bytes(6 * MiB)
-    took_ab, sent_ab, _ = run_timed(peers, gname, cluster, [payload], async_op=False)
-    recv_a, send_b = peers.run(
-        wt.t_timed_recv,
-        (gname + "r", cluster, 1),
-        wt.t_timed_send,
-        (gname + "r", cluster, [payload], False),
+    took_ab, _, want_ab = best_of(
+        peers,
+        gname,
+        cluster,
+        [payload],
+        False,
+        lambda s: expected_seconds(s["wire_bytes"], 400, 0),  # 0.126 s
+        slack=0.05,
     )
-    assert torch.equal(recv_a["got"][0], payload)
-    took_ba = recv_a["t1"] - send_b["t0"]
-    want_ab = expected_seconds(sent_ab["wire_bytes"], 400, 0)  # 0.126 s
-    want_ba = expected_seconds(send_b["wire_bytes"], 50, 0)  # 1.01 s
-    assert abs(took_ba - want_ba) <= 0.1 * want_ba, (took_ba, want_ba)
     assert want_ab * 0.9 <= took_ab <= want_ab * 1.1 + 0.05, (took_ab, want_ab)
+    best_ba = None
+    for attempt in range(ATTEMPTS):  # the other direction: peer-b sends, peer-a receives
+        recv_a, send_b = peers.run(
+            wt.t_timed_recv,
+            (f"{gname}r{attempt}", cluster, 1),
+            wt.t_timed_send,
+            (f"{gname}r{attempt}", cluster, [payload], False),
+        )
+        assert torch.equal(recv_a["got"][0], payload)
+        took_ba = recv_a["t1"] - send_b["t0"]
+        want_ba = expected_seconds(send_b["wire_bytes"], 50, 0)  # 1.01 s
+        assert took_ba >= 0.9 * want_ba, (took_ba, want_ba)
+        best_ba = took_ba if best_ba is None else min(best_ba, took_ba)
+        if best_ba <= 1.1 * want_ba:
+            break
+    assert best_ba is not None
+    assert abs(best_ba - want_ba) <= 0.1 * want_ba, (best_ba, want_ba)
