@@ -33,9 +33,12 @@ def tracked_python_files(root: Path) -> list[Path]:
 
 
 def own_package(path: Path) -> str | None:
+    # src/p2p_x/... and the package's own tests (packages/p2p-x/tests/...) both belong to it.
     for part in path.parts:
         if part in PACKAGES:
             return part
+        if part.replace("-", "_") in PACKAGES:
+            return part.replace("-", "_")
     return None
 
 
