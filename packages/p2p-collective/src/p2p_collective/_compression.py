@@ -29,18 +29,17 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import torch
 
 from p2p_collective._emulation import LinkPacer
-from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
+from p2p_collective._errors import CollectiveError
 from p2p_collective._framing import (
     FIXED,
     TensorMeta,
@@ -48,8 +47,9 @@ from p2p_collective._framing import (
     patch_entry_codec,
     patch_wire_total,
 )
+from p2p_collective._jobs import Job, Worker
 from p2p_collective._payload import OutFrame
-from p2p_collective._transport import StoreLike, remaining
+from p2p_collective._transport import StoreLike
 from p2p_compress import (
     CODEC_RAW,
     CompressionPlan,
@@ -59,8 +59,6 @@ from p2p_compress import (
     TensorCompressionConfig,
     plan_compression,
 )
-
-T = TypeVar("T")
 
 OVERLAP = True
 """Codec work overlaps the wire (compressor and decoder threads); benchmarks turn it off."""
@@ -72,99 +70,6 @@ link slow enough for compression to pay needs; every sending direction thread al
 compresses its own frame when the compressor has not started it, so groups sending at
 once compress in parallel. Measured on a busy 2-core machine, a second thread only took
 CPU from the receiving process."""
-
-
-# -- jobs: codec work run once, by a worker thread or by the thread that needs it --------
-
-
-class Job(Generic[T]):
-    """A unit of codec work run exactly once: by a worker thread, or by its consumer."""
-
-    __slots__ = ("__weakref__", "_done", "_error", "_fn", "_lock", "_result", "_started")
-
-    def __init__(self, fn: Callable[[], T]) -> None:
-        self._fn: Callable[[], T] | None = fn
-        self._lock = threading.Lock()
-        self._started = False
-        self._done = threading.Event()
-        self._result: T | None = None
-        self._error: BaseException | None = None
-
-    def run(self) -> None:
-        """Run the work unless someone already started (or cancelled) it."""
-        with self._lock:
-            if self._started:
-                return
-            self._started = True
-            fn, self._fn = self._fn, None
-        try:
-            assert fn is not None
-            self._result = fn()
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._done.set()
-
-    def cancel(self) -> bool:
-        """Prevent the work from running; True when it had not started."""
-        with self._lock:
-            if self._started:
-                return False
-            self._started = True
-            self._fn = None
-        self._done.set()
-        return True
-
-    def result(self, deadline: float | None) -> T:
-        """Run the work here if nobody started it, else wait for it; return or raise its outcome.
-
-        Raises:
-            CollectiveTimeoutError: A worker is still running it at ``deadline``.
-            BaseException: What the work raised.
-        """
-        self.run()
-        if not self._done.wait(remaining(deadline)):
-            raise CollectiveTimeoutError("codec work did not finish before the deadline")
-        if self._error is not None:
-            raise self._error
-        return self._result  # type: ignore[return-value]
-
-
-class _Worker:
-    """Up to ``threads`` lazily started daemon threads that run queued jobs in FIFO order."""
-
-    def __init__(self, name: str, threads: int = 1) -> None:
-        self.name = name
-        self._max = max(1, threads)
-        self._queue: queue.SimpleQueue[Job[Any] | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def put(self, job: Job[Any]) -> None:
-        with self._lock:
-            if self._closed:
-                return  # the consumer runs the job itself
-            if len(self._threads) < self._max:
-                t = threading.Thread(target=_work, args=(self._queue,), name=self.name, daemon=True)
-                self._threads.append(t)
-                t.start()
-        self._queue.put(job)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            for _ in self._threads:
-                self._queue.put(None)
-
-
-def _work(jobs: queue.SimpleQueue[Job[Any] | None]) -> None:
-    while True:
-        job = jobs.get()
-        if job is None:
-            return
-        job.run()
-        del job  # hold nothing (tensors, leases) while idle
 
 
 # -- per-process state ---------------------------------------------------------------------
@@ -186,8 +91,8 @@ class WireCodec:
         # zstd contexts beyond max_inflight would only make compressors go raw
         inflight = getattr(config.codec, "max_inflight", COMPRESSOR_THREADS)
         cpus = os.cpu_count() or 1
-        self.compressor = _Worker("p2p-compress", min(COMPRESSOR_THREADS, cpus, inflight))
-        self.decoder = _Worker("p2p-decompress")
+        self.compressor = Worker("p2p-compress", min(COMPRESSOR_THREADS, cpus, inflight))
+        self.decoder = Worker("p2p-decompress")
 
     def provider(self) -> TensorCodecProvider:
         """The codec provider, created at the first call (the first eligible tensor)."""

@@ -18,9 +18,10 @@ from collections.abc import Callable
 import torch
 
 from p2p_collective import _compression
-from p2p_collective._compression import Job, WireCodec, WireStats
+from p2p_collective._compression import WireCodec, WireStats
 from p2p_collective._errors import CollectiveTimeoutError, FramingError
 from p2p_collective._framing import TensorMeta
+from p2p_collective._jobs import Job
 from p2p_collective._transport import remaining
 from p2p_compress import (
     CODEC_NAMES,
