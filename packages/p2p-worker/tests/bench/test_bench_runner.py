@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -47,23 +47,58 @@ class FakeSession:
 
     def __init__(self) -> None:
         self.closed = False
+        self.codec_gaps: dict[str, str | None] = {}
 
     def close(self) -> None:
         self.closed = True
 
 
 class FakePair:
-    def __init__(self, fail_on: str | None = None) -> None:
+    def __init__(self, log: list[str], fail_on: str | None = None) -> None:
+        self.log = log
         self.fail_on = fail_on
         self.closed = 0
 
     def run_cell(self, cell: Cell, reps: int) -> list[Sample]:
+        self.log.append(f"{cell.method} {cell.kind}")
         if cell.method == self.fail_on:
             raise RuntimeError(f"{cell.method} broke")
         return samples_from_timings(cell, 100, [0.01] * reps)
 
     def close(self) -> None:
         self.closed += 1
+
+
+class FakeJob:
+    """Stands in for a P2PJob: the codec is read back from the job config."""
+
+    state: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, session: Any, config: dict[str, Any], timeout: float) -> None:
+        comp = config["cluster"]["collective"].get("tensor_compression")
+        self.codec = comp["codec"] if comp else "raw"
+        self.link = "emulated" if "net_emulation" in config["cluster"] else "loopback"
+        self.closed = False
+        self.state["jobs"].append(self)
+
+    def launch(self) -> FakeJob:
+        if self.codec == self.state.get("launch_fail"):
+            raise RuntimeError("worker did not start")
+        return self
+
+    def probe(self) -> tuple[float, int, int]:
+        self.state["probes"].append(self.codec)
+        wire = 4000 if self.codec in self.state.get("compressing", ("lz4", "zstd")) else 1 << 21
+        return 0.01, wire, 1 << 20
+
+    def run_cell(self, cell: Cell, reps: int) -> list[Sample]:
+        self.state["log"].append(f"p2p-{self.codec} {cell.kind}")
+        if self.codec == self.state.get("p2p_fail"):
+            raise RuntimeError("worker died")
+        return samples_from_timings(cell, 100, [0.02] * reps)
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def options(**kw: Any) -> Options:
@@ -81,53 +116,56 @@ def options(**kw: Any) -> Options:
 
 @pytest.fixture
 def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    state: dict[str, Any] = {"session": FakeSession(), "pairs": [], "jobs": []}
+    state: dict[str, Any] = {
+        "session": FakeSession(),
+        "pairs": [],
+        "jobs": [],
+        "probes": [],
+        "log": [],
+        "emulation": "no pacing",
+    }
+    FakeJob.state = state
 
     def open_cluster(address: str | None, *, timeout: float) -> FakeSession:
         return state["session"]
 
     def baseline_pair(session: Any, opts: Options) -> FakePair:
-        pair = FakePair(state.get("baseline_fail"))
+        pair = FakePair(state["log"], state.get("baseline_fail"))
         state["pairs"].append(pair)
         return pair
 
-    def run_p2p_block(session, codec, link, cells, opts, result, progress) -> None:  # type: ignore[no-untyped-def]
-        state["jobs"].append((codec, link.name))
-        if link.emulated:
-            if not result.unavailable:
-                result.unavailable.append(Skipped(f"link {link.name}", "no pacing"))
-            for cell in cells:
-                progress.cell_done(cell, [])
-            return
-        if codec == state.get("p2p_fail"):
-            progress.cell_done(cells[0], [])
-            raise RuntimeError("worker died")
-        for cell in cells:
-            samples = samples_from_timings(cell, 100, [0.02] * opts.reps)
-            result.samples.extend(samples)
-            progress.cell_done(cell, samples)
-
     monkeypatch.setattr(_p2p, "open_cluster", open_cluster)
-    monkeypatch.setattr(_p2p, "run_p2p_block", run_p2p_block)
+    monkeypatch.setattr(_p2p, "P2PJob", FakeJob)
+    monkeypatch.setattr(_p2p, "emulation_missing", lambda session, timeout: state["emulation"])
     monkeypatch.setattr(_runner, "_baseline_pair", baseline_pair)
     return state
 
 
-def test_runs_every_block_in_order_and_accounts_every_cell(fakes: dict[str, Any]) -> None:
+def test_methods_of_a_link_are_interleaved_and_every_cell_accounted(
+    fakes: dict[str, Any],
+) -> None:
     progress = Progress()
     result = run_matrix(options(), progress)
-    assert fakes["jobs"] == [
-        ("raw", "loopback"),
-        ("lz4", "loopback"),
-        ("raw", "100mbit"),
-        ("lz4", "100mbit"),
+    # loopback: all four series side by side, per kind
+    assert fakes["log"] == [
+        "gloo tensor",
+        "ray tensor",
+        "p2p-raw tensor",
+        "p2p-lz4 tensor",
+        "gloo object",
+        "ray object",
+        "p2p-raw object",
+        "p2p-lz4 object",
     ]
+    assert fakes["probes"] == ["lz4"]  # the codec is probed once, raw never
     assert len(fakes["pairs"]) == 1
     assert fakes["pairs"][0].closed == 1
+    assert all(job.closed for job in fakes["jobs"])
+    assert [job.link for job in fakes["jobs"]] == ["loopback", "loopback"]  # 100mbit: no jobs
     assert fakes["session"].closed
-    assert progress.total == len(progress.done) == 2 * 2 + 4 * 2
-    methods = {s.method for s in result.samples}
-    assert methods == {"gloo", "ray", "p2p"}
+    assert progress.total == len(progress.done) == 4 * 2 + 2 * 2
+    assert len({c for c, _ in progress.done}) == progress.total
+    assert {s.method for s in result.samples} == {"gloo", "ray", "p2p"}
     assert result.failures == []
     assert result.unavailable == [Skipped("link 100mbit", "no pacing")]
     assert result.compression == {"lz4": COMPRESSION_SECTIONS["lz4"]}
@@ -138,19 +176,53 @@ def test_runs_every_block_in_order_and_accounts_every_cell(fakes: dict[str, Any]
     assert result.meta["wall_s"] >= 0
 
 
-def test_a_failing_block_is_recorded_and_the_rest_still_runs(fakes: dict[str, Any]) -> None:
+def test_emulated_links_run_when_emulation_works(fakes: dict[str, Any]) -> None:
+    fakes["emulation"] = None
+    result = run_matrix(options(codecs=["raw", "zstd"]), Progress())
+    assert [(j.codec, j.link) for j in fakes["jobs"]] == [
+        ("raw", "loopback"),
+        ("zstd", "loopback"),
+        ("raw", "emulated"),
+        ("zstd", "emulated"),
+    ]
+    assert fakes["probes"] == ["zstd"]
+    assert {s.link for s in result.samples} == {"loopback", "100mbit"}
+    assert result.unavailable == []
+
+
+def test_a_codec_that_does_not_compress_is_unavailable_everywhere(
+    fakes: dict[str, Any],
+) -> None:
+    fakes["compressing"] = ("zstd",)
+    fakes["emulation"] = None
+    progress = Progress()
+    result = run_matrix(options(codecs=["raw", "lz4", "zstd"]), progress)
+    assert [u.what for u in result.unavailable] == ["codec lz4"]
+    assert "2097152 wire bytes" in result.unavailable[0].reason
+    assert fakes["probes"] == ["lz4", "zstd"]  # probed once; not relaunched on 100mbit
+    assert [(j.codec, j.link) for j in fakes["jobs"]].count(("lz4", "emulated")) == 0
+    assert not any(s.codec == "lz4" for s in result.samples)
+    assert len(progress.done) == progress.total
+
+
+def test_failures_are_recorded_and_the_other_series_go_on(fakes: dict[str, Any]) -> None:
     fakes["p2p_fail"] = "raw"
     fakes["baseline_fail"] = "ray"
+    fakes["launch_fail"] = "lz4"
     progress = Progress()
     result = run_matrix(options(links=[LINK_PROFILES["loopback"]]), progress)
-    assert [f.what for f in result.failures] == ["Ray object store", "p2p raw"]
-    assert "RuntimeError: worker died" in result.failures[1].reason
-    assert any("FAILED" in n for n in progress.notes)
-    # every cell reported exactly once, failed ones without samples
+    assert sorted(f.what for f in result.failures) == ["Ray object store", "p2p lz4", "p2p raw"]
+    reasons = {f.what: f.reason for f in result.failures}
+    assert reasons["p2p raw"] == "RuntimeError: worker died"
+    assert reasons["p2p lz4"] == "RuntimeError: worker did not start"
+    assert sum("FAILED" in n for n in progress.notes) == 3
+    # a failed series is tried once, then dropped; gloo keeps going
+    assert fakes["log"] == ["gloo tensor", "ray tensor", "p2p-raw tensor", "gloo object"]
     assert len(progress.done) == progress.total == 4 * 2
     assert len({c for c, _ in progress.done}) == progress.total
-    assert {s.cell().series for s in result.samples} == {"torch.distributed gloo", "p2p lz4"}
+    assert {s.cell().series for s in result.samples} == {"torch.distributed gloo"}
     assert fakes["pairs"][0].closed == 1
+    assert all(job.closed for job in fakes["jobs"])
 
 
 def test_skipped_cells_of_an_unavailable_link_are_not_listed(fakes: dict[str, Any]) -> None:

@@ -18,7 +18,6 @@ of its cells is measured.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +26,8 @@ import torch
 
 from p2p_worker import Cluster, NodePlacementStrategy, Worker, WorkerAddress
 from p2p_worker.bench._payloads import payload_nbytes
-from p2p_worker.bench._report import RunResult
 from p2p_worker.bench._results import Sample, samples_from_timings
-from p2p_worker.bench._spec import Cell, LinkProfile, Skipped, format_size, series_name
+from p2p_worker.bench._spec import Cell, LinkProfile, format_size
 from p2p_worker.bench._timing import PayloadCache, receiver_loop, sender_loop
 
 PROBE_BYTES = 1 << 20
@@ -160,31 +158,40 @@ def open_cluster(address: str | None, *, timeout: float) -> P2PSession:
 
 
 class P2PJob:
-    """One p2p job: a Cluster object with the block's configuration and its two groups."""
+    """One p2p job: a Cluster object with the job's configuration and its two groups.
+
+    Constructing it validates the configuration (cheap); :meth:`launch` starts the two
+    one-worker groups (seconds), and may run in a thread next to other launches.
+    """
 
     def __init__(self, session: P2PSession, config: dict[str, Any], timeout: float) -> None:
         self.timeout = timeout
         self.cluster = Cluster(config=config, address=session.address or "local")
         n = next(_counter)
         self.names = (f"p2p_bench_send_{n}", f"p2p_bench_recv_{n}")
-        ranks = (session.sender_rank, session.receiver_rank)
+        self._ranks = (session.sender_rank, session.receiver_rank)
+        self.snd: Any = None
+        self.rcv: Any = None
 
-        def launch(i: int) -> Any:
+    def launch(self) -> P2PJob:
+        """Start the sender and the receiver group (at once); return this job.
+
+        Raises:
+            p2p_worker.WorkerError: A worker failed to start.
+        """
+
+        def one(i: int) -> Any:
             return BenchEndpoint.create_group().launch(
                 self.cluster,
-                NodePlacementStrategy([ranks[i]], cpus_per_worker=0),
+                NodePlacementStrategy([self._ranks[i]], cpus_per_worker=0),
                 name=self.names[i],
-                timeout=timeout,
+                timeout=self.timeout,
             )
 
-        try:
-            # Both groups start at once: worker start-up is mostly waiting on Ray.
-            with ThreadPoolExecutor(2, thread_name_prefix="p2p-bench-launch") as pool:
-                futures = [pool.submit(launch, i) for i in (0, 1)]
-                self.snd, self.rcv = (f.result() for f in futures)
-        except BaseException:
-            self.cluster.shutdown()
-            raise
+        with ThreadPoolExecutor(2, thread_name_prefix="p2p-bench-launch") as pool:
+            futures = [pool.submit(one, i) for i in (0, 1)]
+            self.snd, self.rcv = (f.result() for f in futures)
+        return self
 
     def probe(self) -> tuple[float, int, int]:
         """Send the probe tensor once: ``(seconds, wire bytes, payload bytes)``."""
@@ -223,7 +230,7 @@ def emulation_missing(session: P2PSession, timeout: float) -> str | None:
     probe_link = LinkProfile("probe", EMULATION_PROBE_MBPS * 1e6)
     job = P2PJob(session, job_config("raw", probe_link), timeout)
     try:
-        secs, wire, _ = job.probe()
+        secs, wire, _ = job.launch().probe()
     finally:
         job.close()
     gap = emulation_gap(secs, wire, EMULATION_PROBE_MBPS)
@@ -264,50 +271,3 @@ def codec_gap(codec: str, wire: int, logical: int) -> str | None:
         f"p2p_collective sent a {format_size(logical)} tensor of small int64 values as "
         f"{wire} wire bytes: no compression on the wire yet"
     )
-
-
-def run_p2p_block(
-    session: P2PSession,
-    codec: str,
-    link: LinkProfile,
-    cells: Sequence[Cell],
-    options: Any,
-    result: RunResult,
-    progress: Any,
-) -> None:
-    """Launch the two groups of one (codec, link) job, probe it, measure its cells."""
-    from p2p_worker.bench._runner import job_config
-
-    gap = emulation_missing(session, options.timeout) if link.emulated else None
-    if gap is not None:
-        _report_gap(result, progress, f"link {link.name}", gap, cells)
-        return
-    if session.codec_gaps.get(codec) is not None:
-        _report_gap(result, progress, f"codec {codec}", session.codec_gaps[codec] or "", cells)
-        return
-    label = series_name("p2p", codec, link.name)
-    progress.block(f"{label}: launching two worker groups")
-    job = P2PJob(session, job_config(codec, link), options.timeout)
-    try:
-        if codec != "raw" and codec not in session.codec_gaps:
-            _, wire, logical = job.probe()
-            session.codec_gaps[codec] = gap = codec_gap(codec, wire, logical)
-            if gap is not None:
-                _report_gap(result, progress, f"codec {codec}", gap, cells)
-                return
-        for cell in cells:
-            samples = job.run_cell(cell, options.reps)
-            result.samples.extend(samples)
-            progress.cell_done(cell, samples)
-    finally:
-        job.close()
-
-
-def _report_gap(
-    result: RunResult, progress: Any, what: str, reason: str, cells: Sequence[Cell]
-) -> None:
-    if not any(u.what == what for u in result.unavailable):
-        result.unavailable.append(Skipped(what, reason))
-        progress.note(f"{what}: unavailable — {reason}")
-    for cell in cells:
-        progress.cell_done(cell, [])

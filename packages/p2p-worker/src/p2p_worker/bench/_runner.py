@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -14,11 +16,12 @@ from typing import Any, Protocol
 from p2p_worker.bench._report import RunResult
 from p2p_worker.bench._results import Sample
 from p2p_worker.bench._spec import (
+    LINK_PROFILES,
     Cell,
     LinkProfile,
     Skipped,
     build_matrix,
-    job_blocks,
+    link_groups,
     series_name,
 )
 
@@ -127,13 +130,13 @@ def _versions() -> dict[str, str]:
 def run_matrix(options: Options, progress: ProgressSink) -> RunResult:
     """Run every cell the options ask for and return the result.
 
-    Starts (or attaches to) the Ray cluster, measures the baselines between two plain
-    actors, then launches a sender and a receiver worker group per (codec, link) and
-    measures the p2p cells. A dimension the installed stack cannot provide is recorded
-    in ``RunResult.unavailable``; its cells are not run.
-
-    A block (the baselines, or one p2p job) that fails is recorded in
-    ``RunResult.failures`` with its error, and the run goes on with the next block.
+    Starts (or attaches to) the Ray cluster. Then, link by link, it starts everything
+    that runs over that link at once (the two baseline actors, and a sender and a
+    receiver worker group per codec) and measures the methods side by side: for each
+    (kind, size), every method in turn. A dimension the installed stack cannot
+    provide is recorded in ``RunResult.unavailable``; its cells are not run. A method
+    that fails to start or fails a cell is recorded in ``RunResult.failures`` with its
+    error and dropped; the other methods go on.
 
     Raises:
         p2p_asyncwork.P2PError: the Ray cluster could not be started or reached.
@@ -169,35 +172,11 @@ def run_matrix(options: Options, progress: ProgressSink) -> RunResult:
     session = _p2p.open_cluster(options.address, timeout=options.timeout)
     result.meta["cluster"] = session.description
     result.meta["real_link"] = session.real_link
-    pair = None
     try:
-        for method, codec, link_name, block in job_blocks(cells):
-            counting = _Counting(progress)
-            try:
-                if method in ("gloo", "ray"):
-                    if pair is None:
-                        progress.block("baselines: torch.distributed gloo and Ray object store")
-                        pair = _baseline_pair(session, options)
-                    _run_cells(pair.run_cell, block, options, result, counting)
-                    continue
-                if pair is not None:
-                    pair.close()
-                    pair = None
-                link = next(lk for lk in options.links if lk.name == link_name)
-                _p2p.run_p2p_block(session, codec, link, block, options, result, counting)
-            except Exception as exc:  # recorded; the rest of the matrix still runs
-                label = series_name(method, codec, link_name)
-                reason = f"{type(exc).__name__}: {exc}"
-                result.failures.append(Skipped(label, reason))
-                progress.note(f"{label}: FAILED — {reason}")
-                for cell in block[counting.done :]:
-                    progress.cell_done(cell, [])
-                if pair is not None:
-                    pair.close()
-                    pair = None
+        for link_name, group in link_groups(cells):
+            link = next((lk for lk in options.links if lk.name == link_name), None)
+            _LinkGroup(session, link or LINK_PROFILES[link_name], group, options, result, progress)
     finally:
-        if pair is not None:
-            pair.close()
         session.close()
     gone = [u.what.removeprefix("link ") for u in result.unavailable if u.what.startswith("link ")]
     result.skipped = [s for s in result.skipped if not any(f"@ {g} " in s.what for g in gone)]
@@ -205,25 +184,126 @@ def run_matrix(options: Options, progress: ProgressSink) -> RunResult:
     return result
 
 
-class _Counting:
-    """Passes progress on and counts the cells of the current block reported done."""
+class _LinkGroup:
+    """Every series measured over one link, started together and measured interleaved."""
 
-    def __init__(self, inner: ProgressSink) -> None:
-        self.inner = inner
-        self.done = 0
+    def __init__(
+        self,
+        session: Any,
+        link: LinkProfile,
+        cells: list[Cell],
+        options: Options,
+        result: RunResult,
+        progress: ProgressSink,
+    ) -> None:
+        self.session, self.link, self.cells, self.options = session, link, cells, options
+        self.result, self.progress = result, progress
+        self.done: set[Cell] = set()
+        self.runners: dict[tuple[str, str], Any] = {}
+        self._owned: list[Any] = []
+        try:
+            if self._start():
+                self._measure()
+        finally:
+            for runner in self._owned:
+                with contextlib.suppress(Exception):
+                    runner.close()
+            for cell in self.cells:  # whatever did not run is accounted for
+                if cell not in self.done:
+                    self._mark(cell, [])
 
-    def start(self, total: int) -> None:
-        self.inner.start(total)
+    def _mark(self, cell: Cell, samples: list[Sample]) -> None:
+        self.done.add(cell)
+        self.result.samples.extend(samples)
+        self.progress.cell_done(cell, samples)
 
-    def block(self, text: str) -> None:
-        self.inner.block(text)
+    def _drop(self, key: tuple[str, str], what: str, reason: str, *, failed: bool) -> None:
+        """Take a series out of this group, record why, and account for its cells."""
+        self.runners.pop(key, None)
+        if failed:
+            self.result.failures.append(Skipped(what, reason))
+            self.progress.note(f"{what}: FAILED — {reason}")
+        elif not any(u.what == what for u in self.result.unavailable):
+            self.result.unavailable.append(Skipped(what, reason))
+            self.progress.note(f"{what}: unavailable — {reason}")
+        for cell in self.cells:
+            if (cell.method, cell.codec) == key and cell not in self.done:
+                self._mark(cell, [])
 
-    def cell_done(self, cell: Cell, samples: Sequence[Sample]) -> None:
-        self.done += 1
-        self.inner.cell_done(cell, samples)
+    def _start(self) -> bool:
+        """Start every runner of the group at once; False when nothing is left to measure."""
+        from p2p_worker.bench import _p2p
 
-    def note(self, text: str) -> None:
-        self.inner.note(text)
+        series = list(dict.fromkeys((c.method, c.codec) for c in self.cells))
+        if self.link.emulated:
+            gap = _p2p.emulation_missing(self.session, self.options.timeout)
+            if gap is not None:
+                for key in series:
+                    self._drop(key, f"link {self.link.name}", gap, failed=False)
+                return False
+        starters: dict[tuple[tuple[str, str], ...], Callable[[], Any]] = {}
+        baselines = tuple(k for k in series if k[0] != "p2p")
+        if baselines:
+            starters[baselines] = lambda: _baseline_pair(self.session, self.options)
+        for key in series:
+            if key[0] != "p2p":
+                continue
+            gap = self.session.codec_gaps.get(key[1])
+            if gap is not None:
+                self._drop(key, f"codec {key[1]}", gap, failed=False)
+                continue
+            label = series_name("p2p", key[1], self.link.name)
+            try:
+                job = _p2p.P2PJob(self.session, job_config(key[1], self.link), self.options.timeout)
+            except Exception as exc:
+                self._drop(key, label, f"{type(exc).__name__}: {exc}", failed=True)
+                continue
+            self._owned.append(job)
+            starters[(key,)] = job.launch
+        if not starters:
+            return False
+        names = ", ".join(series_name(m, c, self.link.name) for ks in starters for m, c in ks)
+        self.progress.block(f"starting {names}")
+        with ThreadPoolExecutor(len(starters), thread_name_prefix="p2p-bench") as pool:
+            futures = {keys: pool.submit(start) for keys, start in starters.items()}
+        for keys, future in futures.items():
+            try:
+                runner = future.result()
+            except Exception as exc:
+                for key in keys:
+                    label = series_name(*key, self.link.name)
+                    self._drop(key, label, f"{type(exc).__name__}: {exc}", failed=True)
+                continue
+            if runner not in self._owned:
+                self._owned.append(runner)
+            for key in keys:
+                self.runners[key] = runner
+        for key, runner in list(self.runners.items()):
+            if key[0] == "p2p" and key[1] != "raw" and key[1] not in self.session.codec_gaps:
+                _, wire, logical = runner.probe()
+                gap = _p2p.codec_gap(key[1], wire, logical)
+                self.session.codec_gaps[key[1]] = gap
+                if gap is not None:
+                    self._drop(key, f"codec {key[1]}", gap, failed=False)
+        return bool(self.runners)
+
+    def _measure(self) -> None:
+        left = len(self.cells) - len(self.done)
+        self.progress.block(
+            f"{self.link.name}: {left} cells, {len(self.runners)} methods side by side"
+        )
+        for cell in self.cells:
+            key = (cell.method, cell.codec)
+            runner = self.runners.get(key)
+            if runner is None or cell in self.done:
+                continue
+            try:
+                samples = runner.run_cell(cell, self.options.reps)
+            except Exception as exc:  # recorded; the other series go on
+                label = series_name(*key, self.link.name)
+                self._drop(key, label, f"{type(exc).__name__}: {exc}", failed=True)
+                continue
+            self._mark(cell, samples)
 
 
 def _baseline_pair(session: Any, options: Options) -> Any:
@@ -234,16 +314,3 @@ def _baseline_pair(session: Any, options: Options) -> Any:
         sender_node=session.sender_node,
         receiver_node=session.receiver_node,
     )
-
-
-def _run_cells(
-    run_cell: Callable[[Cell, int], list[Sample]],
-    cells: Sequence[Cell],
-    options: Options,
-    result: RunResult,
-    progress: ProgressSink,
-) -> None:
-    for cell in cells:
-        samples = run_cell(cell, options.reps)
-        result.samples.extend(samples)
-        progress.cell_done(cell, samples)

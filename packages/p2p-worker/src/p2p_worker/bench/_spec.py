@@ -368,3 +368,30 @@ def job_blocks(cells: Sequence[Cell]) -> list[tuple[str, str, str, list[Cell]]]:
         else:
             out.append((cell.method, cell.codec, cell.link, [cell]))
     return out
+
+
+def link_groups(cells: Sequence[Cell]) -> list[tuple[str, list[Cell]]]:
+    """Group cells by link (first-seen order) and interleave the methods within a group.
+
+    All methods of one link are measured side by side: for every (kind, size), each
+    series in turn, so a baseline and the series compared with it are measured
+    seconds apart, not minutes (on a shared machine the load drifts).
+
+    Example:
+        >>> cells = [Cell("gloo", "raw", "loopback", "tensor", 1),
+        ...          Cell("gloo", "raw", "loopback", "tensor", 2),
+        ...          Cell("p2p", "raw", "loopback", "tensor", 1),
+        ...          Cell("p2p", "raw", "loopback", "tensor", 2),
+        ...          Cell("p2p", "raw", "1gbit", "tensor", 1)]
+        >>> [(link, [(c.method, c.size) for c in cs]) for link, cs in link_groups(cells)]
+        [('loopback', [('gloo', 1), ('p2p', 1), ('gloo', 2), ('p2p', 2)]), ('1gbit', [('p2p', 1)])]
+    """
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(cell.link, []).append(cell)
+    out = []
+    for link, group in groups.items():
+        series = list(dict.fromkeys((c.method, c.codec) for c in group))
+        group.sort(key=lambda c: (KINDS.index(c.kind), c.size, series.index((c.method, c.codec))))
+        out.append((link, group))
+    return out
