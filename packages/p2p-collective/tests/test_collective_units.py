@@ -122,7 +122,10 @@ def test_groups_are_cached_by_sorted_names_and_ranked_by_them() -> None:
     [
         (["a"], None, ValueError, "exactly two distinct addresses"),
         (["a", "a"], None, ValueError, "exactly two distinct addresses"),
-        (["a", "b", "c"], None, ValueError, "exactly two distinct addresses"),
+        # three or more addresses make an N-member group: duplicates and a missing own
+        # address are refused there too
+        (["a", "b", "b"], None, ValueError, "two or more distinct addresses"),
+        (["b", "c", "d"], None, ValueError, "own address 'a'"),
         (["b", "c"], None, ValueError, "own address 'a'"),
         ("ab", None, TypeError, "sequence of two addresses"),
         (["a", 3], None, TypeError, "worker_addresses[1]"),
