@@ -222,6 +222,38 @@ class BenchReports(SphinxDirective):
         return out
 
 
+class MarkdownFile(SphinxDirective):
+    """``.. p2p-markdown:: <file.md>``: one Markdown file of the repository, rendered in place.
+
+    The path is relative to the page that holds the directive. The file's first heading is
+    dropped when it repeats the page's own title (the page gives the title); every other
+    heading becomes a rubric. Used for the drafts under ``docs/operations/`` and
+    ``docs/performance-bench.md``, which stay Markdown files of their owners.
+    """
+
+    required_arguments = 1
+    option_spec = {"skip-title": lambda arg: True}
+
+    def run(self) -> list[nodes.Node]:
+        page_dir = (Path(self.env.srcdir) / self.env.docname).parent
+        path = (page_dir / self.arguments[0]).resolve()
+        self.env.note_dependency(str(path))
+        if not path.is_file():
+            raise self.error(f"p2p-markdown: no such file: {self.arguments[0]}")
+        text = path.read_text(encoding="utf-8")
+        if "skip-title" in self.options:
+            lines = text.splitlines()
+            if lines and lines[0].startswith("# "):
+                text = "\n".join(lines[1:])
+        rel = path.parent.relative_to(Path(self.env.srcdir).resolve()).as_posix()
+        container = nodes.container(classes=["p2p-markdown"])
+        container["support_smartquotes"] = False
+        for node in markdown_to_nodes(text, f"/{rel}" if rel != "." else ""):
+            container += node
+        return [container]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("p2p-bench-reports", BenchReports)
+    app.add_directive("p2p-markdown", MarkdownFile)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
