@@ -31,7 +31,7 @@ class Rollout(Worker):
         weights = self.broadcast(None, MEMBERS, src_group_name="trainer", src_rank=0)
         assert torch.equal(weights["w"], torch.arange(4.0))
         group = self.create_collective(MEMBERS)
-        total = np.array([self._rank + 1.0])  # numpy arrays are reduced in place
+        total = np.array([self._rank + 1.0], dtype=np.float32)  # reduced in place
         work = group.allreduce(total, op="sum", async_op=True)
         work.wait()
         return float(total[0])
