@@ -215,18 +215,25 @@ class ChannelUser(Worker):
         return int(got["n"])
 
 
+def wait_until_full(ch: Any, timeout: float = 60.0) -> None:
+    """Wait until the channel holds its maxsize items (the producer then waits for room)."""
+    deadline = time.monotonic() + timeout
+    while ch.stats()["held"] < ch.maxsize:
+        assert time.monotonic() < deadline, ch.stats()
+        time.sleep(0.05)
+
+
 def test_channel_worker_killed(cluster: Any) -> None:
     one = NodePlacementStrategy([0], cpus_per_worker=0)
     producer = ChannelUser.create_group().launch(cluster, one, name="ch_producer")
     other = ChannelUser.create_group().launch(cluster, one, name="ch_other")
     ch = create_channel(cluster, "doomed", maxsize=2)
     putting = producer.put_until_error("doomed")  # fills the channel, then waits for room
-    deadline = time.monotonic() + 60
-    while ch.stats()["held"] < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until_full(ch)
     assert ch.get(timeout=30) == {"i": 0}  # the channel works
     pending_get = ch.get(async_op=True)  # gets item 1
     assert pending_get.wait(timeout=30) == {"i": 1}
+    wait_until_full(ch)  # items 2 and 3 are in; the producer waits to put item 4
     waiting = create_channel(cluster, "doomed-empty").get(async_op=True)  # an empty channel
     killed_at = time.time()
     ray.kill(_channel_actor("doomed"))
@@ -245,7 +252,7 @@ def test_channel_worker_killed(cluster: Any) -> None:
     blocked = failed_at - killed_at
     record_time("channel worker killed", "Channel.put() waiting in a worker", error, blocked)
     assert error == "ChannelClosedError"
-    assert count >= 4  # items 0..3 went in before the channel was full again
+    assert count == 4  # items 0..3 went in; the put of item 4 failed
     assert blocked < DEATH_BOUND
     # the workers keep talking to each other, and the name can be used again
     a = producer.talk("ch_other", True)
