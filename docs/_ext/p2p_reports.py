@@ -15,10 +15,12 @@ produce one; it never shows numbers that are not in a committed report.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from docutils import nodes
+from docutils.parsers.rst import directives
 from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
 
@@ -232,7 +234,7 @@ class MarkdownFile(SphinxDirective):
     """
 
     required_arguments = 1
-    option_spec = {"skip-title": lambda arg: True}
+    option_spec: ClassVar[dict[str, Callable[[str], Any]]] = {"skip-title": directives.flag}
 
     def run(self) -> list[nodes.Node]:
         page_dir = (Path(self.env.srcdir) / self.env.docname).parent
