@@ -48,6 +48,8 @@ class FakeSession:
     def __init__(self) -> None:
         self.closed = False
         self.codec_gaps: dict[str, str | None] = {}
+        self.emulation_checked = False
+        self.emulation_gap: str | None = None
 
     def close(self) -> None:
         self.closed = True
@@ -123,6 +125,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         "probes": [],
         "log": [],
         "emulation": "no pacing",
+        "probe_jobs": 0,
     }
     FakeJob.state = state
 
@@ -136,7 +139,18 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(_p2p, "open_cluster", open_cluster)
     monkeypatch.setattr(_p2p, "P2PJob", FakeJob)
-    monkeypatch.setattr(_p2p, "emulation_missing", lambda session, timeout: state["emulation"])
+
+    def probe_job(session: Any, timeout: float) -> FakeJob:
+        state["probe_jobs"] += 1
+        return FakeJob(session, {"cluster": {"collective": {}, "net_emulation": {}}}, timeout)
+
+    def check_emulation(session: Any, job: FakeJob) -> str | None:
+        job.close()
+        session.emulation_checked, session.emulation_gap = True, state["emulation"]
+        return state["emulation"]
+
+    monkeypatch.setattr(_p2p, "emulation_probe_job", probe_job)
+    monkeypatch.setattr(_p2p, "check_emulation", check_emulation)
     monkeypatch.setattr(_runner, "_baseline_pair", baseline_pair)
     return state
 
@@ -161,7 +175,10 @@ def test_methods_of_a_link_are_interleaved_and_every_cell_accounted(
     assert len(fakes["pairs"]) == 1
     assert fakes["pairs"][0].closed == 1
     assert all(job.closed for job in fakes["jobs"])
-    assert [job.link for job in fakes["jobs"]] == ["loopback", "loopback"]  # 100mbit: no jobs
+    # 100mbit: its jobs start with the emulation probe, which finds no pacing; none measures
+    assert [job.link for job in fakes["jobs"]] == ["loopback"] * 2 + ["emulated"] * 3
+    assert fakes["probe_jobs"] == 1
+    assert not any(s.link == "100mbit" for s in result.samples)
     assert fakes["session"].closed
     assert progress.total == len(progress.done) == 4 * 2 + 2 * 2
     assert len({c for c, _ in progress.done}) == progress.total
@@ -182,6 +199,7 @@ def test_emulated_links_run_when_emulation_works(fakes: dict[str, Any]) -> None:
     assert [(j.codec, j.link) for j in fakes["jobs"]] == [
         ("raw", "loopback"),
         ("zstd", "loopback"),
+        ("raw", "emulated"),  # the probe job
         ("raw", "emulated"),
         ("zstd", "emulated"),
     ]
@@ -223,6 +241,14 @@ def test_failures_are_recorded_and_the_other_series_go_on(fakes: dict[str, Any])
     assert {s.cell().series for s in result.samples} == {"torch.distributed gloo"}
     assert fakes["pairs"][0].closed == 1
     assert all(job.closed for job in fakes["jobs"])
+
+
+def test_the_emulation_probe_runs_once_per_run(fakes: dict[str, Any]) -> None:
+    fakes["emulation"] = None
+    links = [LINK_PROFILES[n] for n in ("loopback", "1gbit", "100mbit")]
+    result = run_matrix(options(codecs=["raw"], links=links), Progress())
+    assert fakes["probe_jobs"] == 1
+    assert {s.link for s in result.samples} == {"loopback", "1gbit", "100mbit"}
 
 
 def test_skipped_cells_of_an_unavailable_link_are_not_listed(fakes: dict[str, Any]) -> None:

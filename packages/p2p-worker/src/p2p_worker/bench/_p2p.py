@@ -214,23 +214,25 @@ class P2PJob:
         self.cluster.shutdown()
 
 
-def emulation_missing(session: P2PSession, timeout: float) -> str | None:
-    """Whether ``cluster.net_emulation`` really paces sends (probed once per run).
+def emulation_probe_job(session: P2PSession, timeout: float) -> P2PJob:
+    """The (not yet launched) probe job of :func:`check_emulation`: raw, 8 Mbit/s."""
+    from p2p_worker.bench._runner import job_config
 
-    Runs a probe job on an emulated 8 Mbit/s link: the 1 MiB probe must take at least
-    half the time its wire bytes need on that link.
+    probe_link = LinkProfile("probe", EMULATION_PROBE_MBPS * 1e6)
+    return P2PJob(session, job_config("raw", probe_link), timeout)
+
+
+def check_emulation(session: P2PSession, job: P2PJob) -> str | None:
+    """Whether ``cluster.net_emulation`` really paces sends; the verdict is kept per run.
+
+    ``job`` is a launched :func:`emulation_probe_job`: its 1 MiB probe must take at
+    least half the time its wire bytes need on an 8 Mbit/s link. The job is closed.
 
     Returns:
         ``None`` when emulation works, else the reason with the measured evidence.
     """
-    from p2p_worker.bench._runner import job_config
-
-    if session.emulation_checked:
-        return session.emulation_gap
-    probe_link = LinkProfile("probe", EMULATION_PROBE_MBPS * 1e6)
-    job = P2PJob(session, job_config("raw", probe_link), timeout)
     try:
-        secs, wire, _ = job.launch().probe()
+        secs, wire, _ = job.probe()
     finally:
         job.close()
     gap = emulation_gap(secs, wire, EMULATION_PROBE_MBPS)

@@ -235,13 +235,20 @@ class _LinkGroup:
         from p2p_worker.bench import _p2p
 
         series = list(dict.fromkeys((c.method, c.codec) for c in self.cells))
-        if self.link.emulated:
-            gap = _p2p.emulation_missing(self.session, self.options.timeout)
-            if gap is not None:
-                for key in series:
-                    self._drop(key, f"link {self.link.name}", gap, failed=False)
-                return False
         starters: dict[tuple[tuple[str, str], ...], Callable[[], Any]] = {}
+        probe: Any = None
+        if self.link.emulated and self.session.emulation_checked:
+            if self.session.emulation_gap is not None:
+                for key in series:
+                    self._drop(
+                        key, f"link {self.link.name}", self.session.emulation_gap, failed=False
+                    )
+                return False
+        elif self.link.emulated:
+            # Is emulation applied at all? The probe job starts with the link's jobs.
+            probe = _p2p.emulation_probe_job(self.session, self.options.timeout)
+            self._owned.append(probe)
+            starters[(("probe", "raw"),)] = probe.launch
         baselines = tuple(k for k in series if k[0] != "p2p")
         if baselines:
             starters[baselines] = lambda: _baseline_pair(self.session, self.options)
@@ -262,10 +269,25 @@ class _LinkGroup:
             starters[(key,)] = job.launch
         if not starters:
             return False
-        names = ", ".join(series_name(m, c, self.link.name) for ks in starters for m, c in ks)
+        names = ", ".join(
+            series_name(m, c, self.link.name) for ks in starters for m, c in ks if m != "probe"
+        )
         self.progress.block(f"starting {names}")
         with ThreadPoolExecutor(len(starters), thread_name_prefix="p2p-bench") as pool:
             futures = {keys: pool.submit(start) for keys, start in starters.items()}
+        if probe is not None:
+            try:
+                futures.pop((("probe", "raw"),)).result()
+                gap = _p2p.check_emulation(self.session, probe)
+            except Exception as exc:
+                reason = f"the link-emulation probe failed: {type(exc).__name__}: {exc}"
+                for key in series:
+                    self._drop(key, series_name(*key, self.link.name), reason, failed=True)
+                return False
+            if gap is not None:
+                for key in series:
+                    self._drop(key, f"link {self.link.name}", gap, failed=False)
+                return False
         for keys, future in futures.items():
             try:
                 runner = future.result()
