@@ -93,12 +93,13 @@ def check_tensor(t: torch.Tensor, where: str, op: str) -> None:
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of a contiguous tensor's bytes (no copy unless conj/neg bits)."""
-    t = t.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    return t.reshape(-1).view(torch.uint8)
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_conj() or t.is_neg():  # lazily conjugated/negated views: materialize
+        t = t.resolve_conj().resolve_neg()
+    if t.dim() != 1:
+        t = t.view(-1)
+    return t.view(torch.uint8)
 
 
 def _classify(obj: Any) -> tuple[int, int, list[Any], list[str], list[str] | None, Any]:
