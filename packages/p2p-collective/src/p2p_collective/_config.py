@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2p_asyncwork import ConfigError
 from p2p_collective._emulation import NetEmulationConfig as NetEmulationConfig
 from p2p_collective._emulation import parse_net_emulation as parse_net_emulation
+from p2p_collective._validate import fail as _fail
+from p2p_collective._validate import mapping as _plain_mapping
 from p2p_compress import (
     TensorBufferPoolConfig,
     TensorCompressionConfig,
@@ -31,9 +32,8 @@ DEFAULT_RECV_BUFFER_CACHE_BYTES = 1 << 30
 """Idle bytes of large receive buffers a process keeps for reuse."""
 
 
-def _fail(path: str, value: object, allowed: str, what: str = "") -> ConfigError:
-    lead = f"{path}: {what}; " if what else f"{path}: "
-    return ConfigError(f"{lead}got {value!r}; allowed: {allowed}", path=path)
+def _mapping(section: object, path: str, keys: tuple[str, ...]) -> Mapping[str, Any]:
+    return _plain_mapping(section, path, keys, "a mapping of keys to values (or omit the section)")
 
 
 def _timeout(value: object, path: str) -> float | None:
@@ -51,15 +51,6 @@ def _nonneg_int(value: object, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise _fail(path, value, "an integer >= 0")
     return int(value)
-
-
-def _mapping(section: object, path: str, keys: tuple[str, ...]) -> Mapping[str, Any]:
-    if not isinstance(section, Mapping):
-        raise _fail(path, section, "a mapping of keys to values (or omit the section)")
-    for key, value in section.items():
-        if key not in keys:
-            raise _fail(f"{path}.{key}", value, "keys " + ", ".join(keys), "unknown key")
-    return section
 
 
 @dataclass(frozen=True)

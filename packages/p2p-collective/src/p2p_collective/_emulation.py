@@ -26,19 +26,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from p2p_asyncwork import ConfigError
 from p2p_collective._errors import CollectiveTimeoutError, GroupClosedError
+from p2p_collective._validate import fail as _fail
+from p2p_collective._validate import mapping as _mapping
 
 EMULATED_WINDOW_BYTES = 4 * 1024 * 1024
 """Most bytes an emulated link lets through at once after its sender was held up."""
 
 _SECTION_KEYS = ("enabled", "bandwidth_mbps", "delay_ms", "links")
 _LINK_KEYS = ("src", "dst", "bandwidth_mbps", "delay_ms")
-
-
-def _fail(path: str, value: object, allowed: str, what: str = "") -> ConfigError:
-    lead = f"{path}: {what}; " if what else f"{path}: "
-    return ConfigError(f"{lead}got {value!r}; allowed: {allowed}", path=path)
 
 
 def _bandwidth(value: object, path: str) -> float | None:
@@ -65,15 +61,6 @@ def _pattern(value: object, path: str) -> str:
     if not isinstance(value, str) or not value:
         raise _fail(path, value, "a non-empty name or fnmatch pattern such as 'actor:*'")
     return value
-
-
-def _mapping(section: object, path: str, keys: tuple[str, ...]) -> Mapping[str, Any]:
-    if not isinstance(section, Mapping):
-        raise _fail(path, section, "a mapping of keys to values")
-    for key, value in section.items():
-        if key not in keys:
-            raise _fail(f"{path}.{key}", value, "keys " + ", ".join(keys), "unknown key")
-    return section
 
 
 @dataclass(frozen=True)
