@@ -102,13 +102,11 @@ class Worker(ChannelMixin, CollectivesMixin):
         Raises:
             WorkerError: The worker was not launched in a group.
         """
-        info = self.__dict__.get("_p2p_info")
-        if info is None:
-            raise WorkerError(
-                f"{type(self).__name__} was not launched in a WorkerGroup, so it has no "
-                f"WorkerInfo; use {type(self).__name__}.create_group().launch(cluster)"
-            )
-        return info  # type: ignore[no-any-return]
+        info: WorkerInfo = self._p2p_launched(
+            "_p2p_info",
+            f"so it has no WorkerInfo; use {type(self).__name__}.create_group().launch(cluster)",
+        )
+        return info
 
     @property
     def worker_address(self) -> WorkerAddress:
@@ -144,12 +142,16 @@ class Worker(ChannelMixin, CollectivesMixin):
         Raises:
             WorkerError: The worker was not launched in a group.
         """
-        runtime = self.__dict__.get("_p2p_runtime")
-        if runtime is None:
+        return self._p2p_launched("_p2p_runtime", "so it cannot communicate").collective()
+
+    def _p2p_launched(self, attr: str, consequence: str) -> Any:
+        """Return the launch-time attribute ``attr``, or explain that launching sets it."""
+        value = self.__dict__.get(attr)
+        if value is None:
             raise WorkerError(
-                f"{type(self).__name__} was not launched in a WorkerGroup; it cannot communicate"
+                f"{type(self).__name__} was not launched in a WorkerGroup, {consequence}"
             )
-        return runtime.collective()
+        return value
 
     def _p2p_peer_group(self, group_name: str, rank: int | Sequence[int], arg: str) -> Any:
         check_group_name(group_name, f"{arg}_group_name")
