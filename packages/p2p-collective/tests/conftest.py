@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import collective_tasks
 import pytest
 import torch.distributed as dist
+from hypothesis import settings
+
+# The CI gate runs hypothesis derandomized, so a red run is reproducible and a green
+# one is not luck; HYPOTHESIS_PROFILE=explore draws fresh examples on every run.
+settings.register_profile("gate", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))
 
 
 def make_store() -> dist.TCPStore:

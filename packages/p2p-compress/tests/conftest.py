@@ -1,9 +1,18 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import settings
 
 from p2p_compress import Lz4Codec, TensorCodec, ZstdCodec
+
+# The CI gate runs hypothesis derandomized, so a red run is reproducible and a green
+# one is not luck; HYPOTHESIS_PROFILE=explore draws fresh examples on every run.
+settings.register_profile("gate", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))
 
 
 def _lz4() -> TensorCodec:
