@@ -47,8 +47,12 @@ def test_config_defaults_and_round_trip() -> None:
             "init_timeout": 5,
             "op_timeout": None,
             "recv_buffer_cache_bytes": 0,
+            "shared_memory": False,
+            "object_policy": "plain",
         }
     )
+    assert (full.shared_memory, full.object_policy) == (False, "plain")
+    assert (cfg.shared_memory, cfg.object_policy) == (True, "pickle")
     assert full.compression is not None
     assert full.compression.codec_name == "zstd"
     assert (full.init_timeout, full.op_timeout, full.recv_buffer_cache_bytes) == (5.0, None, 0)
@@ -63,6 +67,8 @@ def test_config_defaults_and_round_trip() -> None:
         ({"op_timeout": "1s"}, "cluster.collective.op_timeout"),
         ({"op_timeout": True}, "cluster.collective.op_timeout"),
         ({"recv_buffer_cache_bytes": -1}, "cluster.collective.recv_buffer_cache_bytes"),
+        ({"shared_memory": "yes"}, "cluster.collective.shared_memory"),
+        ({"object_policy": "json"}, "cluster.collective.object_policy"),
         (
             {"tensor_compression": {"codec": "lz4", "level": 3}},
             "cluster.collective.tensor_compression.level",

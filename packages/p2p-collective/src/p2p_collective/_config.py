@@ -30,6 +30,8 @@ DEFAULT_OP_TIMEOUT = 1800.0
 """Seconds an operation may take, queueing included, when the call passes no timeout."""
 DEFAULT_RECV_BUFFER_CACHE_BYTES = 1 << 30
 """Idle bytes of large receive buffers a process keeps for reuse."""
+OBJECT_POLICIES = ("pickle", "plain")
+"""Values of ``object_policy``: what a receiver accepts in a frame's object part."""
 
 
 def _mapping(section: object, path: str, keys: tuple[str, ...]) -> Mapping[str, Any]:
@@ -45,6 +47,18 @@ def _timeout(value: object, path: str) -> float | None:
     if not value > 0 or math.isnan(value):
         raise _fail(path, value, allowed)
     return float(value)
+
+
+def _bool(value: object, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(path, value, "true or false")
+    return value
+
+
+def _policy(value: object, path: str) -> str:
+    if value not in OBJECT_POLICIES:
+        raise _fail(path, value, " or ".join(repr(p) for p in OBJECT_POLICIES))
+    return str(value)
 
 
 def _nonneg_int(value: object, path: str) -> int:
@@ -67,6 +81,13 @@ class CollectiveConfig:
             the call passes ``timeout=None`` (None: no limit). Default 1800.
         recv_buffer_cache_bytes: Idle bytes of large (>= 1 MiB) receive buffers kept
             for reuse once the received tensors are garbage; 0 disables. Default 1 GiB.
+        shared_memory: Move CPU tensor payloads through shared memory when both members
+            of a group are on the same node (falls back to gloo otherwise, saying why in
+            the group's stats). Default true.
+        object_policy: What a receiver accepts in a frame's object part: ``"pickle"``
+            (any picklable object; a peer can run code in this process, so every peer
+            must be trusted) or ``"plain"`` (tensor containers and plain data only;
+            anything else is refused). Default ``"pickle"``.
 
     Example:
         >>> CollectiveConfig().op_timeout
@@ -79,11 +100,15 @@ class CollectiveConfig:
     init_timeout: float | None = DEFAULT_INIT_TIMEOUT
     op_timeout: float | None = DEFAULT_OP_TIMEOUT
     recv_buffer_cache_bytes: int = DEFAULT_RECV_BUFFER_CACHE_BYTES
+    shared_memory: bool = True
+    object_policy: str = "pickle"
 
     def __post_init__(self) -> None:
         _timeout(self.init_timeout, "init_timeout")
         _timeout(self.op_timeout, "op_timeout")
         _nonneg_int(self.recv_buffer_cache_bytes, "recv_buffer_cache_bytes")
+        _bool(self.shared_memory, "shared_memory")
+        _policy(self.object_policy, "object_policy")
 
     def to_dict(self) -> dict[str, Any]:
         """The ``cluster.collective`` section as a plain dict (net_emulation is separate)."""
@@ -92,6 +117,8 @@ class CollectiveConfig:
             "init_timeout": self.init_timeout,
             "op_timeout": self.op_timeout,
             "recv_buffer_cache_bytes": self.recv_buffer_cache_bytes,
+            "shared_memory": self.shared_memory,
+            "object_policy": self.object_policy,
         }
         if self.compression is not None:
             out["tensor_compression"] = self.compression.to_dict()
@@ -105,7 +132,8 @@ def parse_collective_config(
 
     Keys: ``tensor_compression`` and ``tensor_buffer_pool`` (seed 000, parsed by
     p2p-compress), ``init_timeout`` and ``op_timeout`` (seconds or null),
-    ``recv_buffer_cache_bytes`` (integer >= 0).
+    ``recv_buffer_cache_bytes`` (integer >= 0), ``shared_memory`` (true/false) and
+    ``object_policy`` (``pickle`` or ``plain``).
     ``net_emulation`` lives at ``cluster.net_emulation``; attach it with
     ``dataclasses.replace(config, net_emulation=parse_net_emulation(...))``.
 
@@ -132,6 +160,8 @@ def parse_collective_config(
         "init_timeout",
         "op_timeout",
         "recv_buffer_cache_bytes",
+        "shared_memory",
+        "object_policy",
     )
     sec = _mapping(section, path, keys)
     return CollectiveConfig(
@@ -149,4 +179,6 @@ def parse_collective_config(
             sec.get("recv_buffer_cache_bytes", DEFAULT_RECV_BUFFER_CACHE_BYTES),
             f"{path}.recv_buffer_cache_bytes",
         ),
+        shared_memory=_bool(sec.get("shared_memory", True), f"{path}.shared_memory"),
+        object_policy=_policy(sec.get("object_policy", "pickle"), f"{path}.object_policy"),
     )
