@@ -142,7 +142,12 @@ class Collective:
             # contexts come with the first eligible tensor, the pool starts empty.
             probe_codec_library(compression.codec_name)
             self._wire = WireCodec(compression, self.config.buffer_pool)
-        self._links = LinkFactory(host, self.name, self.config.recv_buffer_cache_bytes)
+        self._links = LinkFactory(
+            host,
+            self.name,
+            self.config.recv_buffer_cache_bytes,
+            shared_memory=self.config.shared_memory,
+        )
         self._closed = False
         self._finalizer = weakref.finalize(
             self, _close_groups, self._groups, self._lock, self._links, self._wire

@@ -485,14 +485,20 @@ class CollectiveGroup:
             each raw tensor stayed raw, e.g. ``{"excluded_dtype": 2, "inline": 1}``),
             ``tensor_raw_bytes`` and ``tensor_wire_bytes`` (their bytes before and on
             the wire), ``codec_seconds`` (compressing / decoding) and
-            ``emulated_seconds`` (sender only: time the link emulation paced sends).
+            ``emulated_seconds`` (sender only: time the link emulation paced sends);
+            ``transport`` (``"shm"`` or ``"gloo"``, None before the direction's first
+            use) and ``transport_reason`` (why not shared memory; ``""`` for shm).
 
         Example:
             >>> group.stats()["send"]["messages"]  # doctest: +SKIP
             3
         """
         return {
-            role: {**side.direction.snapshot(), **side.wire_stats.as_dict()}
+            role: {
+                **side.direction.snapshot(),
+                **side.wire_stats.as_dict(),
+                **LinkFactory.describe(side.link),
+            }
             for role, side in (("send", self._send), ("recv", self._recv))
         }
 

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,9 @@ import torch.distributed as dist
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
 from p2p_collective._liveness import Watcher, open_watch_socket
 from p2p_collective._recvpool import ReceiveBufferPool
+from p2p_collective._shm import join as _shm_join
+from p2p_collective._shm import offer as _shm_offer
+from p2p_collective._shm_link import ShmLink
 
 StoreLike = Any  # a torch.distributed.Store (not re-exported for type checkers)
 
@@ -84,11 +87,38 @@ def _new_gloo_group(store: StoreLike, rank: int, device: Any, timeout: datetime.
     return gloo(store, rank, 2, opts)
 
 
-class LinkFactory:
-    """Per-Collective transport resources: host, gloo device, liveness watcher, buffer pool."""
+class Link(Protocol):
+    """What the direction code uses of a link: :class:`GlooLink` or ShmLink."""
 
-    def __init__(self, host: str, name: str, recv_cache_bytes: int) -> None:
+    peer: str
+    transport: str
+    transport_reason: str
+
+    def send(self, tensor: torch.Tensor, deadline: float | None) -> None:
+        """Send the bytes of a flat uint8 tensor as one message."""
+
+    def recv(self, tensor: torch.Tensor, deadline: float | None) -> None:
+        """Receive one message into a flat uint8 tensor (the message may be shorter)."""
+
+    def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
+        """Call ``fn`` when the peer is declared gone."""
+
+    def close(self) -> None:
+        """Release the link; the peer sees end-of-file."""
+
+
+class LinkFactory:
+    """Per-Collective transport resources: host, gloo device, liveness watcher, buffer pool.
+
+    ``shared_memory`` (the config switch) lets :meth:`connect` put a direction whose peer
+    is on this node on shared memory (:class:`~p2p_collective._shm_link.ShmLink`).
+    """
+
+    def __init__(
+        self, host: str, name: str, recv_cache_bytes: int, *, shared_memory: bool = True
+    ) -> None:
         self.host = host
+        self.shared_memory = shared_memory
         self.watcher = Watcher(name)
         self.recv_pool = ReceiveBufferPool(recv_cache_bytes)
         self._lock = threading.Lock()
@@ -111,7 +141,11 @@ class LinkFactory:
         timeout: float | None,
         wait_key: Callable[[str, float | None], bool],
     ) -> GlooLink:
-        """Connect one direction under ``prefix``: liveness connection, then process group.
+        """Connect one direction under ``prefix``: liveness, process group, shared memory.
+
+        The shared-memory handshake (see :mod:`p2p_collective._shm`) runs after the
+        process group is up; when it does not succeed the gloo link is returned, its
+        ``transport_reason`` saying why (both sides agree on the outcome).
 
         Raises:
             CollectiveTimeoutError: The peer did not connect in time.
@@ -131,7 +165,35 @@ class LinkFactory:
             raise CollectiveError(
                 f"could not connect the process group {prefix!r} to peer {peer!r}: {exc}"
             ) from exc
-        return GlooLink(pg, rank, peer, watch, self.watcher)
+        link = GlooLink(pg, rank, peer, watch, self.watcher)
+        handshake = _shm_offer if receiving else _shm_join
+        try:
+            sock, segment, why = handshake(
+                store, prefix, self.shared_memory, peer, timeout, wait_key
+            )
+        except BaseException as exc:
+            link.close()
+            if isinstance(exc, CollectiveError):
+                raise
+            raise CollectiveError(
+                f"shared-memory setup of {prefix!r} with peer {peer!r} failed: {exc}"
+            ) from exc
+        if sock is None or segment is None:
+            link.transport_reason = why
+            return link
+        # Callers annotate links as GlooLink; ShmLink has the same methods (see Link).
+        return cast("GlooLink", ShmLink(link, sock, segment))
+
+    @staticmethod
+    def describe(link: Link | None) -> dict[str, str | None]:
+        """The ``transport`` and ``transport_reason`` stats of a direction's link.
+
+        ``transport`` is ``"shm"`` or ``"gloo"`` (None before the first use);
+        ``transport_reason`` says why not shared memory (``""`` for shm).
+        """
+        if link is None:
+            return {"transport": None, "transport_reason": "not connected yet"}
+        return {"transport": link.transport, "transport_reason": link.transport_reason}
 
     def close(self) -> None:
         """Stop the liveness watcher and drop the idle receive buffers."""
@@ -148,7 +210,11 @@ class GlooLink:
     :data:`DIRECT_WAIT_MAX` bytes are waited for in the calling thread (lowest latency);
     larger ones are waited for by the link's waiter thread while the caller watches the
     liveness connection, because gloo can miss a peer that dies mid-transfer.
+
+    ``transport`` is ``"gloo"``; ``transport_reason`` says why shared memory is not used.
     """
+
+    transport = "gloo"
 
     def __init__(
         self, pg: Any, rank: int, peer: str, watch: socket.socket, watcher: Watcher
@@ -163,6 +229,7 @@ class GlooLink:
         self._waits: queue.SimpleQueue[_Wait | None] = queue.SimpleQueue()
         self._waiter: threading.Thread | None = None
         self._inflight: _Wait | None = None
+        self.transport_reason = ""
         watcher.watch(watch, self._peer_gone)
 
     def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
