@@ -24,11 +24,13 @@ from p2p_collective._config import (
 )
 from p2p_collective._emulation import EMULATED_WINDOW_BYTES, LinkEmulation
 from p2p_collective._errors import (
+    AuthenticationError,
     CollectiveError,
     CollectiveTimeoutError,
     FramingError,
     GroupBrokenError,
     GroupClosedError,
+    ObjectRefusedError,
     PeerError,
 )
 from p2p_collective._framing import HEADER_MAX
@@ -61,5 +63,7 @@ __all__ = [
     "PeerError",
     "GroupBrokenError",
     "GroupClosedError",
+    "ObjectRefusedError",
+    "AuthenticationError",
     "__version__",
 ]

@@ -9,6 +9,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from p2p_collective._auth import FROM_ENV, FromEnv, JobAuth, token_key
 from p2p_collective._compression import WireCodec
 from p2p_collective._config import CollectiveConfig
 from p2p_collective._errors import GroupClosedError
@@ -91,10 +92,18 @@ class Collective:
             ``compression`` section (checked when a group's direction is set up).
         timeout: Seconds the first operation of each direction of a group waits for the
             peer to join it (None: no limit). Defaults to ``config.init_timeout`` (60 s).
+        job_token: A secret shared by every process of the job. At each rendezvous the
+            members prove to each other that they hold it (an HMAC over fresh nonces;
+            the token never enters the store), so a process without it cannot join a
+            group: both sides fail with :class:`AuthenticationError`. Defaults to
+            ``$P2P_JOB_TOKEN`` (unset or empty: none). ``None``: no token and no check;
+            such a process can only meet peers that hold none either.
 
     Raises:
-        TypeError: ``address`` or ``store`` is not usable.
-        ValueError: ``host`` is empty or ``0.0.0.0``, or ``timeout`` is negative.
+        TypeError: ``address`` or ``store`` is not usable, or ``job_token`` is not
+            str/bytes/None.
+        ValueError: ``host`` is empty or ``0.0.0.0``, ``timeout`` is negative, or
+            ``job_token`` is empty.
         p2p_compress.CompressionError: ``config`` enables compression and the codec's
             library is missing or broken (probed here, when the config is loaded).
 
@@ -115,8 +124,10 @@ class Collective:
         host: str = "127.0.0.1",
         config: CollectiveConfig | None = None,
         timeout: float | _Default | None = _USE_CONFIG,
+        job_token: str | bytes | FromEnv | None = FROM_ENV,
     ) -> None:
         self.name = address_name(address)
+        self._auth = JobAuth(token_key(job_token))
         self._store = as_torch_store(store)
         if not isinstance(host, str) or not host or host in ("0.0.0.0", "::"):
             raise ValueError(
@@ -224,6 +235,7 @@ class Collective:
                     owner=self,
                     on_close=self._forget,
                     wire=self._wire,
+                    auth=self._auth,
                 )
                 self._groups[key] = group
             return group

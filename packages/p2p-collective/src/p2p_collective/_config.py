@@ -15,6 +15,7 @@ from typing import Any
 
 from p2p_collective._emulation import NetEmulationConfig as NetEmulationConfig
 from p2p_collective._emulation import parse_net_emulation as parse_net_emulation
+from p2p_collective._plain import parse_allowlist_entry
 from p2p_collective._validate import fail as _fail
 from p2p_collective._validate import mapping as _plain_mapping
 from p2p_compress import (
@@ -61,6 +62,32 @@ def _policy(value: object, path: str) -> str:
     return str(value)
 
 
+def _allowlist(value: object, path: str) -> tuple[str, ...]:
+    allowed = "a list of 'package.module:ClassName' strings naming dataclasses"
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise _fail(path, value, allowed)
+    out: list[str] = []
+    for i, entry in enumerate(value):
+        try:
+            parse_allowlist_entry(entry)
+        except ValueError:
+            raise _fail(
+                f"{path}[{i}]", entry, "a 'package.module:ClassName' string naming a dataclass"
+            ) from None
+        out.append(entry)
+    return tuple(out)
+
+
+def _allowlist_needs_plain(policy: str, allowlist: tuple[str, ...], path: str) -> None:
+    if allowlist and policy != "plain":
+        raise _fail(
+            path,
+            list(allowlist),
+            "an empty list unless object_policy is 'plain'",
+            f"object_policy {policy!r} accepts every object, so an allowlist restricts nothing",
+        )
+
+
 def _nonneg_int(value: object, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise _fail(path, value, "an integer >= 0")
@@ -87,7 +114,10 @@ class CollectiveConfig:
         object_policy: What a receiver accepts in a frame's object part: ``"pickle"``
             (any picklable object; a peer can run code in this process, so every peer
             must be trusted) or ``"plain"`` (tensor containers and plain data only;
-            anything else is refused). Default ``"pickle"``.
+            anything else is refused with ``ObjectRefusedError``). Default ``"pickle"``.
+        object_allowlist: Dataclasses ``"plain"`` also accepts, as
+            ``"package.module:ClassName"`` strings (their ``__init__``/``__setstate__``
+            may run on receipt). Only with ``object_policy="plain"``. Default empty.
 
     Example:
         >>> CollectiveConfig().op_timeout
@@ -102,6 +132,7 @@ class CollectiveConfig:
     recv_buffer_cache_bytes: int = DEFAULT_RECV_BUFFER_CACHE_BYTES
     shared_memory: bool = True
     object_policy: str = "pickle"
+    object_allowlist: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _timeout(self.init_timeout, "init_timeout")
@@ -109,6 +140,10 @@ class CollectiveConfig:
         _nonneg_int(self.recv_buffer_cache_bytes, "recv_buffer_cache_bytes")
         _bool(self.shared_memory, "shared_memory")
         _policy(self.object_policy, "object_policy")
+        object.__setattr__(
+            self, "object_allowlist", _allowlist(self.object_allowlist, "object_allowlist")
+        )
+        _allowlist_needs_plain(self.object_policy, self.object_allowlist, "object_allowlist")
 
     def to_dict(self) -> dict[str, Any]:
         """The ``cluster.collective`` section as a plain dict (net_emulation is separate)."""
@@ -119,6 +154,7 @@ class CollectiveConfig:
             "recv_buffer_cache_bytes": self.recv_buffer_cache_bytes,
             "shared_memory": self.shared_memory,
             "object_policy": self.object_policy,
+            "object_allowlist": list(self.object_allowlist),
         }
         if self.compression is not None:
             out["tensor_compression"] = self.compression.to_dict()
@@ -132,8 +168,9 @@ def parse_collective_config(
 
     Keys: ``tensor_compression`` and ``tensor_buffer_pool`` (seed 000, parsed by
     p2p-compress), ``init_timeout`` and ``op_timeout`` (seconds or null),
-    ``recv_buffer_cache_bytes`` (integer >= 0), ``shared_memory`` (true/false) and
-    ``object_policy`` (``pickle`` or ``plain``).
+    ``recv_buffer_cache_bytes`` (integer >= 0), ``shared_memory`` (true/false),
+    ``object_policy`` (``pickle`` or ``plain``) and ``object_allowlist`` (a list of
+    ``"package.module:ClassName"`` dataclasses that ``plain`` also accepts).
     ``net_emulation`` lives at ``cluster.net_emulation``; attach it with
     ``dataclasses.replace(config, net_emulation=parse_net_emulation(...))``.
 
@@ -162,8 +199,12 @@ def parse_collective_config(
         "recv_buffer_cache_bytes",
         "shared_memory",
         "object_policy",
+        "object_allowlist",
     )
     sec = _mapping(section, path, keys)
+    policy = _policy(sec.get("object_policy", "pickle"), f"{path}.object_policy")
+    allowlist = _allowlist(sec.get("object_allowlist", []), f"{path}.object_allowlist")
+    _allowlist_needs_plain(policy, allowlist, f"{path}.object_allowlist")
     return CollectiveConfig(
         compression=parse_tensor_compression(
             sec.get("tensor_compression"), f"{path}.tensor_compression"
@@ -180,5 +221,6 @@ def parse_collective_config(
             f"{path}.recv_buffer_cache_bytes",
         ),
         shared_memory=_bool(sec.get("shared_memory", True), f"{path}.shared_memory"),
-        object_policy=_policy(sec.get("object_policy", "pickle"), f"{path}.object_policy"),
+        object_policy=policy,
+        object_allowlist=allowlist,
     )

@@ -43,3 +43,20 @@ class GroupBrokenError(CollectiveError):
 
 class GroupClosedError(CollectiveError):
     """The group (or its :class:`~p2p_collective.Collective`) was closed."""
+
+
+class ObjectRefusedError(CollectiveError):
+    """A received object was refused by this side's ``object_policy`` (``"plain"``).
+
+    The message names the refused global (``module.qualname``) and the policy. Nothing
+    of the refused object ran: the restricted unpickler stops at the global's name. The
+    whole message was taken off the wire first, so the group stays usable.
+    """
+
+
+class AuthenticationError(CollectiveError):
+    """A peer did not prove that it holds this job's token at rendezvous (or vice versa).
+
+    Raised on both sides when one holds a token and the other none, or their tokens
+    differ. The message names the group and the peer, never the token.
+    """

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from p2p_collective._auth import JobAuth
 from p2p_collective._compression import (
     Outgoing,
     WireCodec,
@@ -26,6 +27,7 @@ from p2p_collective._errors import (
     CollectiveTimeoutError,
     FramingError,
     GroupClosedError,
+    ObjectRefusedError,
 )
 from p2p_collective._framing import FIXED, HEADER_MAX, KIND_NAMES, looks_like_header
 from p2p_collective._payload import check_tensor, encode, flat_bytes, rebuild
@@ -75,6 +77,7 @@ class _Side:
                 g.peer_name,
                 wait,
                 cancelled=lambda: g.closed,
+                auth=g.auth,
             )
             check_peer_wire_config(
                 self.store, prefix, peer_role, g.wire_fingerprint, g.self_name, g.peer_name
@@ -147,7 +150,9 @@ class CollectiveGroup:
         owner: object = None,
         on_close: Callable[[CollectiveGroup], None] | None = None,
         wire: WireCodec | None = None,
+        auth: JobAuth | None = None,
     ) -> None:
+        self.auth = auth  # the job token check at each direction's rendezvous (None: none)
         self._owner = owner  # keeps the Collective (and its finalizer) alive while in use
         self._on_close = on_close
         self.name = name
@@ -410,7 +415,23 @@ class CollectiveGroup:
         st.payload_bytes += got.payload_bytes
         st.wire_bytes += got.wire_bytes
         try:
-            return rebuild(got.kind, got.flags, got.metas, got.names, got.obj, got.tensors)
+            return rebuild(
+                got.kind,
+                got.flags,
+                got.metas,
+                got.names,
+                got.obj,
+                got.tensors,
+                object_policy=self.config.object_policy,
+                object_allowlist=self.config.object_allowlist,
+            )
+        except ObjectRefusedError as exc:  # the frame is off the wire: the direction is fine
+            refused = ObjectRefusedError(
+                f"p2p[{self.name}]: refused a {KIND_NAMES[got.kind]} payload from"
+                f" {self.peer_name!r}: {exc}"
+            )
+            refused.__cause__ = exc
+            raise CleanFailure(refused) from exc
         except Exception as exc:
             err = CollectiveError(
                 f"p2p[{self.name}]: received a {KIND_NAMES[got.kind]} payload from"

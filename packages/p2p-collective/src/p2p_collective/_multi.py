@@ -9,11 +9,13 @@ from typing import Any
 
 import torch
 
+from p2p_collective._auth import JobAuth
 from p2p_collective._direction import CleanFailure, Direction
 from p2p_collective._errors import (
     CollectiveError,
     CollectiveTimeoutError,
     GroupClosedError,
+    ObjectRefusedError,
     PeerError,
 )
 from p2p_collective._multi_ops import (
@@ -31,6 +33,7 @@ from p2p_collective._multi_ops import (
     rebuild,
     reduce_op,
 )
+from p2p_collective._plain import refusal_message
 from p2p_collective._rendezvous import claim_incarnation, private_client, wait_key
 from p2p_collective._transport import StoreLike, deadline_after, remaining, to_timedelta
 
@@ -116,7 +119,9 @@ class MultiCollectiveGroup:
         init_timeout: float | None,
         owner: object = None,
         on_close: Callable[[Any], None] | None = None,
+        auth: JobAuth | None = None,
     ) -> None:
+        self.auth = auth  # the job token check at rendezvous (None: none)
         self._owner = owner
         self._on_close = on_close
         self.name = name
@@ -167,6 +172,8 @@ class MultiCollectiveGroup:
                 self._prefix = f"p2p/{self.name}/{inc}/coll{self.world_size}"
             prefix = self._prefix
             if not self._joined:
+                if self.auth is not None:  # the nonce goes before the announcement
+                    self.auth.publish(store, prefix, str(self.rank))
                 store.set(f"{prefix}/join/{self.rank}", b"1")
                 self._joined = True
             end = deadline_after(wait)
@@ -175,6 +182,17 @@ class MultiCollectiveGroup:
                 for r in range(self.world_size)
                 if not wait_key(store, f"{prefix}/join/{r}", remaining(end), cancelled)
             ]
+            if not missing and self.auth is not None:
+                others = {str(r): n for r, n in enumerate(self.member_names) if r != self.rank}
+                self.auth.verify(
+                    store,
+                    prefix,
+                    str(self.rank),
+                    others,
+                    f"coll[{self.name}]",
+                    wait,
+                    lambda key, t: wait_key(store, key, t, cancelled),
+                )
         except CollectiveError as exc:
             raise CleanFailure(exc) from exc
         except Exception as exc:
@@ -332,8 +350,18 @@ class MultiCollectiveGroup:
                     buf = torch.empty(length, dtype=torch.uint8)
                     self._bcast(pg, [buf], src, dl, "broadcast(obj) metadata")
                     meta = buf.numpy().tobytes()
-                decoded, tensors, views = allocate_from(meta)
+                cfg = self.config
+                decoded, tensors, views, refused = allocate_from(
+                    meta, cfg.object_policy, cfg.object_allowlist
+                )
                 self._bcast(pg, views, src, dl, "broadcast(obj) tensors")
+                if refused:  # every message of this broadcast is taken: the group is fine
+                    raise CleanFailure(
+                        ObjectRefusedError(
+                            f"coll[{self.name}]: refused the object broadcast by"
+                            f" {self.member_names[src]!r}: {refusal_message(refused)}"
+                        )
+                    )
                 return rebuild(decoded, tensors)
 
         return self._submit(f"broadcast(src={src})", run, timeout, async_op)

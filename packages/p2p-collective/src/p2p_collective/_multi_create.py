@@ -61,6 +61,7 @@ def _make(collective: Any, key: str, rank: int, names: list[str]) -> MultiCollec
         init_timeout=collective.init_timeout,
         owner=collective,
         on_close=lambda g: _forget(collective, g),
+        auth=collective._auth,
     )
 
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from p2p_collective._liveness import open_watch_socket
 from p2p_collective._payload import check_tensor, flat_bytes
+from p2p_collective._plain import load_object_lenient
 from p2p_collective._transport import StoreLike, to_timedelta
 
 _PREFIX_STORE: Any = dist.PrefixStore  # type: ignore[attr-defined]
@@ -176,11 +177,19 @@ def inline_meta(header: torch.Tensor, length: int) -> bytes | None:
     return header.numpy().tobytes()[_LEN.size : _LEN.size + length]
 
 
-def allocate_from(meta: bytes) -> tuple[tuple[Any, ...], list[torch.Tensor], list[torch.Tensor]]:
-    """Decode metadata; return it, the tensors to fill, and their byte views to receive into."""
-    decoded = pickle.loads(meta)
+def allocate_from(
+    meta: bytes, object_policy: str = "pickle", object_allowlist: tuple[str, ...] = ()
+) -> tuple[tuple[Any, ...], list[torch.Tensor], list[torch.Tensor], list[str]]:
+    """Decode metadata; return it, the tensors to fill, their byte views, refused globals.
+
+    The metadata is decoded under ``object_policy`` to its end even when it holds refused
+    globals (they become inert stand-ins), so the caller can still take the tensors that
+    follow off the wire and keep the group in step before it raises ``ObjectRefusedError``.
+    """
+    decoded, refused = load_object_lenient(meta, object_policy, object_allowlist)
     tensors = [torch.empty(shape, dtype=dtype) for dtype, shape, _ in decoded[2]]
-    return decoded, tensors, [t.view(-1).view(torch.uint8) for t in tensors if t.numel()]
+    views = [t.view(-1).view(torch.uint8) for t in tensors if t.numel()]
+    return decoded, tensors, views, refused
 
 
 def rebuild(decoded: tuple[Any, ...], tensors: list[torch.Tensor]) -> Any:

@@ -31,6 +31,7 @@ from p2p_collective._framing import (
     pack_fixed,
     pack_names,
 )
+from p2p_collective._plain import load_object
 from p2p_collective._recvpool import POOL_MIN_BYTES
 
 _NO_OBJECT: Any = object()
@@ -214,10 +215,18 @@ def rebuild(
     names: list[str] | None,
     obj_bytes: memoryview | None,
     tensors: list[torch.Tensor],
+    *,
+    object_policy: str = "pickle",
+    object_allowlist: tuple[str, ...] = (),
 ) -> Any:
     """Rebuild the sent object from a fully received frame.
 
+    The object part (if any) is unpickled under ``object_policy`` (see
+    :func:`~p2p_collective._plain.load_object`).
+
     Raises:
+        ObjectRefusedError: ``object_policy`` is ``"plain"`` and the object part holds
+            a global it does not accept.
         Exception: Whatever unpickling the object part raises (the caller wraps it).
     """
     for t, m in zip(tensors, metas, strict=True):
@@ -229,7 +238,11 @@ def rebuild(
         return tensors
     if kind == Kind.TUPLE:
         return tuple(tensors)
-    obj = pickle.loads(obj_bytes) if obj_bytes is not None and len(obj_bytes) else None
+    obj = (
+        load_object(obj_bytes, object_policy, object_allowlist)
+        if obj_bytes is not None and len(obj_bytes)
+        else None
+    )
     if kind == Kind.DICT:
         keys: list[Any] = names if names is not None else list(obj or ())
         pairs = zip(keys, tensors, strict=True)

@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch.distributed as dist
 
+from p2p_collective._auth import JobAuth
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
 from p2p_collective._transport import StoreLike, to_timedelta
 
@@ -190,8 +191,12 @@ def meet(
     peer: str,
     timeout: float | None,
     cancelled: Callable[[], bool] = lambda: False,
+    auth: JobAuth | None = None,
 ) -> None:
     """Announce this side of one direction and wait for the peer's matching announcement.
+
+    With ``auth``, both sides then prove that they hold the same job token (see
+    :mod:`p2p_collective._auth`); the token never enters the store.
 
     Args:
         store: The rendezvous store (a client private to this direction).
@@ -201,13 +206,18 @@ def meet(
         peer: Peer name, for error messages.
         timeout: Seconds to wait for the peer (None: no limit).
         cancelled: Polled while waiting; True stops the wait with a CollectiveError.
+        auth: This process's job token check, or None for none at all.
 
     Raises:
         CollectiveTimeoutError: The peer did not announce itself in time (retrying later
             with the same prefix is fine).
+        AuthenticationError: The peer does not hold this process's job token, or one of
+            the two holds none.
         CollectiveError: The store failed, or the wait was cancelled.
     """
     try:
+        if auth is not None:
+            auth.publish(store, prefix, role)  # before the announcement the peer waits for
         store.set(f"{prefix}/{role}", b"1")
         found = wait_key(store, f"{prefix}/{peer_role}", timeout, cancelled)
     except CollectiveError:
@@ -218,4 +228,14 @@ def meet(
         raise CollectiveTimeoutError(
             f"peer {peer!r} did not join {prefix!r} (as {peer_role}) within {timeout} s;"
             " is it running and using the same group?"
+        )
+    if auth is not None:
+        auth.verify(
+            store,
+            prefix,
+            role,
+            {peer_role: peer},
+            f"rendezvous at {prefix!r}",
+            timeout,  # the peer is there: its proof follows at once
+            lambda key, t: wait_key(store, key, t, cancelled),
         )
