@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import threading
 import time
 import weakref
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
 # since they share the one Ray connection of the process.
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _LOCK = threading.RLock()
+JOB_TOKEN_ENV = "P2P_JOB_TOKEN"
+"""Where a Cluster takes the job token from when none is given (p2p-collective reads it too)."""
 
 
 class Cluster:
@@ -54,11 +58,17 @@ class Cluster:
         num_gpus: GPUs an embedded cluster offers (default: the machine's).
         object_store_memory: Bytes of an embedded cluster's object store.
         timeout: Seconds to wait for ``num_nodes`` nodes.
+        job_token: The job's secret. Every worker (and the driver's own channel
+            endpoint) gets it with the store address, and their ``Collective`` s prove
+            to each other at rendezvous that they hold it, so a process outside the job
+            cannot join a group. Defaults to ``$P2P_JOB_TOKEN``, else a fresh random
+            token per Cluster (``secrets.token_hex(32)``). It never enters the store.
 
     Raises:
         ConfigError: The configuration is invalid (key path in the message).
         ValueError: ``num_nodes`` disagrees with the config's, or is not >= 1; sizing
-            arguments were given for an attached cluster.
+            arguments were given for an attached cluster; ``job_token`` is empty.
+        TypeError: ``job_token`` is not a str.
         ClusterError: Ray cannot start or be reached, fewer than ``num_nodes`` nodes are
             there after ``timeout``, or the store cannot start.
 
@@ -79,8 +89,10 @@ class Cluster:
         num_gpus: int | None = None,
         object_store_memory: int | None = None,
         timeout: float | None = 60.0,
+        job_token: str | None = None,
     ) -> None:
         self.config: ClusterConfig = parse_cluster_config(config)
+        self._job_token = _resolve_job_token(job_token)
         wanted = _resolve_num_nodes(num_nodes, self.config.num_nodes)
         self._groups: dict[str, WorkerGroup[Any]] = {}
         self._closed = False
@@ -191,6 +203,7 @@ class Cluster:
             collective_config=self.config.collective,
             codec_name=self.config.codec_name,
             nodes=tuple(self.nodes),
+            job_token=self._job_token,
         )
 
     def _capacity(self) -> list[NodeCapacity]:
@@ -277,6 +290,16 @@ def _resolve_num_nodes(arg: int | None, configured: int | None) -> int | None:
                 f"give one of them"
             )
     return arg if arg is not None else configured
+
+
+def _resolve_job_token(arg: str | None) -> str:
+    if arg is not None:
+        if not isinstance(arg, str):
+            raise TypeError(f"job_token: expected a str or None, got {type(arg).__name__}")
+        if not arg:
+            raise ValueError("job_token: got an empty string; allowed: a non-empty str or None")
+        return arg
+    return os.environ.get(JOB_TOKEN_ENV) or secrets.token_hex(32)
 
 
 def placements_per_node(placements: Sequence[WorkerPlacement]) -> dict[int, list[int]]:

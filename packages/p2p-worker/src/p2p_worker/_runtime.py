@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from p2p_worker._address import WorkerAddress
@@ -25,6 +25,8 @@ class JobContext:
         collective_config: The job's ``p2p_collective.CollectiveConfig`` (or ``None``).
         codec_name: The configured compression codec, probed at worker start, or ``None``.
         nodes: The cluster's nodes, indexed by node rank.
+        job_token: The job's secret, which every ``Collective`` of the job proves it holds
+            at rendezvous (never printed; ``None``: no check).
     """
 
     store_host: str
@@ -32,6 +34,7 @@ class JobContext:
     collective_config: Any
     codec_name: str | None
     nodes: tuple[NodeInfo, ...]
+    job_token: str | None = field(default=None, repr=False)
 
 
 def import_lower(module: str, name: str, purpose: str) -> Any:
@@ -69,7 +72,8 @@ class WorkerRuntime:
 
     Both are created on first use, so a worker that never communicates opens no
     connection. The Collective is built with the worker's address name, a TCPStore
-    client to the job's store, the node IP as its host, and the job's CollectiveConfig.
+    client to the job's store, the node IP as its host, the job's CollectiveConfig and
+    the job's token.
 
     Args:
         job: The job context from the driver.
@@ -114,6 +118,7 @@ class WorkerRuntime:
                     store,
                     host=self.node_ip,
                     config=self.job.collective_config,
+                    job_token=self.job.job_token,
                 )
             return self._collective
 
