@@ -12,13 +12,14 @@ receiver never has to guess where a message went:
   straight into the tensor it passed to ``recv`` and answers one "slot free" byte, so
   the two copies overlap. Slots are used in ring order, counted on both sides.
 
-A send of a shared-memory message completes once the receiver has copied every chunk
-out (all slots free again), as a gloo send completes only once the receiver took it.
-Copies are numpy copies between uint8 views of the tensors and the segment
-(single-threaded, GIL released; no Python byte loops, no allocation per message). The receiver checks each message against the buffer it posted: a longer
-message is a :class:`FramingError` (gloo would abort the process). End-of-file or an
-error on the socket is a :class:`PeerError` at once (the peer died or closed), and every
-wait honours the deadline (:class:`CollectiveTimeoutError`).
+A send of a shared-memory message completes once the receiver has copied every chunk out
+(all slots free again), as a gloo send completes only once the receiver took it. Copies
+are numpy copies between uint8 views of the tensors and the segment (single-threaded,
+GIL released; no Python byte loops, no allocation per message). The receiver checks each
+message against the buffer it posted: a longer message is a :class:`FramingError` (gloo
+would abort the process). End-of-file or an error on the socket is a :class:`PeerError`
+at once (the peer died or closed), and every wait honours the deadline
+(:class:`CollectiveTimeoutError`).
 """
 
 from __future__ import annotations

@@ -196,9 +196,15 @@ class LinkFactory:
         return {"transport": link.transport, "transport_reason": link.transport_reason}
 
     def close(self) -> None:
-        """Stop the liveness watcher and drop the idle receive buffers."""
+        """Stop the liveness watcher, drop the idle receive buffers and the gloo device.
+
+        The device's descriptors (its event loop, listening socket) close once the last
+        process group that uses it is gone.
+        """
         self.watcher.close()
         self.recv_pool.close()
+        with self._lock:
+            self._device = None
 
 
 class GlooLink:
