@@ -125,13 +125,15 @@ def run_round(
     return elapsed
 
 
-def bench(cluster: Cluster, counts: dict[str, int], repeats: int) -> list[dict[str, Any]]:
+def bench(
+    cluster: Cluster, counts: dict[str, int], repeats: int, kinds: list[str], pairs_list: list[int]
+) -> list[dict[str, Any]]:
     rows = []
-    for pairs in (1, 4):
+    for pairs in pairs_list:
         strategy = PackedPlacementStrategy(pairs, cpus_per_worker=0)
         producers = Producer.create_group().launch(cluster, strategy, name=f"bprod{pairs}")
         consumers = Consumer.create_group().launch(cluster, strategy, name=f"bcons{pairs}")
-        for kind in ("small", "tensor"):
+        for kind in kinds:
             n = counts[kind]
             name = f"bench_{pairs}_{kind}"
             channel = create_channel(cluster, name, maxsize=MAXSIZE)
@@ -199,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for the report")
     parser.add_argument("--quick", action="store_true", help="fewer items (about a minute)")
+    parser.add_argument(
+        "--kinds", default="small,tensor", help="payloads to run, comma separated (small,tensor)"
+    )
+    parser.add_argument("--pairs", default="1,4", help="pair counts to run, comma separated")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     counts = {"small": 300, "tensor": 60} if args.quick else {"small": 2000, "tensor": 300}
@@ -208,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(address="local")
     print(cluster.summary(), flush=True)
     try:
-        rows = bench(cluster, counts, repeats)
+        kinds = [k for k in args.kinds.split(",") if k]
+        if not kinds or set(kinds) - {"small", "tensor"}:
+            parser.error(f"--kinds: got {args.kinds!r}; allowed: small, tensor")
+        pairs_list = [int(p) for p in args.pairs.split(",") if p]
+        rows = bench(cluster, counts, repeats, kinds, pairs_list)
     finally:
         cluster.shutdown()
     # Other work on the machine moves both sides; the ratios are what to compare.

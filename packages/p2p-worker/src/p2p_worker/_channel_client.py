@@ -42,6 +42,9 @@ from p2p_worker._channel_proto import (
 from p2p_worker._channel_queue import Void
 
 CONTROL_GRACE = 30.0  # seconds a blocking call waits past its own bounds for an answer
+CREDITS = 8  # put credits a put asks for (the channel worker may lend fewer)
+CREDIT_LINGER = 0.05  # seconds without a put after which unused credits are handed back
+NO_CREDIT: Any = object()  # credit_put's answer when the put must ask the channel worker
 _LOOKUP_PAUSE = 0.1
 
 
@@ -165,6 +168,12 @@ class ChannelLink:
         }
         self.orphans: deque[Any] = deque()
         self.closed = False
+        # Put credits: slots the channel worker lent this process on link generation
+        # _gen, each with a receive posted; a put with a credit is a plain send.
+        self._credits = 0
+        self._sent = 0  # payloads (items and voids) sent on _gen, for the channel's sync
+        self._last_put = 0.0
+        self._timer: threading.Timer | None = None
 
     # -- the payload link ---------------------------------------------------------------
 
@@ -196,6 +205,7 @@ class ChannelLink:
                 self._group.close(timeout=0.0)
             self._group = None
             self._gen = gen
+            self._credits = self._sent = 0  # the channel worker dropped them
         if self._group is None:
             self._group = self._make_group(gen)
         return self._group
@@ -326,7 +336,7 @@ class ChannelLink:
                 )
             )
         elif op.kind == "put":
-            self._start_put(op, decode(answer)[0], inline)
+            self._start_put(op, *decode(answer), inline)
         else:
             self._start_get(op, *decode(answer), inline)
 
@@ -338,11 +348,107 @@ class ChannelLink:
             )
         )
 
+    # -- put credits ----------------------------------------------------------------------
+
+    def sync(self) -> tuple[int, int]:
+        """``(gen, payloads sent)``: what the channel worker waits for before a call."""
+        with self._lock:
+            return (self._gen, self._sent)
+
+    def want_credits(self) -> int:
+        """Credits a new put asks for: some when it is this process's only put in flight.
+
+        (Credits lent while other puts of ours are in flight are still used, but the
+        channel worker's split of its receives into credits and grants is then off
+        until they are used or handed back.)
+        """
+        idle = self._seq["put"] == self._next["put"] and not self._credits
+        return CREDITS if idle else 0
+
+    def credit_put(self, item: Any, async_op: bool) -> Any:
+        """Put ``item`` with a credit: a plain send, no call. NO_CREDIT when there is none.
+
+        Only when every earlier put of this process has been processed, so puts keep
+        their order. Returns what ``Channel.put`` returns.
+        """
+        if not self._credits:  # unlocked peek: the common case without credits
+            return NO_CREDIT
+        with self._order["put"], self._lock:
+            if self.closed:
+                raise ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
+            if not self._credits or self._next["put"] != self._seq["put"]:
+                return NO_CREDIT
+            self._credits -= 1
+            self._sent += 1
+            self._last_put = time.monotonic()
+            self._arm_linger()
+            group, gen = self._group, self._gen
+            op = _Op(-1, "put", ChannelWork(None), item, False)
+            timeout = self.hello.transfer_timeout
+            try:
+                send = group.send(item, async_op=async_op, timeout=timeout)
+            except (TypeError, ValueError) as exc:  # cannot be sent: hand the credit back
+                group.send(Void(), async_op=True, timeout=timeout)
+                if not async_op:
+                    raise
+                op.work._finish(exception=exc)
+                return op.work
+            except Exception as exc:
+                self._put_done(op, gen, False, exc)
+                return op.work.wait(0)
+        if not async_op:
+            return None
+        ChannelWork._follow(send, lambda w: self._put_done(op, gen, False, w.exception(0)))
+        return op.work
+
+    def _arm_linger(self) -> None:
+        """Start the timer that hands back idle credits (called holding ``_lock``)."""
+        if self._credits and self._timer is None and not self.closed:
+            delay = max(CREDIT_LINGER - (time.monotonic() - self._last_put), 0.005)
+            self._timer = threading.Timer(delay, self._linger)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _linger(self) -> None:
+        with self._order["put"], self._lock:
+            self._timer = None
+            # Returned even while puts of ours wait for room: they may wait for the very
+            # slots these credits hold. A Void is no item, so order is not at stake.
+            if time.monotonic() - self._last_put < CREDIT_LINGER:
+                self._arm_linger()
+                return
+            self._return_credits(wait=False)
+
+    def _return_credits(self, wait: bool) -> None:
+        """Send a Void for each unused credit (holding the put order lock and ``_lock``)."""
+        count, self._credits = self._credits, 0
+        group, gen = self._group, self._gen
+        if not count or group is None:
+            return
+        self._sent += count
+        timeout = self.hello.transfer_timeout if not wait else 5.0
+        for _ in range(count):
+            try:
+                send = group.send(Void(), async_op=not wait, timeout=timeout)
+            except Exception:
+                self._ask_reset(gen)
+                return
+            if not wait:
+                ChannelWork._follow(
+                    send, lambda w: self._ask_reset(gen) if w.exception(0) else None
+                )
+
     # -- payloads -------------------------------------------------------------------------
 
-    def _start_put(self, op: _Op, gen: int, inline: bool) -> None:
+    def _start_put(self, op: _Op, gen: int, lent: int, inline: bool) -> None:
         with self._lock:
             group = self._group_for(gen)
+            if group is not None:
+                self._sent += 1  # the item or a Void, in the slot of this grant
+            if group is not None and lent:
+                self._credits += lent
+                self._last_put = time.monotonic()
+                self._arm_linger()
         if group is None:
             self._stale(op)
             return
@@ -448,9 +554,14 @@ class ChannelLink:
         return timeout + transfer + CONTROL_GRACE
 
     def close(self) -> None:
-        """Stop using the link; pending operations fail. Idempotent."""
-        with self._lock:
+        """Stop using the link (unused credits go back); pending operations fail. Idempotent."""
+        with self._order["put"], self._lock:
+            if not self.closed:
+                self._return_credits(wait=True)
             self.closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             group, self._group = self._group, None
         if group is not None:
             group.close(timeout=0.0)

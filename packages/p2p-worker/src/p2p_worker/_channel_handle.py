@@ -7,7 +7,13 @@ from typing import Any
 
 import ray
 
-from p2p_worker._channel_client import ChannelLink, ChannelWork, check_timeout, connect_link
+from p2p_worker._channel_client import (
+    NO_CREDIT,
+    ChannelLink,
+    ChannelWork,
+    check_timeout,
+    connect_link,
+)
 from p2p_worker._channel_endpoint import (
     cached_handle,
     endpoint_for_store,
@@ -127,8 +133,13 @@ class Channel:
         """
         timeout = check_timeout(timeout)
         link = self._link()
+        done = link.credit_put(item, async_op)
+        if done is not NO_CREDIT:
+            return done
         op = link.submit(
-            "put", lambda t: link.actor.put_begin.remote(link.peer, t, True, timeout), item
+            "put",
+            lambda t: link.actor.put_begin.remote(link.peer, t, True, timeout, link.want_credits()),
+            item,
         )
         return link.follow(op) if async_op else link.run(op, link.limit(timeout))
 
@@ -150,6 +161,8 @@ class Channel:
             ...     pass
         """
         link = self._link()
+        if link.credit_put(item, False) is not NO_CREDIT:
+            return
         op = link.submit(
             "put", lambda t: link.actor.put_begin.remote(link.peer, t, False, None), item
         )
@@ -179,7 +192,7 @@ class Channel:
         op = link.submit(
             "get",
             lambda t: link.actor.get_begin.remote(
-                link.peer, t, max_items, max_bytes, block, timeout
+                link.peer, t, max_items, max_bytes, block, timeout, link.sync()
             ),
             batch=batch,
         )
@@ -290,7 +303,8 @@ class Channel:
         timeout = check_timeout(timeout)
         link = self._link()
         try:
-            return ray.get(getattr(link.actor, method).remote(), timeout=timeout)
+            ref = getattr(link.actor, method).remote(link.peer, link.sync())
+            return ray.get(ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError as exc:
             raise ChannelClosedError(
                 f"channel {self.name!r}: no answer from its channel worker within {timeout} s"

@@ -101,6 +101,7 @@ class QueueState:
     waiting_putters: int
     waiting_getters: int
     closed: bool
+    credits: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -127,6 +128,7 @@ class ChannelQueue:
         self.maxsize = maxsize
         self.held = 0
         self.arriving = 0  # granted reservations whose payload has not arrived yet
+        self.credits = 0  # slots lent to producers ahead of their puts (see grant_credits)
         self.items: deque[Item] = deque()
         self._putters: deque[_Waiter] = deque()
         self._getters: deque[_Waiter] = deque()
@@ -162,6 +164,33 @@ class ChannelQueue:
         waiter = _Waiter(peer, token, asyncio.get_running_loop().create_future())
         self._putters.append(waiter)
         return await self._await(waiter, timeout, lambda granted: self.arrival_failed(), False)
+
+    def grant_credits(self, want: int) -> int:
+        """Lend up to ``want`` more slots to a producer ahead of its next puts; return how many.
+
+        Only free room is lent, and none while other producers wait for room. A credit
+        holds a slot like an arriving item (so ``maxsize`` still bounds what is held) but
+        is not counted as an item until its payload arrives (:meth:`credit_arrived`) or
+        is handed back (:meth:`credit_returned`).
+        """
+        _prune(self._putters)
+        if self._putters or want <= 0:
+            return 0
+        n = want if self.maxsize == 0 else max(0, min(want, self.maxsize - self.held))
+        self.held += n
+        self.credits += n
+        return n
+
+    def credit_arrived(self, item: Item) -> None:
+        """A producer used a credit: its item is queued in the slot the credit held."""
+        self.credits -= 1
+        self.items.append(item)
+        self._dispatch_items()
+
+    def credit_returned(self) -> None:
+        """A credit came back unused (or its transfer failed): its slot is free."""
+        self.credits -= 1
+        self.release(1)
 
     def release(self, n: int = 1) -> None:
         """Give back ``n`` slots (an item was delivered, or a reservation failed)."""
@@ -340,6 +369,7 @@ class ChannelQueue:
             waiting_putters=len(self._putters),
             waiting_getters=len(self._getters),
             closed=self.closed,
+            credits=self.credits,
         )
 
 

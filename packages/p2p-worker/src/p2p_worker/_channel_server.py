@@ -8,6 +8,11 @@ take the optimized path and the job's compression applies as for any send/recv.
   producer and answers ``granted(gen)``; the producer then sends its item. When the
   payload has arrived it is appended to the queue; a failed or abandoned transfer frees
   the slot. No payload ever travels without a slot, so ``maxsize`` bounds memory.
+  A grant may also lend *credits*: further free slots, each with a receive posted
+  ahead, so the producer's next puts are plain sends without a call. Credits count
+  against ``maxsize`` like items; an idle producer hands unused ones back (it sends a
+  ``Void`` for each), and a caller's own credit payloads are waited for before its
+  ``get_begin``/``qsize``/``state`` (``sync``), so its own puts are always visible to it.
 - ``get_begin``: waits (FIFO) for items, removes up to the requested number from the
   head, posts one ``send`` per item to the consumer and answers ``granted(gen, k)``; the
   consumer then receives ``k`` objects. An item whose send fails goes back to the head;
@@ -58,6 +63,7 @@ from p2p_worker._worker import Worker
 logger = logging.getLogger(__name__)
 
 WATCH_PERIOD = 2.0  # seconds between checks that the job's rendezvous store is alive
+MAX_CREDITS = 8  # most put credits one grant lends
 
 
 class _Tokens:
@@ -105,13 +111,26 @@ class _Sends:
 
 
 class _Peer:
-    __slots__ = ("gen", "group", "name", "tokens")
+    __slots__ = ("gen", "group", "name", "seen", "syncs", "tokens")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.gen = 0
         self.group: Any = None
         self.tokens = _Tokens()
+        self.seen = 0  # payloads (items or voids) received from the peer on this gen
+        self.syncs: list[tuple[int, asyncio.Future[None]]] = []  # (count, woken at count)
+
+    def wake(self, everyone: bool = False) -> None:
+        """Wake the calls waiting for this peer's credit payloads to have arrived."""
+        keep = []
+        for count, fut in self.syncs:
+            if everyone or self.seen >= count:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((count, fut))
+        self.syncs = keep
 
 
 class ChannelWorker(Worker):
@@ -180,6 +199,8 @@ class ChannelWorker(Worker):
             )
         peer.group = None
         peer.gen += 1
+        peer.seen = 0
+        peer.wake(everyone=True)
         self._counts["resets"] += 1
         group.close(timeout=0.0)
         self._queue.reset_peer(peer.name)
@@ -221,9 +242,15 @@ class ChannelWorker(Worker):
             self._reset(peer, group, exc)
 
     async def put_begin(
-        self, peer_name: str, token: int, block: bool, timeout: float | None
+        self, peer_name: str, token: int, block: bool, timeout: float | None, credits: int = 0
     ) -> int:
-        """Reserve a slot for the producer's next item and post the receive for it."""
+        """Reserve a slot for the producer's next item and post the receive for it.
+
+        With ``credits`` > 0 it also lends up to that many more free slots (see
+        ``ChannelQueue.grant_credits``) and posts one more receive for each: the
+        producer's next puts are then plain sends, without a call. The answer's count
+        is the number of credits lent.
+        """
         peer = self._peer(peer_name)
         tokens = peer.tokens
         if not tokens.start(token):
@@ -241,7 +268,51 @@ class ChannelWorker(Worker):
         group = self._group(peer)
         work = group.recv(async_op=True, timeout=self._spec.transfer_timeout)
         self._when_done(work, self._finish_recv, peer, group)
-        return granted(peer.gen)
+        lent = self._queue.grant_credits(min(credits, self._credit_cap()))
+        for _ in range(lent):
+            # An idle producer hands its credits back within a fraction of a second, so
+            # the transfer timeout bounds a credit's receive like any other.
+            work = group.recv(async_op=True, timeout=self._spec.transfer_timeout)
+            self._when_done(work, self._finish_credit, peer, group)
+        return granted(peer.gen, lent)
+
+    def _credit_cap(self) -> int:
+        """Most credits one grant lends: a quarter of the channel, so producers share it."""
+        maxsize = self._spec.maxsize
+        return MAX_CREDITS if maxsize == 0 else min(MAX_CREDITS, maxsize // 4)
+
+    def _finish_credit(self, peer: _Peer, group: Any, work: Any) -> None:
+        exc = work.exception(0)
+        if exc is not None:
+            self._counts["failures"] += 1
+            self._queue.credit_returned()
+            self._reset(peer, group, exc)
+            return
+        obj = work.wait(0)
+        if isinstance(obj, Void):
+            self._queue.credit_returned()
+        else:
+            self._counts["puts"] += 1
+            self._queue.credit_arrived(Item(obj, payload_nbytes(obj)))
+        self._seen(peer, group)
+
+    def _seen(self, peer: _Peer, group: Any) -> None:
+        """One more payload of ``peer`` arrived on ``group``: wake the calls waiting for it."""
+        if peer.group is group:
+            peer.seen += 1
+            peer.wake()
+
+    async def _sync(self, peer_name: str | None, gen: int, sent: int) -> None:
+        """Wait until the ``sent`` payloads of ``peer_name`` on ``gen`` have arrived.
+
+        A caller's own puts are then visible to its later calls (``qsize``, ``get``).
+        """
+        peer = self._peers.get(peer_name) if peer_name is not None else None
+        if peer is None or peer.gen != gen or peer.seen >= sent:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        peer.syncs.append((sent, fut))
+        await asyncio.wait({fut}, timeout=self._spec.transfer_timeout)
 
     def _finish_recv(self, peer: _Peer, group: Any, work: Any) -> None:
         exc = work.exception(0)
@@ -254,9 +325,10 @@ class ChannelWorker(Worker):
         if isinstance(obj, Void):
             self._counts["voids"] += 1
             self._queue.arrival_failed()
-            return
-        self._counts["puts"] += 1
-        self._queue.arrived(Item(obj, payload_nbytes(obj)))
+        else:
+            self._counts["puts"] += 1
+            self._queue.arrived(Item(obj, payload_nbytes(obj)))
+        self._seen(peer, group)
 
     async def get_begin(
         self,
@@ -266,8 +338,14 @@ class ChannelWorker(Worker):
         max_bytes: int | None,
         block: bool,
         timeout: float | None,
+        sync: tuple[int, int] = (0, 0),
     ) -> int:
-        """Take up to ``max_items`` items from the head and post their sends."""
+        """Take up to ``max_items`` items from the head and post their sends.
+
+        ``sync`` is the caller's ``(gen, payloads sent)``: its own puts are
+        waited for first, so a process always gets what it put before.
+        """
+        await self._sync(peer_name, *sync)
         peer = self._peer(peer_name)
         tokens = peer.tokens
         if not tokens.start(token):
@@ -334,12 +412,16 @@ class ChannelWorker(Worker):
         if peer is not None and peer.gen == gen and peer.group is not None:
             self._reset(peer, peer.group, RuntimeError("the peer reported a failed transfer"))
 
-    async def qsize(self) -> int:
-        """Items in the channel: queued, or granted and arriving."""
+    async def qsize(self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0)) -> int:
+        """Items in the channel: queued, or granted and arriving (after the caller's puts)."""
+        await self._sync(peer_name, *sync)
         return len(self._queue.items) + self._queue.arriving
 
-    async def state(self) -> dict[str, Any]:
-        """Counters of the channel (see ``Channel.stats``)."""
+    async def state(
+        self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0)
+    ) -> dict[str, Any]:
+        """Counters of the channel (see ``Channel.stats``), after the caller's puts."""
+        await self._sync(peer_name, *sync)
         st = self._queue.state()
         return {
             "name": self._spec.name,
@@ -349,6 +431,7 @@ class ChannelWorker(Worker):
             "arriving": st.arriving,
             "waiting_putters": st.waiting_putters,
             "waiting_getters": st.waiting_getters,
+            "credits": st.credits,
             "closed": st.closed,
             "peers": {p.name: p.gen for p in self._peers.values()},
             **self._counts,
