@@ -321,3 +321,25 @@ def test_bad_input_is_refused_and_the_channel_stays_usable(
     assert (st["held"], st["queued"], st["voids"]) == (0, 0, 2)
     ch.put("fine")
     assert ch.get() == "fine"
+
+
+def test_put_credits_go_back_and_never_wedge_a_full_channel(cluster: Cluster) -> None:
+    ch = create_channel(cluster, "credits", maxsize=8)
+    ch.put("first")  # asks for credits: the channel lends up to maxsize // 4 free slots
+    assert ch.qsize() == 1  # lent slots are no items
+    ch.put("second")  # a plain send on a credit
+    assert ch.qsize() == 2
+    deadline = time.monotonic() + 30
+    while (st := ch.stats())["credits"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (st["credits"], st["held"], st["queued"]) == (0, 2, 2)  # idle credits came back
+    # Async puts beyond maxsize: some wait for room while credits are out; all get in.
+    works = [ch.put(i, async_op=True) for i in range(12)]
+    time.sleep(0.3)
+    assert ch.get_batch(2) == ["first", "second"]
+    got = [ch.get(timeout=30) for _ in range(12)]
+    assert got == list(range(12))
+    for work in works:
+        work.wait(30)
+    assert settled(ch)["held"] == 0
+    ch.destroy()

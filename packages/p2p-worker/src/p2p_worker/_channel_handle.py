@@ -353,7 +353,8 @@ class Channel:
             A dict with ``maxsize``, ``held`` (slots in use: items arriving, queued
             or being sent to a consumer), ``queued`` (ready to get), ``arriving``
             (payloads on their way in), ``waiting_putters``,
-            ``waiting_getters``, ``puts`` and ``gets`` (completed transfers), ``voids``
+            ``waiting_getters``, ``credits`` (slots lent to producers ahead of their
+            puts, see the channels guide), ``puts`` and ``gets`` (completed transfers), ``voids``
             (abandoned puts), ``failures`` (failed transfers), ``resets`` (links
             reset), ``peers`` (peer name -> link generation) and ``closed``.
 
