@@ -198,6 +198,14 @@ def pack_fixed(
     )
 
 
+def pack_small_object(buf: memoryview, seq: int, data: bytes) -> int:
+    """Write a whole object frame (no tensors, inline) into ``buf``; return its length."""
+    end = FIXED.size + len(data)
+    FIXED.pack_into(buf, 0, MAGIC, FRAME_VERSION, Kind.OBJECT, 0, seq, 0, 0, len(data), 0)
+    buf[FIXED.size : end] = data
+    return end
+
+
 def patch_seq(buf: memoryview, seq: int) -> None:
     """Write the sequence number into a packed fixed header."""
     _SEQ.pack_into(buf, SEQ_OFFSET, seq)

@@ -28,7 +28,15 @@ from p2p_collective._errors import (
     GroupClosedError,
 )
 from p2p_collective._framing import FIXED, HEADER_MAX, KIND_NAMES, looks_like_header
-from p2p_collective._payload import check_tensor, encode, flat_bytes, rebuild
+from p2p_collective._payload import (
+    SMALL_OBJECT_MAX,
+    SmallObject,
+    check_tensor,
+    encode,
+    encode_small,
+    flat_bytes,
+    rebuild,
+)
 from p2p_collective._rendezvous import claim_incarnation, meet, private_client, wait_key
 from p2p_collective._transport import GlooLink, LinkFactory, StoreLike, deadline_after, remaining
 from p2p_collective._wire import patch_frame_seq, read_frame
@@ -48,6 +56,9 @@ class _Side:
         self.seq = 0
         self.scratch = torch.zeros(HEADER_MAX, dtype=torch.uint8)  # header / small recv_tensor
         self.scratch_view = self.scratch.numpy().data
+        if role == "send":  # where small-object frames are written when their turn comes
+            self.out = torch.zeros(HEADER_MAX, dtype=torch.uint8)
+            self.out_view = self.out.numpy().data
         self.wire_stats = WireStats()  # tensors compressed / raw, codec and pacing time
         self._group = group
 
@@ -235,7 +246,16 @@ class CollectiveGroup:
             >>> work.wait()  # doctest: +SKIP
         """
         deadline = self._deadline(timeout)
-        frame = encode(obj)
+        small = encode_small(obj)
+        if small is not None and len(small.data) <= SMALL_OBJECT_MAX and self._pacer is None:
+            # The lean path: one pickling, one copy into the send buffer, one message.
+            return self._send.direction.submit(
+                lambda dl: self._do_send_small(small, dl),
+                label="send(object)",
+                deadline=deadline,
+                async_op=async_op,
+            )
+        frame = encode(obj, pickled=None if small is None else small.data)
         try:
             out = Outgoing.prepare(self._wire, frame, async_op)
         except CompressionError as exc:
@@ -388,6 +408,18 @@ class CollectiveGroup:
         st.transport_messages += sent
         st.payload_bytes += frame.payload_bytes
         st.wire_bytes += frame.wire_bytes
+
+    def _do_send_small(self, small: SmallObject, deadline: float | None) -> None:
+        side = self._send
+        link = side.ensure_link(deadline)
+        n = small.pack_into(side.out_view, side.seq)
+        side.seq += 1
+        link.send(side.out[:n], deadline)
+        st = side.direction.stats
+        st.messages += 1
+        st.transport_messages += 1
+        st.payload_bytes += n - FIXED.size
+        st.wire_bytes += n
 
     def _do_recv(self, deadline: float | None) -> Any:
         side = self._recv

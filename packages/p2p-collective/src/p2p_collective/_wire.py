@@ -16,7 +16,15 @@ import torch
 from p2p_collective._compression import WireCodec, WireStats
 from p2p_collective._decoding import FrameDecoder, check_entries
 from p2p_collective._errors import FramingError
-from p2p_collective._framing import FIXED, Device, Flag, TensorMeta, parse_fixed, parse_meta
+from p2p_collective._framing import (
+    FIXED,
+    Device,
+    Flag,
+    Kind,
+    TensorMeta,
+    parse_fixed,
+    parse_meta,
+)
 from p2p_collective._framing import patch_seq as _patch_seq
 from p2p_collective._payload import OutFrame, allocate, flat_bytes
 from p2p_collective._recvpool import ReceiveBufferPool
@@ -89,6 +97,15 @@ def read_frame(
     scratch_view[:4] = _NO_MAGIC  # a short stray message must not leave an old header behind
     link.recv(scratch, deadline)
     hdr = parse_fixed(scratch_view, expected_seq, peer)
+    if (
+        hdr.kind == Kind.OBJECT
+        and not (hdr.n_tensors or hdr.meta_len or hdr.wire_total)
+        and not hdr.flags & Flag.EXT
+    ):
+        # A plain object (the common small message): no metadata, no payload messages.
+        end = FIXED.size + hdr.obj_len
+        obj = scratch_view[FIXED.size : end] if hdr.obj_len else None
+        return Received(hdr.kind, hdr.flags, [], None, obj, [], 1, hdr.obj_len, end)
     messages = 1
     wire = hdr.inline_len
     if hdr.flags & Flag.EXT:
