@@ -91,7 +91,8 @@ def test_a_plain_object_is_one_message_of_header_plus_pickle(
     assert (hdr.kind, hdr.n_tensors, hdr.meta_len, hdr.obj_len) == (Kind.OBJECT, 0, 0, len(data))
     got = group.recv()
     if isinstance(obj, list) and obj and isinstance(obj[0], torch.Tensor):
-        assert torch.equal(got[0], obj[0]) and got[1] == obj[1]
+        assert torch.equal(got[0], obj[0])
+        assert got[1] == obj[1]
     else:
         assert got == obj
     stats = group.stats()
@@ -127,7 +128,8 @@ def test_tensor_containers_are_not_small_objects() -> None:
 
     assert encode_small(WithTensor(torch.ones(1), 2)) is None
     small = encode_small({"x": 1})
-    assert small is not None and pickle.loads(small.data) == {"x": 1}
+    assert small is not None
+    assert pickle.loads(small.data) == {"x": 1}
 
 
 def test_a_large_object_is_pickled_once_and_framed_as_before(
@@ -136,7 +138,8 @@ def test_a_large_object_is_pickled_once_and_framed_as_before(
     group, link = looped
     big = {"blob": b"\x01" * (SMALL_OBJECT_MAX + 10)}
     small = encode_small(big)
-    assert small is not None and len(small.data) > SMALL_OBJECT_MAX
+    assert small is not None
+    assert len(small.data) > SMALL_OBJECT_MAX
     # The framed encoding reuses the bytes already pickled: identical to pickling again.
     again = encode(big)
     reused = encode(big, pickled=small.data)
@@ -161,7 +164,7 @@ def test_an_unpicklable_small_object_is_refused_and_the_group_still_works(
 def test_a_small_frame_with_a_wrong_sequence_number_is_a_framing_error(
     looped: tuple[CollectiveGroup, LoopLink],
 ) -> None:
-    group, link = looped
+    group, _link = looped
     group.send("first")
     group._recv.seq = 5  # this side now expects frame 5
     with pytest.raises(FramingError, match="sequence number 0, expected 5"):

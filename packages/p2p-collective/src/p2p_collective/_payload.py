@@ -112,7 +112,9 @@ def encode_small(obj: Any, op: str = "send(obj)") -> SmallObject | None:
     try:
         return SmallObject(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception as exc:
-        raise ValueError(f"{op}: the payload (type {tp.__name__}) cannot be pickled: {exc}") from exc
+        raise ValueError(
+            f"{op}: the payload (type {tp.__name__}) cannot be pickled: {exc}"
+        ) from exc
 
 
 _CONTAINERS = (list, tuple, dict, OrderedDict)
