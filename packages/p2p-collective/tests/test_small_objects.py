@@ -37,6 +37,12 @@ class LoopLink:
         msg = self.sent.pop(0)
         t[: msg.numel()].copy_(msg)
 
+    def post_recv(self, t: torch.Tensor) -> torch.Tensor:
+        return t  # filled when waited: in-process, the peer's send may come later
+
+    def wait_recv(self, posted: torch.Tensor, deadline: float | None) -> None:
+        self.recv(posted, deadline)
+
     def set_on_gone(self, fn: Any) -> None:
         pass
 
