@@ -278,6 +278,10 @@ def t_mismatch_sender(ctx: PeerContext, gname: str, mode: str) -> Any:
     try:
         if mode == "send_tensor_vs_recv":
             g.send_tensor(torch.arange(16, dtype=torch.int64), timeout=30)
+        elif mode in ("large_send_tensor_vs_recv", "send_tensor_longer", "send_tensor_shorter"):
+            n = {"send_tensor_longer": 300_000, "send_tensor_shorter": 100}.get(mode, 1 << 20)
+            # the receiver refuses the header, so a large payload's send times out here
+            g.send_tensor(torch.ones(n, dtype=torch.uint8), timeout=2)
         elif mode == "send_vs_small_recv_tensor":
             g.send({"k": torch.ones(3)}, timeout=30)  # one message: the tensor is inline
         else:
@@ -296,8 +300,10 @@ def t_mismatch_receiver(ctx: PeerContext, gname: str, mode: str) -> list[str]:
     g = ctx.group(gname)
     out = []
     try:
-        if mode == "send_tensor_vs_recv":
+        if mode in ("send_tensor_vs_recv", "large_send_tensor_vs_recv"):
             g.recv(timeout=30)
+        elif mode in ("send_tensor_longer", "send_tensor_shorter"):
+            g.recv_tensor(torch.empty(200_000, dtype=torch.uint8), timeout=30)
         elif mode == "send_vs_small_recv_tensor":
             g.recv_tensor(torch.empty(4, dtype=torch.int64), timeout=30)
         else:

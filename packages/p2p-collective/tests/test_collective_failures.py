@@ -27,7 +27,18 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.mark.parametrize(
-    "mode", ["send_tensor_vs_recv", "send_vs_small_recv_tensor", "send_vs_large_recv_tensor"]
+    "mode",
+    [
+        "send_tensor_vs_recv",
+        # a send_tensor larger than a header message answered by recv: every operation
+        # starts with a header-sized message, so this is a FramingError, not a gloo abort
+        "large_send_tensor_vs_recv",
+        "send_vs_small_recv_tensor",
+        "send_vs_large_recv_tensor",
+        # sizes travel in the send_tensor header: a mismatch is caught either way
+        "send_tensor_longer",
+        "send_tensor_shorter",
+    ],
 )
 def test_unpaired_calls_raise_framing_error_and_break_the_direction(
     peers: PeerPair, gname: str, mode: str
@@ -35,10 +46,19 @@ def test_unpaired_calls_raise_framing_error_and_break_the_direction(
     sent, out = peers.run(
         ct.t_mismatch_sender, (gname, mode), ct.t_mismatch_receiver, (gname, mode)
     )
-    assert sent == ("CollectiveTimeoutError" if mode == "send_vs_large_recv_tensor" else "ok")
+    payload_times_out = (
+        "send_vs_large_recv_tensor",
+        "large_send_tensor_vs_recv",
+        "send_tensor_longer",
+    )
+    assert sent == ("CollectiveTimeoutError" if mode in payload_times_out else "ok")
     assert out[0].startswith("FramingError: ")
-    if mode == "send_tensor_vs_recv":
+    if mode in ("send_tensor_vs_recv", "large_send_tensor_vs_recv"):
         assert "send_tensor() where this side called recv()" in out[0]
+    elif mode == "send_tensor_longer":
+        assert "tensor of 200000 bytes but 'peer-a' sent 300000 bytes" in out[0]
+    elif mode == "send_tensor_shorter":
+        assert "tensor of 200000 bytes but 'peer-a' sent 100 bytes" in out[0]
     else:
         assert "the peer called send() instead of send_tensor()" in out[0]
     assert out[1:] == [

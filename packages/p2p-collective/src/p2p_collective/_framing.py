@@ -41,7 +41,7 @@ import torch
 from p2p_collective._errors import FramingError
 
 MAGIC = b"P2PF"
-FRAME_VERSION = 1
+FRAME_VERSION = 2
 HEADER_MAX = 65536
 """Bytes the receiver posts for every header message; a header message never exceeds it."""
 
@@ -67,9 +67,18 @@ class Kind:
     DICT = 4
     DATACLASS = 5
     OBJECT = 6
+    RAW = 7  # send_tensor: wire_total is the tensor's byte count, no metadata
 
 
-KIND_NAMES = {1: "tensor", 2: "list", 3: "tuple", 4: "dict", 5: "dataclass", 6: "object"}
+KIND_NAMES = {
+    1: "tensor",
+    2: "list",
+    3: "tuple",
+    4: "dict",
+    5: "dataclass",
+    6: "object",
+    7: "send_tensor",
+}
 
 
 class Flag:
@@ -196,6 +205,27 @@ def pack_fixed(
     FIXED.pack_into(
         buf, 0, MAGIC, FRAME_VERSION, kind, flags, 0, n_tensors, meta_len, obj_len, wire_total
     )
+
+
+def pack_small_object(buf: memoryview, seq: int, data: bytes) -> int:
+    """Write a whole object frame (no tensors, inline) into ``buf``; return its length."""
+    end = FIXED.size + len(data)
+    FIXED.pack_into(buf, 0, MAGIC, FRAME_VERSION, Kind.OBJECT, 0, seq, 0, 0, len(data), 0)
+    buf[FIXED.size : end] = data
+    return end
+
+
+def pack_raw_header(buf: memoryview, seq: int, nbytes: int, inline: bool) -> int:
+    """Write a ``send_tensor`` header (``nbytes`` payload bytes) into ``buf``.
+
+    With ``inline`` the caller copies the payload right after the header (same message).
+
+    Returns:
+        The header's length in bytes.
+    """
+    flags = Flag.INLINE if inline else 0
+    FIXED.pack_into(buf, 0, MAGIC, FRAME_VERSION, Kind.RAW, flags, seq, 0, 0, 0, nbytes)
+    return FIXED.size
 
 
 def patch_seq(buf: memoryview, seq: int) -> None:

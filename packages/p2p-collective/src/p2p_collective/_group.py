@@ -29,11 +29,27 @@ from p2p_collective._errors import (
     GroupClosedError,
     ObjectRefusedError,
 )
-from p2p_collective._framing import FIXED, HEADER_MAX, KIND_NAMES, looks_like_header
-from p2p_collective._payload import check_tensor, encode, flat_bytes, rebuild
+from p2p_collective._framing import (
+    FIXED,
+    HEADER_MAX,
+    KIND_NAMES,
+    Flag,
+    Kind,
+    pack_raw_header,
+    parse_fixed,
+)
+from p2p_collective._payload import (
+    SMALL_OBJECT_MAX,
+    SmallObject,
+    check_tensor,
+    encode,
+    encode_small,
+    flat_bytes,
+    rebuild,
+)
 from p2p_collective._rendezvous import claim_incarnation, meet, private_client, wait_key
 from p2p_collective._transport import GlooLink, LinkFactory, StoreLike, deadline_after, remaining
-from p2p_collective._wire import patch_frame_seq, read_frame
+from p2p_collective._wire import HEADER_MAX_TENSOR, HeaderReceiver, patch_frame_seq, read_frame
 from p2p_compress import CompressionError
 
 
@@ -48,8 +64,11 @@ class _Side:
         self.link: GlooLink | None = None
         self.store: StoreLike | None = None
         self.seq = 0
-        self.scratch = torch.zeros(HEADER_MAX, dtype=torch.uint8)  # header / small recv_tensor
-        self.scratch_view = self.scratch.numpy().data
+        # Sending: small objects and send_tensor headers are written here when their turn
+        # comes. Receiving: header messages, with the next one's receive kept posted.
+        self.out = torch.zeros(HEADER_MAX if role == "send" else 0, dtype=torch.uint8)
+        self.out_view = self.out.numpy().data
+        self.headers = HeaderReceiver()
         self.wire_stats = WireStats()  # tensors compressed / raw, codec and pacing time
         self._group = group
 
@@ -97,6 +116,7 @@ class _Side:
         return self.link
 
     def close(self) -> None:
+        self.headers.discard()
         if self.link is not None:
             self.link.close()
             self.link = None
@@ -126,9 +146,10 @@ class CollectiveGroup:
     that direction (later operations raise :class:`GroupBrokenError`).
 
     Pairing: ``send``/``recv`` and ``send_tensor``/``recv_tensor`` must be paired in the
-    same order on both sides. A mismatch is reported as :class:`FramingError` except in one
-    case that cannot be caught: ``send_tensor`` of more than 64 KiB (``HEADER_MAX``)
-    answered by ``recv`` makes gloo abort the receiving process.
+    same order on both sides, ``recv_tensor`` with a tensor of the sent size. A mismatch
+    is reported as :class:`FramingError` (every operation starts with a header message
+    of at most ``HEADER_MAX`` bytes that names its kind, sequence number and, for
+    ``send_tensor``, its size).
 
     Attributes:
         name: The group's key (its sorted member names, or the group name given).
@@ -240,7 +261,16 @@ class CollectiveGroup:
             >>> work.wait()  # doctest: +SKIP
         """
         deadline = self._deadline(timeout)
-        frame = encode(obj)
+        small = encode_small(obj)
+        if small is not None and len(small.data) <= SMALL_OBJECT_MAX and self._pacer is None:
+            # The lean path: one pickling, one copy into the send buffer, one message.
+            return self._send.direction.submit(
+                lambda dl: self._do_send_small(small, dl),
+                label="send(object)",
+                deadline=deadline,
+                async_op=async_op,
+            )
+        frame = encode(obj, pickled=None if small is None else small.data)
         try:
             out = Outgoing.prepare(self._wire, frame, async_op)
         except CompressionError as exc:
@@ -294,7 +324,11 @@ class CollectiveGroup:
     def send_tensor(
         self, tensor: torch.Tensor, async_op: bool = False, *, timeout: float | None = None
     ) -> Any:
-        """Send one tensor's bytes as a single message, without header or metadata.
+        """Send one tensor's bytes, with a 40-byte header (the size) and no metadata.
+
+        Up to 64 KiB minus the header, the bytes ride in the header message (one gloo
+        message); larger tensors are one more message, received straight into the
+        peer's tensor.
 
         Pair it with :meth:`recv_tensor` on the peer, given a tensor of the same number of
         bytes. Never compressed.
@@ -334,10 +368,7 @@ class CollectiveGroup:
 
         Args:
             tensor: A dense, contiguous CPU tensor with exactly as many bytes as the
-                peer's ``send_tensor``. Sizes are not checked (no metadata travels): a
-                shorter message leaves the rest of ``tensor`` zeroed (under 64 KiB) or
-                unchanged; a longer one is cut short when both are under 64 KiB and
-                otherwise makes gloo abort this process.
+                peer's ``send_tensor``; another size is a :class:`FramingError`.
             async_op: Return an AsyncWork at once instead of waiting.
             timeout: Seconds from now until the tensor must have arrived (None: the
                 configured ``op_timeout``).
@@ -348,7 +379,8 @@ class CollectiveGroup:
         Raises:
             TypeError: ``tensor`` is not a tensor.
             ValueError: ``tensor`` is non-contiguous, not on CPU or unsupported.
-            FramingError: The peer called :meth:`send` instead of :meth:`send_tensor`.
+            FramingError: The peer called :meth:`send` instead of :meth:`send_tensor`,
+                or sent a different number of bytes; the receive direction is broken.
             CollectiveTimeoutError, PeerError, GroupBrokenError, GroupClosedError: As
                 for :meth:`recv`.
 
@@ -394,21 +426,36 @@ class CollectiveGroup:
         st.payload_bytes += frame.payload_bytes
         st.wire_bytes += frame.wire_bytes
 
+    def _do_send_small(self, small: SmallObject, deadline: float | None) -> None:
+        side = self._send
+        link = side.ensure_link(deadline)
+        n = small.pack_into(side.out_view, side.seq)
+        side.seq += 1
+        link.send(side.out[:n], deadline)
+        st = side.direction.stats
+        st.messages += 1
+        st.transport_messages += 1
+        st.payload_bytes += n - FIXED.size
+        st.wire_bytes += n
+
     def _do_recv(self, deadline: float | None) -> Any:
         side = self._recv
         link = side.ensure_link(deadline)
         expected = side.seq
         side.seq += 1
+        buf, view = side.headers.receive(link, deadline)
         got = read_frame(
             link,
-            side.scratch,
-            side.scratch_view,
+            buf,
+            view,
             expected,
             deadline,
             self.links.recv_pool,
             self._wire,
             side.wire_stats,
+            header_received=True,
         )
+        side.headers.prepost(link)  # the frame is in: the next header can arrive at once
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += got.transport_messages
@@ -443,18 +490,27 @@ class CollectiveGroup:
     def _do_send_tensor(self, payload: torch.Tensor, ready: float, deadline: float | None) -> None:
         side = self._send
         link = side.ensure_link(deadline)
+        n = payload.numel()
+        inline = n <= HEADER_MAX_TENSOR
+        head = pack_raw_header(side.out_view, side.seq, n, inline)
         side.seq += 1
-        if payload.numel():
+        if self._pacer is not None:
+            side.wire_stats.add_seconds(
+                emulated=self._pacer.pace(head + n if inline else head, ready, deadline)
+            )
+        if inline:  # one message: header and bytes
+            side.out[head : head + n].copy_(payload)
+            link.send(side.out[: head + n], deadline)
+        else:  # a header the receiver checks, then the bytes straight into its tensor
+            link.send(side.out[:head], deadline)
             if self._pacer is not None:
-                side.wire_stats.add_seconds(
-                    emulated=self._pacer.pace(payload.numel(), ready, deadline)
-                )
+                side.wire_stats.add_seconds(emulated=self._pacer.pace(n, ready, deadline))
             link.send(payload, deadline)
         st = side.direction.stats
         st.messages += 1
-        st.transport_messages += 1 if payload.numel() else 0
-        st.payload_bytes += payload.numel()
-        st.wire_bytes += payload.numel()
+        st.transport_messages += 1 if inline else 2
+        st.payload_bytes += n
+        st.wire_bytes += head + n
 
     def _do_recv_tensor(
         self, tensor: torch.Tensor, flat: torch.Tensor, deadline: float | None
@@ -464,30 +520,34 @@ class CollectiveGroup:
         expected = side.seq
         side.seq += 1
         n = flat.numel()
-        if n:
-            if n < HEADER_MAX:
-                # Post a full header-sized receive so a frame header sent by a mismatched
-                # send() is caught here instead of overrunning a small buffer.
-                # no stale magic from an earlier header, no stale bytes in a short message
-                side.scratch[: max(n, 4)].zero_()
-                link.recv(side.scratch, deadline)
-                probe = side.scratch_view
-            else:
-                flat[: FIXED.size].zero_()
-                link.recv(flat, deadline)
-                probe = flat[: FIXED.size].numpy().data
-            if looks_like_header(probe, expected):
-                raise FramingError(
-                    f"p2p[{self.name}]: recv_tensor() got a frame header from"
-                    f" {self.peer_name!r}; the peer called send() instead of send_tensor()"
-                )
-            if n < HEADER_MAX:
-                flat.copy_(side.scratch[:n])
+        buf, view = side.headers.receive(link, deadline)
+        hdr = parse_fixed(view, expected, self.peer_name)
+        if hdr.kind != Kind.RAW:
+            raise FramingError(
+                f"p2p[{self.name}]: recv_tensor() got a {KIND_NAMES[hdr.kind]} frame from"
+                f" {self.peer_name!r}; the peer called send() instead of send_tensor()"
+            )
+        if hdr.wire_total != n:
+            raise FramingError(
+                f"p2p[{self.name}]: recv_tensor() was given a tensor of {n} bytes but"
+                f" {self.peer_name!r} sent {hdr.wire_total} bytes with send_tensor()"
+            )
+        inline = bool(hdr.flags & Flag.INLINE)
+        if inline != (n <= HEADER_MAX_TENSOR):
+            raise FramingError(
+                f"p2p[{self.name}]: send_tensor() header from {self.peer_name!r} has flags"
+                f" {hdr.flags:#x}, inconsistent with its {n} bytes"
+            )
+        if inline:
+            flat.copy_(buf[FIXED.size : FIXED.size + n])
+        else:
+            link.recv(flat, deadline)
+        side.headers.prepost(link)
         st = side.direction.stats
         st.messages += 1
-        st.transport_messages += 1 if n else 0
+        st.transport_messages += 1 if inline else 2
         st.payload_bytes += n
-        st.wire_bytes += n
+        st.wire_bytes += FIXED.size + n
         return tensor
 
     # -- state ----------------------------------------------------------------------------

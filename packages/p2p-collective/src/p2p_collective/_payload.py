@@ -30,6 +30,7 @@ from p2p_collective._framing import (
     pack_entry,
     pack_fixed,
     pack_names,
+    pack_small_object,
 )
 from p2p_collective._plain import load_object
 from p2p_collective._recvpool import POOL_MIN_BYTES
@@ -65,6 +66,59 @@ class OutFrame:
     def wire_bytes(self) -> int:
         """Every byte this frame puts on the wire, header included."""
         return int(self.buffer.numel()) + sum(int(p.numel()) for p in self.payloads)
+
+
+class SmallObject:
+    """A plain (tensor-free) object whose whole frame fits the header message.
+
+    It is pickled when the call is made, like every payload; the frame itself is written
+    into the direction's send buffer only when its turn comes, so a small object costs
+    one pickling, one copy and one gloo message.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def pack_into(self, view: memoryview, seq: int) -> int:
+        """Write the frame (fixed header with ``seq``, then the object) into ``view``.
+
+        Returns:
+            The frame's length in bytes.
+        """
+        return pack_small_object(view, seq, self.data)
+
+
+SMALL_OBJECT_MAX = HEADER_MAX - FIXED.size
+"""Pickled objects up to this many bytes travel as a :class:`SmallObject`."""
+
+
+def encode_small(obj: Any, op: str = "send(obj)") -> SmallObject | None:
+    """Pickle ``obj`` if it is a plain object (no tensor container); else return None.
+
+    None means ``obj`` is a tensor, a list/tuple/dict of tensors or a dataclass with
+    tensor fields: :func:`encode` handles it. The caller checks the size: a
+    :class:`SmallObject` longer than :data:`SMALL_OBJECT_MAX` goes through
+    :func:`encode` with ``pickled=small.data`` (pickled once either way).
+
+    Raises:
+        ValueError: The object cannot be pickled.
+    """
+    tp = type(obj)
+    if isinstance(obj, torch.Tensor):
+        return None
+    if (tp in _CONTAINERS or dataclasses.is_dataclass(obj)) and _classify(obj)[0] != Kind.OBJECT:
+        return None
+    try:
+        return SmallObject(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception as exc:
+        raise ValueError(
+            f"{op}: the payload (type {tp.__name__}) cannot be pickled: {exc}"
+        ) from exc
+
+
+_CONTAINERS = (list, tuple, dict, OrderedDict)
 
 
 def check_tensor(t: torch.Tensor, where: str, op: str) -> None:
@@ -147,8 +201,10 @@ def _classify(obj: Any) -> tuple[int, int, list[Any], list[str], list[str] | Non
     return Kind.OBJECT, 0, [], [], None, obj
 
 
-def encode(obj: Any, op: str = "send(obj)") -> OutFrame:
+def encode(obj: Any, op: str = "send(obj)", pickled: bytes | None = None) -> OutFrame:
     """Classify, check and encode ``obj``; nothing is sent.
+
+    ``pickled`` is ``obj`` already pickled (by :func:`encode_small`), for plain objects.
 
     Raises:
         ValueError: A tensor is not contiguous / not on CPU / of an unsupported kind (the
@@ -171,7 +227,9 @@ def encode(obj: Any, op: str = "send(obj)") -> OutFrame:
     bio = io.BytesIO()
     bio.write(bytes(FIXED.size))
     bio.write(meta)
-    if objpart is not _NO_OBJECT:
+    if pickled is not None and kind == Kind.OBJECT:
+        bio.write(pickled)
+    elif objpart is not _NO_OBJECT:
         try:
             pickle.dump(objpart, bio, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:

@@ -254,20 +254,36 @@ class GlooLink:
             self._on_gone(self._gone_error())
 
     def _run(self, what: str, tensor: torch.Tensor, deadline: float | None, send: bool) -> None:
+        if deadline is not None and remaining(deadline) == 0.0:
+            raise CollectiveTimeoutError(
+                f"{what} of {tensor.numel()} bytes with peer {self.peer!r}: the deadline had"
+                " passed before it could start"
+            )
+        work = self._post(what, tensor, send)
+        self._finish(what, work, tensor.numel(), deadline)
+
+    def _post(self, what: str, tensor: torch.Tensor, send: bool) -> Any:
+        """Hand one send or receive to gloo (never blocks); return its work."""
         pg = self._pg
         if pg is None:
             raise CollectiveError(f"{what} with peer {self.peer!r}: the link is closed")
         if self._gone is not None:
             raise self._gone_error()
+        try:
+            if send:
+                return pg.send([tensor], self._peer_rank, _TAG)
+            return pg.recv([tensor], self._peer_rank, _TAG)
+        except Exception as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise PeerError(f"{what} with peer {self.peer!r} failed: {first}") from exc
+
+    def _finish(self, what: str, work: Any, nbytes: int, deadline: float | None) -> None:
+        """Wait for a posted operation; map gloo's failures to ours."""
         left = remaining(deadline)
         try:
             if left == 0.0:
                 raise TimeoutError("deadline already passed")
-            if send:
-                work = pg.send([tensor], self._peer_rank, _TAG)
-            else:
-                work = pg.recv([tensor], self._peer_rank, _TAG)
-            if tensor.numel() <= DIRECT_WAIT_MAX:
+            if nbytes <= DIRECT_WAIT_MAX:
                 work.wait(to_timedelta(left))
             else:
                 self._watched_wait(work, deadline)
@@ -276,7 +292,7 @@ class GlooLink:
         except Exception as exc:
             if _is_timeout(exc):
                 raise CollectiveTimeoutError(
-                    f"{what} of {tensor.numel()} bytes with peer {self.peer!r} did not"
+                    f"{what} of {nbytes} bytes with peer {self.peer!r} did not"
                     f" complete in time ({left if left is not None else 'no'} s left)"
                 ) from exc
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -310,6 +326,30 @@ class GlooLink:
         """Receive one message into a flat uint8 tensor (the message may be shorter)."""
         self._run("recv", tensor, deadline, send=False)
 
+    def post_recv(self, tensor: torch.Tensor) -> PostedRecv:
+        """Post a receive of at most :data:`DIRECT_WAIT_MAX` bytes now; wait with :meth:`wait_recv`.
+
+        A receive posted before the peer sends lets gloo move the message at once;
+        one posted after makes the peer's send wait for a notification round trip.
+
+        Raises:
+            CollectiveError, PeerError: The link is closed or the peer is gone.
+        """
+        if tensor.numel() > DIRECT_WAIT_MAX:
+            raise ValueError(f"post_recv: {tensor.numel()} bytes; at most {DIRECT_WAIT_MAX}")
+        return PostedRecv(self._post("recv", tensor, send=False), tensor)
+
+    def wait_recv(self, posted: PostedRecv, deadline: float | None) -> None:
+        """Wait for a receive posted with :meth:`post_recv`.
+
+        Raises:
+            CollectiveTimeoutError, PeerError: As for :meth:`recv`.
+        """
+        work, posted.work = posted.work, None
+        if work is None:
+            raise CollectiveError(f"recv with peer {self.peer!r}: that receive was already waited")
+        self._finish("recv", work, posted.tensor.numel(), deadline)
+
     def close(self) -> None:
         """Drop the process group and close the liveness connection (the peer sees EOF).
 
@@ -321,6 +361,16 @@ class GlooLink:
         if waiter is not None and self._inflight is None:
             waiter.join(timeout=1.0)
         self._watcher.forget(self._watch)
+
+
+class PostedRecv:
+    """A receive handed to gloo and not waited for yet (the tensor stays referenced)."""
+
+    __slots__ = ("tensor", "work")
+
+    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
+        self.work: Any = work
+        self.tensor = tensor
 
 
 class _Wait:

@@ -16,11 +16,20 @@ import torch
 from p2p_collective._compression import WireCodec, WireStats
 from p2p_collective._decoding import FrameDecoder, check_entries
 from p2p_collective._errors import FramingError
-from p2p_collective._framing import FIXED, Device, Flag, TensorMeta, parse_fixed, parse_meta
+from p2p_collective._framing import (
+    FIXED,
+    HEADER_MAX,
+    Device,
+    Flag,
+    Kind,
+    TensorMeta,
+    parse_fixed,
+    parse_meta,
+)
 from p2p_collective._framing import patch_seq as _patch_seq
 from p2p_collective._payload import OutFrame, allocate, flat_bytes
 from p2p_collective._recvpool import ReceiveBufferPool
-from p2p_collective._transport import GlooLink
+from p2p_collective._transport import GlooLink, PostedRecv
 
 _NO_MAGIC = bytes(4)
 
@@ -28,6 +37,58 @@ _NO_MAGIC = bytes(4)
 def patch_frame_seq(frame: OutFrame, seq: int) -> None:
     """Write the direction's sequence number into an encoded frame's header."""
     _patch_seq(frame.view, seq)
+
+
+class HeaderReceiver:
+    """The header receives of one direction, double-buffered and kept posted.
+
+    Every operation's first message is a header of at most ``HEADER_MAX`` bytes, so
+    once an operation has posted all its own receives, the next header's receive can
+    be posted at once, into the other buffer. gloo then sends the peer's next message
+    as soon as it is sent, instead of first trading "ready to send" / "ready to
+    receive" notifications (one round trip per message otherwise).
+    """
+
+    def __init__(self) -> None:
+        self._bufs = (
+            torch.zeros(HEADER_MAX, dtype=torch.uint8),
+            torch.zeros(HEADER_MAX, dtype=torch.uint8),
+        )
+        self._views = (self._bufs[0].numpy().data, self._bufs[1].numpy().data)
+        self._next = 0
+        self._posted: PostedRecv | None = None
+
+    def receive(self, link: GlooLink, deadline: float | None) -> tuple[torch.Tensor, memoryview]:
+        """Take the next header message (posted earlier or now); return buffer and view.
+
+        The buffer stays valid until the next call of :meth:`prepost`'s successor
+        receive, i.e. for the rest of the operation that took it.
+        """
+        i = self._next
+        self._next = 1 - i
+        posted, self._posted = self._posted, None
+        if posted is None:
+            self._views[i][:4] = _NO_MAGIC  # a short stray message must not leave an old header
+            link.recv(self._bufs[i], deadline)
+        else:
+            link.wait_recv(posted, deadline)
+        return self._bufs[i], self._views[i]
+
+    def prepost(self, link: GlooLink) -> None:
+        """Post the receive of the next operation's header (call after all own receives)."""
+        if self._posted is not None:
+            return
+        i = self._next
+        self._views[i][:4] = _NO_MAGIC
+        self._posted = link.post_recv(self._bufs[i])
+
+    def discard(self) -> None:
+        """Forget a posted receive (the link is closing; gloo drops it with the link)."""
+        self._posted = None
+
+
+HEADER_MAX_TENSOR = HEADER_MAX - FIXED.size
+"""``send_tensor`` payloads up to this many bytes ride in the header message."""
 
 
 @dataclass
@@ -63,6 +124,8 @@ def read_frame(
     pool: ReceiveBufferPool,
     codec: WireCodec | None = None,
     stats: WireStats | None = None,
+    *,
+    header_received: bool = False,
 ) -> Received:
     """Receive one whole frame: header, optional extension, one message per tensor.
 
@@ -79,6 +142,8 @@ def read_frame(
         pool: Where large receive buffers come from.
         codec: The Collective's compression state (None: compression off).
         stats: The direction's tensor counters, updated once the frame is complete.
+        header_received: The header message is already in ``scratch`` (taken by a
+            :class:`HeaderReceiver`); only the rest of the frame is received here.
 
     Raises:
         FramingError: The header or metadata is not a valid frame for ``expected_seq``,
@@ -86,9 +151,24 @@ def read_frame(
         CollectiveTimeoutError, PeerError: From the link.
     """
     peer = link.peer
-    scratch_view[:4] = _NO_MAGIC  # a short stray message must not leave an old header behind
-    link.recv(scratch, deadline)
+    if not header_received:
+        scratch_view[:4] = _NO_MAGIC  # a short stray message must not leave an old header
+        link.recv(scratch, deadline)
     hdr = parse_fixed(scratch_view, expected_seq, peer)
+    if hdr.kind == Kind.RAW:
+        raise FramingError(
+            f"frame from {peer!r} (sequence {expected_seq}) comes from send_tensor() where"
+            " this side called recv(); pair send with recv and send_tensor with recv_tensor"
+        )
+    if (
+        hdr.kind == Kind.OBJECT
+        and not (hdr.n_tensors or hdr.meta_len or hdr.wire_total)
+        and not hdr.flags & Flag.EXT
+    ):
+        # A plain object (the common small message): no metadata, no payload messages.
+        end = FIXED.size + hdr.obj_len
+        obj = scratch_view[FIXED.size : end] if hdr.obj_len else None
+        return Received(hdr.kind, hdr.flags, [], None, obj, [], 1, hdr.obj_len, end)
     messages = 1
     wire = hdr.inline_len
     if hdr.flags & Flag.EXT:

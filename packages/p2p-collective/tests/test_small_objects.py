@@ -1,0 +1,181 @@
+"""The small-object path: one pickling, one message, read back without metadata parsing.
+
+A loopback link stands in for the transport (in-process), so these checks look at the
+exact bytes each frame puts on the wire; the two-process tests in
+test_collective_sendrecv.py cover the same payloads over real gloo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from p2p_collective import Collective, CollectiveGroup, FramingError
+from p2p_collective._framing import FIXED, HEADER_MAX, Kind, parse_fixed
+from p2p_collective._payload import SMALL_OBJECT_MAX, encode, encode_small
+
+
+class LoopLink:
+    """A link whose receive returns what was last sent (one message at a time)."""
+
+    peer = "b"
+
+    def __init__(self) -> None:
+        self.sent: list[torch.Tensor] = []
+
+    def send(self, t: torch.Tensor, deadline: float | None) -> None:
+        self.sent.append(t.clone())
+
+    def recv(self, t: torch.Tensor, deadline: float | None) -> None:
+        msg = self.sent.pop(0)
+        t[: msg.numel()].copy_(msg)
+
+    def post_recv(self, t: torch.Tensor) -> torch.Tensor:
+        return t  # filled when waited: in-process, the peer's send may come later
+
+    def wait_recv(self, posted: torch.Tensor, deadline: float | None) -> None:
+        self.recv(posted, deadline)
+
+    def set_on_gone(self, fn: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def looped() -> Iterator[tuple[CollectiveGroup, LoopLink]]:
+    store = dist.TCPStore(
+        "127.0.0.1", 0, 1, True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10)
+    )
+    coll = Collective("a", store, timeout=10.0)
+    group = coll.create_collective_group(["a", "b"])
+    link = LoopLink()
+    group._send.link = link  # type: ignore[assignment]
+    group._recv.link = link  # type: ignore[assignment]
+    yield group, link
+    group._send.link = group._recv.link = None
+    coll.close()
+
+
+@dataclasses.dataclass
+class Plain:
+    step: int
+    note: str
+
+
+PLAIN_OBJECTS = [
+    {"step": 12345, "loss": 0.03125, "lr": 3e-4, "done": False, "tag": "rollout-7"},
+    [1, "two", 3.0],
+    ("a", None),
+    {},
+    [],
+    Plain(3, "x"),
+    "x" * 1000,
+    [torch.ones(2), 5],  # a list mixing tensors and other values is a pickled object
+]
+
+
+@pytest.mark.parametrize("obj", PLAIN_OBJECTS, ids=lambda o: type(o).__name__)
+def test_a_plain_object_is_one_message_of_header_plus_pickle(
+    looped: tuple[CollectiveGroup, LoopLink], obj: Any
+) -> None:
+    group, link = looped
+    group.send(obj)
+    assert len(link.sent) == 1
+    msg = link.sent[0]
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    assert msg.numel() == FIXED.size + len(data)
+    hdr = parse_fixed(msg.numpy().data, 0, "b")
+    assert (hdr.kind, hdr.n_tensors, hdr.meta_len, hdr.obj_len) == (Kind.OBJECT, 0, 0, len(data))
+    got = group.recv()
+    if isinstance(obj, list) and obj and isinstance(obj[0], torch.Tensor):
+        assert torch.equal(got[0], obj[0])
+        assert got[1] == obj[1]
+    else:
+        assert got == obj
+    stats = group.stats()
+    assert stats["send"]["transport_messages"] == stats["recv"]["transport_messages"] == 1
+    assert stats["send"]["wire_bytes"] == stats["recv"]["wire_bytes"] == msg.numel()
+    assert stats["send"]["payload_bytes"] == stats["recv"]["payload_bytes"] == len(data)
+
+
+def test_sequence_numbers_advance_across_small_and_framed_sends(
+    looped: tuple[CollectiveGroup, LoopLink],
+) -> None:
+    group, link = looped
+    group.send({"a": 1})
+    group.send({"t": torch.arange(4)})
+    group.send(7)
+    assert len(link.sent) == 3  # the small tensor rides inline in its header message
+    seqs = [parse_fixed(m.numpy().data, i, "b").seq for i, m in enumerate(link.sent)]
+    assert seqs == [0, 1, 2]
+    assert group.recv() == {"a": 1}
+    assert torch.equal(group.recv()["t"], torch.arange(4))
+    assert group.recv() == 7
+
+
+def test_tensor_containers_are_not_small_objects() -> None:
+    assert encode_small(torch.ones(2)) is None
+    assert encode_small([torch.ones(2), torch.zeros(1)]) is None
+    assert encode_small({"x": torch.ones(2)}) is None
+
+    @dataclasses.dataclass
+    class WithTensor:
+        t: torch.Tensor
+        n: int
+
+    assert encode_small(WithTensor(torch.ones(1), 2)) is None
+    small = encode_small({"x": 1})
+    assert small is not None
+    assert pickle.loads(small.data) == {"x": 1}
+
+
+def test_a_large_object_is_pickled_once_and_framed_as_before(
+    looped: tuple[CollectiveGroup, LoopLink],
+) -> None:
+    group, link = looped
+    big = {"blob": b"\x01" * (SMALL_OBJECT_MAX + 10)}
+    small = encode_small(big)
+    assert small is not None
+    assert len(small.data) > SMALL_OBJECT_MAX
+    # The framed encoding reuses the bytes already pickled: identical to pickling again.
+    again = encode(big)
+    reused = encode(big, pickled=small.data)
+    assert bytes(reused.view) == bytes(again.view)
+    group.send(big)
+    assert link.sent[0].numel() == FIXED.size  # EXT: the object travels in a second message
+    assert link.sent[1].numel() == len(small.data)
+    assert group.recv() == big
+
+
+def test_an_unpicklable_small_object_is_refused_and_the_group_still_works(
+    looped: tuple[CollectiveGroup, LoopLink],
+) -> None:
+    group, link = looped
+    with pytest.raises(ValueError, match=r"send\(obj\).*cannot be pickled"):
+        group.send({"f": lambda: 1})
+    assert link.sent == []
+    group.send({"ok": True})
+    assert group.recv() == {"ok": True}
+
+
+def test_a_small_frame_with_a_wrong_sequence_number_is_a_framing_error(
+    looped: tuple[CollectiveGroup, LoopLink],
+) -> None:
+    group, _link = looped
+    group.send("first")
+    group._recv.seq = 5  # this side now expects frame 5
+    with pytest.raises(FramingError, match="sequence number 0, expected 5"):
+        group.recv()
+
+
+def test_the_header_budget_matches_the_receive_buffer() -> None:
+    assert FIXED.size + SMALL_OBJECT_MAX == HEADER_MAX
