@@ -90,6 +90,10 @@ def tests(session: nox.Session, package: str) -> None:
     install_stack(session, package, *TEST_TOOLS)
     paths = session.posargs or [str(Path(dist_dir(package)) / "tests")]
     session.run("pytest", *paths, env=short_tmp_env())
+    if package == "collective" and not session.posargs:
+        # Same-node groups use shared memory by default; run the suite again over gloo,
+        # the transport between nodes.
+        session.run("pytest", *paths, "-q", env={**short_tmp_env(), "P2P_TEST_TRANSPORT": "gloo"})
 
 
 @nox.session

@@ -26,6 +26,8 @@ class LoopLink:
     """A link whose receive returns what was last sent (one message at a time)."""
 
     peer = "b"
+    transport = "loop"
+    transport_reason = "in-process test link"
 
     def __init__(self) -> None:
         self.sent: list[torch.Tensor] = []

@@ -316,7 +316,10 @@ class CollectiveGroup:
         """
         deadline = self._deadline(timeout)
         return self._recv.direction.submit(
-            self._do_recv, label="recv()", deadline=deadline, async_op=async_op
+            self._hang_up_on_framing_error(self._do_recv),
+            label="recv()",
+            deadline=deadline,
+            async_op=async_op,
         )
 
     # -- send_tensor / recv_tensor --------------------------------------------------------
@@ -392,7 +395,7 @@ class CollectiveGroup:
         flat = self._raw_view(tensor, "recv_tensor(tensor)")
         deadline = self._deadline(timeout)
         return self._recv.direction.submit(
-            lambda dl: self._do_recv_tensor(tensor, flat, dl),
+            self._hang_up_on_framing_error(lambda dl: self._do_recv_tensor(tensor, flat, dl)),
             label="recv_tensor()",
             deadline=deadline,
             async_op=async_op,
@@ -406,6 +409,22 @@ class CollectiveGroup:
         return flat_bytes(tensor)
 
     # -- operations (run by the direction, one at a time, in order) -----------------------
+
+    def _hang_up_on_framing_error(self, run: Callable[[float | None], Any]) -> Callable[..., Any]:
+        """Wrap a receiving operation: on a FramingError, close the receive link too.
+
+        The stream is out of step and the direction breaks; closing its link makes the
+        peer's pending send fail at once (end-of-file) instead of at its deadline.
+        """
+
+        def op(deadline: float | None) -> Any:
+            try:
+                return run(deadline)
+            except FramingError:
+                self._recv.close()
+                raise
+
+        return op
 
     def _do_send(self, out: Outgoing, deadline: float | None) -> None:
         side = self._send

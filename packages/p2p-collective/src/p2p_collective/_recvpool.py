@@ -82,3 +82,13 @@ class ReceiveBufferPool:
             self._closed = True
             self._idle.clear()
             self._idle_bytes = 0
+
+
+class PostedRecv:
+    """A receive handed to gloo and not waited for yet (the tensor stays referenced)."""
+
+    __slots__ = ("tensor", "work")
+
+    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
+        self.work: Any = work
+        self.tensor = tensor

@@ -41,6 +41,7 @@ from p2p_collective._errors import (
     FramingError,
     PeerError,
 )
+from p2p_collective._recvpool import PostedRecv
 from p2p_collective._shm import Segment
 
 if TYPE_CHECKING:
@@ -116,6 +117,14 @@ class ShmLink:
             FramingError: The message is longer than ``tensor``.
         """
         self._run("recv", tensor, deadline, self._recv)
+
+    def post_recv(self, tensor: torch.Tensor) -> PostedRecv:
+        """Remember a receive for :meth:`wait_recv` (the socket stream needs no posting)."""
+        return PostedRecv(None, tensor)
+
+    def wait_recv(self, posted: PostedRecv, deadline: float | None) -> None:
+        """Receive into the tensor given to :meth:`post_recv`."""
+        self.recv(posted.tensor, deadline)
 
     def _run(
         self,

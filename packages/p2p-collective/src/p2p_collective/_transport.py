@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
 from p2p_collective._liveness import Watcher, open_watch_socket
-from p2p_collective._recvpool import ReceiveBufferPool
+from p2p_collective._recvpool import PostedRecv, ReceiveBufferPool
 from p2p_collective._shm import join as _shm_join
 from p2p_collective._shm import offer as _shm_offer
 from p2p_collective._shm_link import ShmLink
@@ -99,6 +99,12 @@ class Link(Protocol):
 
     def recv(self, tensor: torch.Tensor, deadline: float | None) -> None:
         """Receive one message into a flat uint8 tensor (the message may be shorter)."""
+
+    def post_recv(self, tensor: torch.Tensor) -> PostedRecv:
+        """Post a receive of at most 1 MiB now, to be waited for with ``wait_recv``."""
+
+    def wait_recv(self, posted: PostedRecv, deadline: float | None) -> None:
+        """Wait for a receive posted with ``post_recv``."""
 
     def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
         """Call ``fn`` when the peer is declared gone."""
@@ -361,16 +367,6 @@ class GlooLink:
         if waiter is not None and self._inflight is None:
             waiter.join(timeout=1.0)
         self._watcher.forget(self._watch)
-
-
-class PostedRecv:
-    """A receive handed to gloo and not waited for yet (the tensor stays referenced)."""
-
-    __slots__ = ("tensor", "work")
-
-    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
-        self.work: Any = work
-        self.tensor = tensor
 
 
 class _Wait:

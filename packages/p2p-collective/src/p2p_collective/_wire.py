@@ -28,8 +28,8 @@ from p2p_collective._framing import (
 )
 from p2p_collective._framing import patch_seq as _patch_seq
 from p2p_collective._payload import OutFrame, allocate, flat_bytes
-from p2p_collective._recvpool import ReceiveBufferPool
-from p2p_collective._transport import GlooLink, PostedRecv
+from p2p_collective._recvpool import PostedRecv, ReceiveBufferPool
+from p2p_collective._transport import Link
 
 _NO_MAGIC = bytes(4)
 
@@ -58,7 +58,7 @@ class HeaderReceiver:
         self._next = 0
         self._posted: PostedRecv | None = None
 
-    def receive(self, link: GlooLink, deadline: float | None) -> tuple[torch.Tensor, memoryview]:
+    def receive(self, link: Link, deadline: float | None) -> tuple[torch.Tensor, memoryview]:
         """Take the next header message (posted earlier or now); return buffer and view.
 
         The buffer stays valid until the next call of :meth:`prepost`'s successor
@@ -74,7 +74,7 @@ class HeaderReceiver:
             link.wait_recv(posted, deadline)
         return self._bufs[i], self._views[i]
 
-    def prepost(self, link: GlooLink) -> None:
+    def prepost(self, link: Link) -> None:
         """Post the receive of the next operation's header (call after all own receives)."""
         if self._posted is not None:
             return
@@ -116,7 +116,7 @@ def _allocate(make: Callable[[], torch.Tensor], nbytes: int, peer: str) -> torch
 
 
 def read_frame(
-    link: GlooLink,
+    link: Link,
     scratch: torch.Tensor,
     scratch_view: memoryview,
     expected_seq: int,
