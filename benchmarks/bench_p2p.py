@@ -78,7 +78,12 @@ def _peer(rank: int, store_port: int, pg_port: int, args: dict[str, Any], out: A
     opts._threads = 1
     raw_pg: Any = gloo(dist.PrefixStore("raw-standalone", store), rank, 2, opts)  # type: ignore[attr-defined]
     me, peer = ("bench-a", "bench-b") if rank == 0 else ("bench-b", "bench-a")
-    coll = Collective(me, store, timeout=120.0)
+    from p2p_collective import CollectiveConfig
+
+    # Same-node groups take the shared-memory link by default; --transport gloo measures
+    # the transport used between nodes.
+    config = CollectiveConfig(shared_memory=args["transport"] == "shm")
+    coll = Collective(me, store, timeout=120.0, config=config)
     g = coll.create_collective_group([me, peer])
     other = 1 - rank
     results: dict[str, Any] = {"latency": {}, "throughput": {}}
@@ -234,6 +239,9 @@ def _report(res: dict[str, Any], meta: dict[str, Any]) -> str:
         "# p2p-collective vs raw torch.distributed (gloo), loopback",
         "",
         f"Command: `{meta['command']}`  ",
+        f"p2p transport: {meta.get('transport', 'gloo')} (shm: the same-node shared-memory"
+        " link, the default when both peers share a node; gloo: the transport between"
+        " nodes).  ",
         f"Host: {meta['host']}, torch {meta['torch']}; throughput: {meta['rounds']} interleaved"
         " rounds of ~16 MiB chunks per kind, best chunk.",
         "Raw baselines: `dist.send/recv` on a default gloo group (raw_dist) and `send/recv`"
@@ -290,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output dir")
     parser.add_argument("--quick", action="store_true", help="fewer sizes, rounds and chunks")
+    parser.add_argument(
+        "--transport",
+        choices=["shm", "gloo"],
+        default="shm",
+        help="p2p transport: same-node shared memory (default on one node) or gloo",
+    )
     parser.add_argument("--rounds", type=int, default=None, help="rounds per figure")
     parser.add_argument(
         "--max-size-mib", type=int, default=256, help="largest tensor size in MiB (default 256)"
@@ -307,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=120),
     )
-    args = {"quick": ns.quick, "sizes": sizes, "rounds": rounds}
+    args = {"quick": ns.quick, "sizes": sizes, "rounds": rounds, "transport": ns.transport}
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     pg_port = _free_port()
@@ -323,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "rounds": rounds,
         "quick": ns.quick,
+        "transport": ns.transport,
     }
     ns.out.mkdir(parents=True, exist_ok=True)
     (ns.out / "bench_p2p.json").write_text(json.dumps({"meta": meta, "results": res}, indent=2))

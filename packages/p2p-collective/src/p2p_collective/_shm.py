@@ -95,6 +95,9 @@ class Segment:
                 mm.close()
 
 
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
 def _fail(what: str, exc: BaseException, peer: str) -> CollectiveError:
     if isinstance(exc, TimeoutError):
         return CollectiveTimeoutError(f"shared-memory setup with peer {peer!r}: {what} timed out")
@@ -168,6 +171,18 @@ def offer(
                     f"peer {peer!r} neither joined nor refused the shared-memory channel"
                     f" {prefix!r} within {timeout} s"
                 )
+    try:
+        pid, uid, _gid = _PEERCRED.unpack(
+            conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        )
+    except OSError:  # pragma: no cover - SO_PEERCRED exists on every Linux
+        pid, uid = -1, os.getuid()
+    if uid != os.getuid():
+        conn.close()
+        raise CollectiveError(
+            f"shared-memory channel {prefix!r}: process {pid} of user {uid} connected"
+            f" instead of peer {peer!r} (this process runs as user {os.getuid()})"
+        )
     try:
         conn.settimeout(timeout)
         msg, fds, _, _ = socket.recv_fds(conn, _HELLO.size, 1)
