@@ -108,7 +108,13 @@ def encode_small(obj: Any, op: str = "send(obj)") -> SmallObject | None:
     tp = type(obj)
     if isinstance(obj, torch.Tensor):
         return None
-    if (tp in _CONTAINERS or dataclasses.is_dataclass(obj)) and _classify(obj)[0] != Kind.OBJECT:
+    if tp in _SEQUENCES:  # the rules of _classify, without building its answer
+        if obj and all(isinstance(x, torch.Tensor) for x in obj):
+            return None
+    elif tp in _MAPPINGS:
+        if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            return None
+    elif dataclasses.is_dataclass(obj) and _classify(obj)[0] != Kind.OBJECT:
         return None
     try:
         return SmallObject(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
@@ -118,7 +124,8 @@ def encode_small(obj: Any, op: str = "send(obj)") -> SmallObject | None:
         ) from exc
 
 
-_CONTAINERS = (list, tuple, dict, OrderedDict)
+_SEQUENCES = (list, tuple)
+_MAPPINGS = (dict, OrderedDict)
 
 
 def check_tensor(t: torch.Tensor, where: str, op: str) -> None:
