@@ -128,7 +128,9 @@ def test_worker_raising_mid_group_call(cluster: Any) -> None:
     assert ring.ring_round(-1, -1, 4096).wait(timeout=120) == [2, 0, 1]  # all links up
     ring.start_clock().wait(timeout=60)
     t0 = time.monotonic()
-    handle = ring.ring_round(1, -1, 4096)
+    # 1 MiB: a send that completes only once the receiver takes it, over gloo and over
+    # the same-node shared-memory link alike (a few KiB would sit in the socket buffer)
+    handle = ring.ring_round(1, -1, 1 << 20)
     got = outcome(lambda: handle.wait(timeout=120), t0)
     record_time("worker raises mid group call", "GroupCallHandle.wait()", got.error, got.seconds)
     err = got.error
