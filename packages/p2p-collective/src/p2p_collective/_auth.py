@@ -197,6 +197,16 @@ class JobAuth:
                     " refusing to connect"
                 )
 
+    def mac(self, data: bytes) -> bytes | None:
+        """HMAC-SHA256 of ``data`` under the token (None without a token).
+
+        Used where a connection made outside the rendezvous (the shared-memory socket)
+        must prove the token too.
+        """
+        if self._key is None:
+            return None
+        return hmac.new(self._key, data, hashlib.sha256).digest()
+
     def _proof(self, transcript: bytes, who: str) -> str:
         assert self._key is not None
         return hmac.new(self._key, transcript + b"\0" + who.encode(), hashlib.sha256).hexdigest()

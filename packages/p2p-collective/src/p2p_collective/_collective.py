@@ -158,6 +158,7 @@ class Collective:
             self.name,
             self.config.recv_buffer_cache_bytes,
             shared_memory=self.config.shared_memory,
+            mac=self._auth.mac,
         )
         self._closed = False
         self._finalizer = weakref.finalize(

@@ -26,6 +26,7 @@ gloo and the same reason string.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import mmap
 import os
 import secrets
@@ -39,7 +40,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
+from p2p_collective._errors import AuthenticationError, CollectiveError, CollectiveTimeoutError
 
 SLOTS = 4
 """Slots in the ring of one direction (the sender fills one while the receiver drains another)."""
@@ -55,7 +56,7 @@ at least :data:`~p2p_collective._shm_link.SHM_MIN_BYTES` costs no memory."""
 
 _HELLO = struct.Struct("<4sHHIQ")  # magic, version, reserved, slots, slot bytes
 _MAGIC = b"P2PS"
-_VERSION = 1
+_VERSION = 2
 _POLL = 0.02  # seconds between looks at the store while waiting for the sender
 
 
@@ -100,6 +101,11 @@ class Segment:
 
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_MAC_BYTES = 32  # HMAC-SHA256 of the job token over _mac_label (zeros without a token)
+
+
+def _mac_label(prefix: str, name: str) -> bytes:
+    return b"p2p-shm\0" + prefix.encode() + b"\0" + name.encode()
 
 
 def _fail(what: str, exc: BaseException, peer: str) -> CollectiveError:
@@ -135,8 +141,13 @@ def offer(
     peer: str,
     timeout: float | None,
     wait_key: Callable[[str, float | None], bool],
+    *,
+    mac: Callable[[bytes], bytes | None] | None = None,
 ) -> tuple[socket.socket | None, Segment | None, str]:
     """The receiving side of the handshake: ``(socket, segment, "")`` or ``(None, None, why)``.
+
+    With ``mac`` (the job token's HMAC) the connecting process must prove the token:
+    the hello carries ``mac(label)`` for this direction and socket name.
 
     Raises:
         CollectiveTimeoutError: The sending side neither connected nor refused in time.
@@ -190,9 +201,19 @@ def offer(
     try:
         conn.settimeout(timeout)
         msg, fds, _, _ = socket.recv_fds(conn, _HELLO.size, 1)
+        proof = _recv_exact(conn, _MAC_BYTES)
     except OSError as exc:
         conn.close()
         raise _fail("receiving the segment", exc, peer) from exc
+    expected = None if mac is None else mac(_mac_label(prefix, name))
+    if expected is not None and not hmac.compare_digest(expected, proof):
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        raise AuthenticationError(
+            f"shared-memory channel {prefix!r}: the process that connected instead of peer"
+            f" {peer!r} does not hold this job's token; refusing it"
+        )
     try:
         if len(msg) != _HELLO.size or len(fds) != 1:
             raise ConnectionError(f"bad hello ({len(msg)} bytes, {len(fds)} descriptors)")
@@ -223,8 +244,12 @@ def join(
     peer: str,
     timeout: float | None,
     wait_key: Callable[[str, float | None], bool],
+    *,
+    mac: Callable[[bytes], bytes | None] | None = None,
 ) -> tuple[socket.socket | None, Segment | None, str]:
     """The sending side of the handshake: ``(socket, segment, "")`` or ``(None, None, why)``.
+
+    With ``mac`` the hello carries the job token's proof for this direction and name.
 
     Raises:
         CollectiveTimeoutError: The receiving side did not publish its offer in time.
@@ -267,6 +292,8 @@ def join(
             )
         try:
             socket.send_fds(sock, [_HELLO.pack(_MAGIC, _VERSION, 0, SLOTS, SLOT_BYTES)], [fd])
+            proof = None if mac is None else mac(_mac_label(prefix, name))
+            sock.sendall(proof if proof is not None else bytes(_MAC_BYTES))
             answer = _recv_text(sock)
         except OSError as exc:
             sock.close()

@@ -121,10 +121,17 @@ class LinkFactory:
     """
 
     def __init__(
-        self, host: str, name: str, recv_cache_bytes: int, *, shared_memory: bool = True
+        self,
+        host: str,
+        name: str,
+        recv_cache_bytes: int,
+        *,
+        shared_memory: bool = True,
+        mac: Callable[[bytes], bytes | None] | None = None,
     ) -> None:
         self.host = host
         self.shared_memory = shared_memory
+        self.mac = mac  # the job token's HMAC, for the shared-memory hello (None: no token)
         self.watcher = Watcher(name)
         self.recv_pool = ReceiveBufferPool(recv_cache_bytes)
         self._lock = threading.Lock()
@@ -175,7 +182,7 @@ class LinkFactory:
         handshake = _shm_offer if receiving else _shm_join
         try:
             sock, segment, why = handshake(
-                store, prefix, self.shared_memory, peer, timeout, wait_key
+                store, prefix, self.shared_memory, peer, timeout, wait_key, mac=self.mac
             )
         except BaseException as exc:
             link.close()
