@@ -105,27 +105,43 @@ def encode_small(obj: Any, op: str = "send(obj)") -> SmallObject | None:
     Raises:
         ValueError: The object cannot be pickled.
     """
-    tp = type(obj)
-    if isinstance(obj, torch.Tensor):
-        return None
-    if tp in _SEQUENCES:  # the rules of _classify, without building its answer
-        if obj and all(isinstance(x, torch.Tensor) for x in obj):
-            return None
-    elif tp in _MAPPINGS:
-        if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-            return None
-    elif dataclasses.is_dataclass(obj) and _classify(obj)[0] != Kind.OBJECT:
+    if _kind(obj) != Kind.OBJECT:
         return None
     try:
         return SmallObject(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception as exc:
         raise ValueError(
-            f"{op}: the payload (type {tp.__name__}) cannot be pickled: {exc}"
+            f"{op}: the payload (type {type(obj).__name__}) cannot be pickled: {exc}"
         ) from exc
 
 
 _SEQUENCES = (list, tuple)
 _MAPPINGS = (dict, OrderedDict)
+
+
+def _tensor_fields(obj: Any) -> list[str]:
+    """Names of a dataclass instance's fields that hold tensors."""
+    return [
+        f.name
+        for f in dataclasses.fields(obj)
+        if isinstance(getattr(obj, f.name, None), torch.Tensor)
+    ]
+
+
+def _kind(obj: Any) -> int:
+    """The payload kind of ``obj``: the rules :func:`_classify` builds its answer on."""
+    if isinstance(obj, torch.Tensor):
+        return Kind.TENSOR
+    tp = type(obj)
+    if tp in _SEQUENCES:
+        if obj and all(isinstance(x, torch.Tensor) for x in obj):
+            return Kind.LIST if tp is list else Kind.TUPLE
+    elif tp in _MAPPINGS:
+        if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            return Kind.DICT
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type) and _tensor_fields(obj):
+        return Kind.DATACLASS
+    return Kind.OBJECT
 
 
 def check_tensor(t: torch.Tensor, where: str, op: str) -> None:
@@ -166,45 +182,32 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def _classify(obj: Any) -> tuple[int, int, list[Any], list[str], list[str] | None, Any]:
     """Return kind, flags, tensors, their position names, names section, object part."""
-    if isinstance(obj, torch.Tensor):
+    kind = _kind(obj)
+    if kind == Kind.TENSOR:
         return Kind.TENSOR, 0, [obj], ["payload"], None, _NO_OBJECT
-    tp = type(obj)
-    if tp in (list, tuple) and obj and all(isinstance(x, torch.Tensor) for x in obj):
-        kind = Kind.LIST if tp is list else Kind.TUPLE
-        return (
-            kind,
-            0,
-            list(obj),
-            [f"payload[{i}]" for i in range(len(obj))],
-            None,
-            _NO_OBJECT,
-        )
-    if tp in (dict, OrderedDict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        flags = Flag.ORDERED if tp is OrderedDict else 0
+    if kind in (Kind.LIST, Kind.TUPLE):
+        return kind, 0, list(obj), [f"payload[{i}]" for i in range(len(obj))], None, _NO_OBJECT
+    if kind == Kind.DICT:
+        flags = Flag.ORDERED if type(obj) is OrderedDict else 0
         keys = list(obj.keys())
         where = [f"payload[{k!r}]" for k in keys]
         if all(type(k) is str for k in keys):
             return Kind.DICT, flags | Flag.NAMES, list(obj.values()), where, keys, _NO_OBJECT
         return Kind.DICT, flags, list(obj.values()), where, None, keys
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        names = [
-            f.name
-            for f in dataclasses.fields(obj)
-            if isinstance(getattr(obj, f.name, None), torch.Tensor)
-        ]
-        if names:
-            skeleton = copy.copy(obj)
-            for name in names:
-                object.__setattr__(skeleton, name, None)
-            tensors = [getattr(obj, n) for n in names]
-            return (
-                Kind.DATACLASS,
-                Flag.NAMES,
-                tensors,
-                [f"payload.{n}" for n in names],
-                names,
-                skeleton,
-            )
+    if kind == Kind.DATACLASS:
+        names = _tensor_fields(obj)
+        skeleton = copy.copy(obj)
+        for name in names:
+            object.__setattr__(skeleton, name, None)
+        tensors = [getattr(obj, n) for n in names]
+        return (
+            Kind.DATACLASS,
+            Flag.NAMES,
+            tensors,
+            [f"payload.{n}" for n in names],
+            names,
+            skeleton,
+        )
     return Kind.OBJECT, 0, [], [], None, obj
 
 
