@@ -73,8 +73,9 @@ class _Op:
 class Direction:
     """Ordered executor of one direction's operations."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_break: Callable[[BaseException], None] | None = None) -> None:
         self.name = name
+        self.on_break = on_break  # called (executing thread) when an operation breaks it
         self.stats = DirectionStats()
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[_Op] = deque()
@@ -241,6 +242,8 @@ class Direction:
                 with self._cond:
                     failed = self._break_locked(exc)
                 _fail_all(failed)
+                if self.on_break is not None:
+                    self.on_break(exc)
             return result, error
         finally:
             stats = self.stats

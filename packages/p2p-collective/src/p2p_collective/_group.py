@@ -60,7 +60,11 @@ class _Side:
         self.role = role
         src, dst = (group.rank, 1 - group.rank) if role == "send" else (1 - group.rank, group.rank)
         self.direction_key = f"{src}to{dst}"
-        self.direction = Direction(f"p2p[{group.name}].{role}")
+        # A receive that finds the stream out of step (FramingError) also hangs up the
+        # link, so the peer's pending send fails at once instead of at its deadline.
+        self.direction = Direction(
+            f"p2p[{group.name}].{role}", self._hang_up if role == "recv" else None
+        )
         self.link: GlooLink | None = None
         self.store: StoreLike | None = None
         self.seq = 0
@@ -114,6 +118,10 @@ class _Side:
         )
         self.link.set_on_gone(self.direction.abort)
         return self.link
+
+    def _hang_up(self, exc: BaseException) -> None:
+        if isinstance(exc, FramingError):
+            self.close()
 
     def close(self) -> None:
         self.headers.discard()
@@ -316,7 +324,7 @@ class CollectiveGroup:
         """
         deadline = self._deadline(timeout)
         return self._recv.direction.submit(
-            self._hang_up_on_framing_error(self._do_recv),
+            self._do_recv,
             label="recv()",
             deadline=deadline,
             async_op=async_op,
@@ -395,7 +403,7 @@ class CollectiveGroup:
         flat = self._raw_view(tensor, "recv_tensor(tensor)")
         deadline = self._deadline(timeout)
         return self._recv.direction.submit(
-            self._hang_up_on_framing_error(lambda dl: self._do_recv_tensor(tensor, flat, dl)),
+            lambda dl: self._do_recv_tensor(tensor, flat, dl),
             label="recv_tensor()",
             deadline=deadline,
             async_op=async_op,
@@ -409,22 +417,6 @@ class CollectiveGroup:
         return flat_bytes(tensor)
 
     # -- operations (run by the direction, one at a time, in order) -----------------------
-
-    def _hang_up_on_framing_error(self, run: Callable[[float | None], Any]) -> Callable[..., Any]:
-        """Wrap a receiving operation: on a FramingError, close the receive link too.
-
-        The stream is out of step and the direction breaks; closing its link makes the
-        peer's pending send fail at once (end-of-file) instead of at its deadline.
-        """
-
-        def op(deadline: float | None) -> Any:
-            try:
-                return run(deadline)
-            except FramingError:
-                self._recv.close()
-                raise
-
-        return op
 
     def _do_send(self, out: Outgoing, deadline: float | None) -> None:
         side = self._send
