@@ -50,20 +50,24 @@ class HeaderReceiver:
     """
 
     def __init__(self) -> None:
-        self._bufs = (
-            torch.zeros(HEADER_MAX, dtype=torch.uint8),
-            torch.zeros(HEADER_MAX, dtype=torch.uint8),
-        )
-        self._views = (self._bufs[0].numpy().data, self._bufs[1].numpy().data)
+        # Allocated at the first receive: a group's sending side never needs them.
+        self._bufs: tuple[torch.Tensor, ...] = ()
+        self._views: tuple[memoryview, ...] = ()
         self._next = 0
         self._posted: PostedRecv | None = None
+
+    def _allocate(self) -> None:
+        self._bufs = tuple(torch.zeros(HEADER_MAX, dtype=torch.uint8) for _ in range(2))
+        self._views = tuple(b.numpy().data for b in self._bufs)
 
     def receive(self, link: Link, deadline: float | None) -> tuple[torch.Tensor, memoryview]:
         """Take the next header message (posted earlier or now); return buffer and view.
 
-        The buffer stays valid until the next call of :meth:`prepost`'s successor
-        receive, i.e. for the rest of the operation that took it.
+        The buffer is not reused before the next :meth:`receive`, so it stays valid for
+        the rest of the operation that took it.
         """
+        if not self._bufs:
+            self._allocate()
         i = self._next
         self._next = 1 - i
         posted, self._posted = self._posted, None
