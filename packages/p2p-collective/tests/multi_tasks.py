@@ -14,21 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from conftest import make_store
 
 from p2p_collective import Collective, MultiCollectiveGroup, create_multi_group
 
 N = 4
 NAMES = [f"m{r}" for r in range(N)]
-
-
-def make_store() -> dist.TCPStore:
-    return dist.TCPStore(
-        "127.0.0.1",
-        0,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=60),
-    )
 
 
 class Ctx:
