@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -46,6 +49,29 @@ def install_stack(session: nox.Session, top: str, *extra: str) -> None:
     install(session, *args, *extra)
 
 
+PRUNE_ENV = "P2P_NOX_PRUNE_VENVS"
+
+
+def pruned(func: Callable[..., None]) -> Callable[..., None]:
+    """Delete the session's virtualenv when the session ends, if ``P2P_NOX_PRUNE_VENVS=1``.
+
+    Each session's venv holds its own torch (about 1 GB). The ci session sets the variable so
+    that a full run needs disk for one venv at a time instead of a dozen (about 12 GB).
+    """
+
+    @functools.wraps(func)
+    def run(session: nox.Session, *args: Any, **kwargs: Any) -> None:
+        try:
+            func(session, *args, **kwargs)
+        finally:
+            location = getattr(session.virtualenv, "location", None)
+            if os.environ.get(PRUNE_ENV) == "1" and location and Path(location).is_dir():
+                shutil.rmtree(location, ignore_errors=True)
+                session.log(f"removed {location} ({PRUNE_ENV}=1)")
+
+    return run
+
+
 def short_tmp_env() -> dict[str, str]:
     """Environment for sessions that start Ray: loopback only, short socket paths."""
     tmp = "/tmp/p2pray"
@@ -60,6 +86,7 @@ def short_tmp_env() -> dict[str, str]:
 
 
 @nox.session
+@pruned
 def lint(session: nox.Session) -> None:
     """Ruff (check and format), import-linter layer contracts, module size and privacy checks."""
     install(session, "ruff", "import-linter")
@@ -72,6 +99,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 @nox.parametrize("package", list(PACKAGES))
+@pruned
 def typecheck(session: nox.Session, package: str) -> None:
     """mypy --strict on one package, in an env holding only it and what it declares."""
     install_stack(session, package, "mypy")
@@ -85,6 +113,7 @@ def typecheck(session: nox.Session, package: str) -> None:
 
 @nox.session
 @nox.parametrize("package", list(PACKAGES))
+@pruned
 def tests(session: nox.Session, package: str) -> None:
     """A package's unit tests in an env holding only it and what it declares."""
     install_stack(session, package, *TEST_TOOLS)
@@ -98,6 +127,7 @@ def tests(session: nox.Session, package: str) -> None:
 
 @nox.session
 @nox.parametrize("device", ["cpu", "cuda"])
+@pruned
 def integration(session: nox.Session, device: str) -> None:
     """All packages together: multi-process and Ray tests (cpu), or the GPU matrix (cuda)."""
     install_stack(session, "worker", *TEST_TOOLS)
@@ -151,6 +181,7 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+@pruned
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site with warnings as errors."""
     install_stack(session, "worker", "sphinx", "furo")
@@ -163,6 +194,8 @@ def docs(session: nox.Session) -> None:
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
     """What .ci/run runs: lint, typecheck, unit tests, CPU integration tests and docs."""
+    # One venv on disk at a time (see pruned); P2P_NOX_PRUNE_VENVS=0 keeps them for reuse.
+    os.environ.setdefault(PRUNE_ENV, "1")
     # notify() takes one session per name, so every parametrization is named explicitly.
     names = ["lint"]
     names += [f"typecheck(package='{p}')" for p in PACKAGES]
