@@ -290,7 +290,7 @@ def test_header_checks() -> None:
     bad[6] = Flag.EXT | Flag.INLINE
     with pytest.raises(FramingError, match="flags"):
         parse_fixed(memoryview(bad), 4, "p")
-    assert FIXED.size == 40
+    assert FIXED.size == 56
 
 
 @dataclasses.dataclass

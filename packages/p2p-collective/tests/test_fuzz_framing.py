@@ -163,7 +163,18 @@ def frames(draw: st.DrawFn, consistent: bool = True) -> tuple[bytes, list[bytes]
     flags |= {"plain": 0, "ext": fr.Flag.EXT, "inline": fr.Flag.INLINE}[mode]
     flags |= draw(st.sampled_from([0, 0, 0, fr.Flag.ORDERED, 0x40, 0x8000]))
     fixed = fr.FIXED.pack(
-        fr.MAGIC, fr.FRAME_VERSION, kind, flags, SEQ, len(made), len(meta), len(obj), wire_total
+        fr.MAGIC,
+        fr.FRAME_VERSION,
+        kind,
+        flags,
+        SEQ,
+        len(made),
+        len(meta),
+        len(obj),
+        wire_total,
+        0,
+        0,
+        0,
     )
     if mode == "ext":
         return fixed, [meta + obj, *payloads]
@@ -276,6 +287,9 @@ def _frame_with(**fields: int) -> tuple[bytes, list[bytes]]:
         values["meta_len"],
         values["obj_len"],
         values["wire_total"],
+        0,
+        0,
+        0,
     )
     return fixed, [b"abc"]
 
@@ -285,7 +299,7 @@ def _huge_tensor_frame(nbytes: int) -> tuple[bytes, list[bytes]]:
     entry = ENTRY.pack(fr.DTYPE_TO_CODE[torch.uint8], 1, 0, 0, 0, nbytes, nbytes)
     meta = entry + struct.pack("<q", nbytes)
     fixed = fr.FIXED.pack(
-        fr.MAGIC, fr.FRAME_VERSION, int(fr.Kind.TENSOR), 0, SEQ, 1, len(meta), 0, nbytes
+        fr.MAGIC, fr.FRAME_VERSION, int(fr.Kind.TENSOR), 0, SEQ, 1, len(meta), 0, nbytes, 0, 0, 0
     )
     return fixed + meta, []
 

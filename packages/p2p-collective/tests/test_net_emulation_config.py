@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -14,7 +15,7 @@ from p2p_collective import (
     NetEmulationConfig,
     parse_net_emulation,
 )
-from p2p_collective._emulation import EMULATED_WINDOW_BYTES, LinkPacer
+from p2p_collective._emulation import EMULATED_WINDOW_BYTES, ArrivalGate, LinkPacer, clock_id
 
 
 def test_defaults_and_the_original_keys() -> None:
@@ -97,38 +98,80 @@ def test_pacer_only_for_emulated_links() -> None:
 
 
 def test_virtual_clock_streams_at_the_bandwidth_and_adds_the_delay_once() -> None:
-    # 80 Mbit/s: 100_000 bytes take 10 ms; 200 ms delay. Paying the delay per message
-    # would take over a second; streaming takes 5 * 10 ms + 200 ms.
-    pacer = LinkPacer(LinkEmulation(bandwidth_mbps=80.0, delay_ms=200.0), "a -> b")
+    # 80 Mbit/s: 100_000 bytes take 10 ms; 200 ms delay. Five frames ready at once go back
+    # to back: the last arrives after 5 * 10 ms + 200 ms, not five delays.
+    pacer = LinkPacer(
+        LinkEmulation(bandwidth_mbps=80.0, delay_ms=200.0), "a -> b", window_bytes=100_000
+    )
     ready = time.monotonic()
-    for _ in range(5):  # five messages ready at once: back to back, one delay
-        pacer.pace(100_000, ready, None)
-    elapsed = time.monotonic() - ready
-    assert 0.25 - 0.002 <= elapsed < 0.7
-    # a lone message later: bytes / bandwidth + delay
+    arrivals = []
+    for _ in range(5):
+        _, arrive_ns, _ = pacer.release([100_000], ready, None)
+        arrivals.append(arrive_ns * 1e-9)
+    # frame k arrives (k + 1) * 10 ms + 200 ms after ready; the sender was held until at
+    # most 100_000 bytes (one frame) of the backlog remained: 40 ms
+    assert [a - ready for a in arrivals] == pytest.approx([0.21, 0.22, 0.23, 0.24, 0.25], abs=1e-3)
+    assert 0.04 - 0.002 <= time.monotonic() - ready < 0.5
+    # a lone frame once the link is idle: bytes / bandwidth + delay, sender not held
+    time.sleep(max(ready + 0.05 - time.monotonic(), 0.0) + 0.005)
     t0 = time.monotonic()
-    pacer.pace(100_000, t0, None)
-    assert 0.21 - 0.002 <= time.monotonic() - t0 < 0.7
+    slept, arrive_ns, hold_us = pacer.release([100_000], t0, None)
+    assert slept == 0.0
+    assert arrive_ns * 1e-9 - t0 == pytest.approx(0.21, abs=1e-3)
+    assert hold_us * 1e-6 == pytest.approx(0.21, abs=2e-3)
+    assert pacer.byte_ps == 100_000  # 8 bit / 80 Mbit/s = 100 ns per byte
 
 
 def test_credit_is_bounded_by_the_window() -> None:
     pacer = LinkPacer(LinkEmulation(bandwidth_mbps=8.0, delay_ms=0.0), "a -> b", window_bytes=1000)
     ready = time.monotonic() - 10.0  # ready long ago, as if the transport had been held up
     t0 = time.monotonic()
-    # 1000 bytes of credit (1 ms); the second message must be paced: 2000 bytes = 2 ms
-    pacer.pace(1000, ready, None)
-    pacer.pace(2000, ready, None)
-    assert time.monotonic() - t0 >= 0.0015
+    # 1000 bytes of credit (1 ms): the first frame's 1000 bytes have "arrived" already; the
+    # second's 2000 bytes take 2 ms more, of which the sender waits 1 ms (its window)
+    _, first, _ = pacer.release([1000], ready, None)
+    assert first * 1e-9 <= t0 + 1e-4
+    _, second, _ = pacer.release([2000], ready, None)
+    assert second * 1e-9 - t0 == pytest.approx(0.002, abs=5e-4)
+    assert time.monotonic() - t0 >= 0.0008
     assert EMULATED_WINDOW_BYTES == 4 * 1024 * 1024
 
 
 def test_pacing_past_the_deadline_times_out_and_close_wakes_the_sender() -> None:
-    pacer = LinkPacer(LinkEmulation(bandwidth_mbps=8.0, delay_ms=0.0), "a -> b")
+    pacer = LinkPacer(LinkEmulation(bandwidth_mbps=8.0, delay_ms=0.0), "a -> b", window_bytes=0)
     t0 = time.monotonic()
     with pytest.raises(CollectiveTimeoutError, match="a -> b"):
-        pacer.pace(1_000_000, t0, t0 + 0.05)  # needs 1 s
+        pacer.release([1_000_000], t0, t0 + 0.05)  # needs 1 s
     assert time.monotonic() - t0 < 0.5
-    pacer2 = LinkPacer(LinkEmulation(bandwidth_mbps=8.0, delay_ms=0.0), "a -> b")
+    pacer2 = LinkPacer(LinkEmulation(bandwidth_mbps=8.0, delay_ms=0.0), "a -> b", window_bytes=0)
     pacer2.close()
     with pytest.raises(GroupClosedError):
-        pacer2.pace(1_000_000, time.monotonic(), None)
+        pacer2.release([1_000_000], time.monotonic(), None)
+
+
+def test_arrival_gate_holds_until_the_arrival_on_either_clock() -> None:
+    gate = ArrivalGate("b <- a")
+    assert gate.arrival(0, 0, time.monotonic()) is None  # not an emulated frame
+    now = time.monotonic()
+    # another kernel's clock: counted from when this side received the header
+    assert gate.arrival(123, 50_000, now) == pytest.approx(now + 0.05)
+    gate.shared_clock = True  # same kernel: the sender's instant as it is
+    assert gate.arrival(int((now + 0.05) * 1e9), 999_999, now) == pytest.approx(now + 0.05)
+    held = gate.wait(now + 0.05, None)
+    assert time.monotonic() >= now + 0.05
+    assert 0.0 < held <= 0.05 + 0.01
+    assert gate.wait(now, None) == 0.0  # passed: no hold
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match="b <- a"):
+        gate.wait(t0 + 10, t0 + 0.05)
+    assert time.monotonic() - t0 < 0.5
+    gate.close()
+    with pytest.raises(GroupClosedError):
+        gate.wait(time.monotonic() + 10, None)
+
+
+def test_clock_id_names_this_kernel() -> None:
+    cid = clock_id()
+    assert cid == clock_id()
+    if sys.platform == "linux":
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            assert cid == "boot:" + f.read().strip()

@@ -20,7 +20,7 @@ from p2p_collective._compression import (
     wire_fingerprint,
 )
 from p2p_collective._decoding import check_entries
-from p2p_collective._framing import parse_fixed, parse_meta
+from p2p_collective._framing import FIXED, parse_fixed, parse_meta
 from p2p_collective._jobs import Job
 from p2p_collective._payload import encode
 from p2p_compress import TensorBufferPoolConfig, parse_tensor_compression
@@ -46,7 +46,7 @@ def test_a_compressed_frame_parses_back_to_its_patched_metadata() -> None:
     assert packed.reasons == ["", "not_smaller", "excluded_dtype", "below_min_bytes"]
     frame = packed.frame
     hdr = parse_fixed(frame.view, 0, "test")
-    metas, names = parse_meta(frame.view[40 : 40 + hdr.meta_len], hdr, "test")
+    metas, names = parse_meta(frame.view[FIXED.size : FIXED.size + hdr.meta_len], hdr, "test")
     assert metas == frame.metas
     assert names == list(payload)
     assert metas[0].codec_id == 2

@@ -358,10 +358,42 @@ def t_timed_send(
 def t_timed_recv(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int) -> dict[str, Any]:
     g = group(ctx, tag, cluster)
     assert g.recv(timeout=60) == "warm-up"
+    before = g.stats()["recv"]
     works = [g.recv(async_op=True, timeout=120) for _ in range(n)]
     ctx.barrier(tag + "/go")
     got = [w.wait(timeout=120) for w in works]
     t1 = time.monotonic()
+    held = g.stats()["recv"]["emulated_seconds"] - before["emulated_seconds"]
     g.send("done")
     close(tag)
-    return {"t1": t1, "got": got}
+    return {"t1": t1, "got": got, "emulated_seconds": held}
+
+
+def t_send_then_wait(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int) -> float:
+    """Send ``n`` small objects at once; return how long the sends took."""
+    g = group(ctx, tag, cluster)
+    g.send("warm-up", timeout=60)
+    ctx.barrier(tag + "/go")
+    t0 = time.monotonic()
+    for i in range(n):
+        g.send(i, timeout=60)
+    took = time.monotonic() - t0
+    assert g.recv(timeout=60) == "done"
+    close(tag)
+    return took
+
+
+def t_late_recv(
+    ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int, late: float
+) -> dict[str, Any]:
+    """Receive ``n`` objects only ``late`` seconds after the sender sent them."""
+    g = group(ctx, tag, cluster)
+    assert g.recv(timeout=60) == "warm-up"
+    ctx.barrier(tag + "/go")
+    time.sleep(late)
+    t0 = time.monotonic()
+    got = [g.recv(timeout=60) for _ in range(n)]
+    took = time.monotonic() - t0
+    g.send("done")
+    close(tag)
+    return {"got": got, "took": took}

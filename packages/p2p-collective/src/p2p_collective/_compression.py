@@ -44,6 +44,7 @@ from p2p_collective._framing import (
     FIXED,
     TensorMeta,
     entry_size,
+    patch_arrival,
     patch_entry_codec,
     patch_wire_total,
 )
@@ -374,7 +375,8 @@ def transmit(
 ) -> int:
     """Put a packed frame on the wire, message by message; return the message count.
 
-    Each message is paced first (when the link is emulated) by its real wire size; each
+    On an emulated link the frame is scheduled first by its real wire size (the sender
+    waits for its turn; the header then tells the receiver when the frame arrives); each
     compressed payload's buffer goes back to the pool once its send completed. On a
     failure the buffers not yet sent are discarded, not cached: the transport may still
     hold them.
@@ -391,13 +393,13 @@ def transmit(
         return len(headers) + len(payloads)
     paced = 0.0
     try:
+        if pacer is not None:
+            sizes = [int(m.numel()) for m in headers] + [int(m.numel()) for m in payloads]
+            paced, arrive_ns, hold_us = pacer.release(sizes, packed.ready, deadline)
+            patch_arrival(frame.view, arrive_ns, hold_us, pacer.byte_ps)
         for msg in headers:
-            if pacer is not None:
-                paced += pacer.pace(msg.numel(), packed.ready, deadline)
             send(msg, deadline)
         for j, msg in enumerate(payloads):
-            if pacer is not None:
-                paced += pacer.pace(msg.numel(), packed.ready, deadline)
             send(msg, deadline)
             if plan is not None:
                 plan.release_entry(j)  # this payload's send completed

@@ -1,19 +1,24 @@
-"""Link emulation: ``cluster.net_emulation`` and the sender-side pacer of a directed link.
+"""Link emulation: ``cluster.net_emulation``, the sender's virtual clock, the receiver's gate.
 
 A directed link is one direction of one group: (sender name, receiver name). Each has
 a bandwidth (Mbit/s, 10**6 bit/s) and a one-way delay (ms), from the section's defaults
 or from the first ``links`` override whose ``src`` / ``dst`` patterns match the two
-names. The sending thread paces itself with a virtual clock per link
-(:class:`LinkPacer`); nothing is exchanged with the peer per message.
+names. Nothing is exchanged with the peer per message beyond the frame itself.
 
-Virtual clock, per link: a message of ``b`` wire bytes, ready at time ``r``, starts on
-the emulated link at ``s = max(r, free_at, now - delay - window)``, occupies it until
-``free_at = s + 8 b / bandwidth`` and arrives at ``free_at + delay``; the sender puts it
-on the real wire at that arrival time. So a lone message takes ``b / bandwidth + delay``,
-back-to-back messages stream at the full bandwidth (each delay overlaps the next
-message's transmission), and ``window`` bounds the credit a sender can build up while
-its real transport was blocked (for instance on a receiver that posted late), the way
-a receive window bounds what a real link buffers.
+Sender (:class:`LinkPacer`), per link: a frame of ``b`` wire bytes, ready at time ``r``,
+starts on the emulated link at ``s = max(r, free_at, now - delay - window)`` and
+occupies it until ``free_at = s + 8 b / bandwidth``; its header arrives at ``s + 8 h /
+bandwidth + delay`` (``h``: the header message's bytes). The sender waits only until at
+most ``window`` bytes of the backlog remain (``free_at - window``), as a real sender
+waits until its bytes fit the socket buffers, then writes the header's arrival time into
+the header and sends the whole frame. So a lone message arrives ``b / bandwidth +
+delay`` after it was ready, back-to-back messages stream at the full bandwidth (each
+delay overlaps the next message's transmission), and ``window`` also bounds the credit a
+sender can build up while its real transport was blocked.
+
+Receiver (:class:`ArrivalGate`): holds each message of such a frame until its emulated
+arrival (header arrival plus the bytes after the header at the link's byte time) before
+the frame is decoded or returned.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import fnmatch
 import math
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +37,8 @@ from p2p_collective._validate import fail as _fail
 from p2p_collective._validate import mapping as _mapping
 
 EMULATED_WINDOW_BYTES = 4 * 1024 * 1024
-"""Most bytes an emulated link lets through at once after its sender was held up."""
+"""Bytes a sender may have in flight on an emulated link before a send blocks (a socket
+buffer's worth); also the most it lets through at once after its sender was held up."""
 
 _SECTION_KEYS = ("enabled", "bandwidth_mbps", "delay_ms", "links")
 _LINK_KEYS = ("src", "dst", "bandwidth_mbps", "delay_ms")
@@ -210,13 +217,60 @@ def parse_net_emulation(
     return NetEmulationConfig(bandwidth, delay, tuple(links)) if enabled else None
 
 
+def clock_id() -> str:
+    """Names this process's ``CLOCK_MONOTONIC``: the kernel's boot id on Linux.
+
+    Two processes with the same id read the same monotonic clock, so a time one of them
+    writes into a frame means the same instant to the other. Elsewhere the id is unique
+    to the process and receivers fall back to the relative hold.
+    """
+    global _CLOCK_ID
+    if _CLOCK_ID is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+                _CLOCK_ID = "boot:" + f.read().strip()
+        except OSError:
+            _CLOCK_ID = "process:" + uuid.uuid4().hex
+    return _CLOCK_ID
+
+
+_CLOCK_ID: str | None = None
+
+
+def _hold(closed: threading.Event, until: float, deadline: float | None, what: str) -> float:
+    """Sleep until ``until`` (monotonic) unless closed; fail at ``deadline`` if it is earlier.
+
+    Returns:
+        Seconds slept (0 when ``until`` has passed).
+    """
+    now = time.monotonic()
+    if until <= now:
+        return 0.0
+    late = deadline is not None and until > deadline
+    end = deadline if late and deadline is not None else until
+    if closed.wait(max(end - now, 0.0)):
+        raise GroupClosedError(f"{what}: the group was closed")
+    slept = time.monotonic() - now
+    if late:
+        raise CollectiveTimeoutError(f"{what}: the emulated link delivers after the deadline")
+    return slept
+
+
 class LinkPacer:
     """The virtual clock of one emulated directed link, used by its sending thread only.
+
+    A frame (all its messages) is scheduled at once: it starts on the emulated link at
+    ``max(ready, free_at, now - credit)`` and occupies it for ``8 * bytes / bandwidth``.
+    The sender is released, as a real sender is once its bytes fit the socket buffers,
+    when at most ``window_bytes`` of the link's backlog remain; the header then carries
+    the emulated arrival so that the receiver (:class:`ArrivalGate`) holds each message
+    until it would have crossed the link.
 
     Args:
         link: The link's bandwidth and delay.
         name: The link, for error messages.
-        window_bytes: Bound on the credit built up while the real transport was held up.
+        window_bytes: Emulated bytes in flight before a send blocks; also bounds the
+            credit built up while the real transport was held up.
     """
 
     def __init__(
@@ -227,8 +281,11 @@ class LinkPacer:
         self.delay_ms = link.delay_ms
         mbps = link.bandwidth_mbps
         self._byte_s = 0.0 if mbps is None else 8.0 / (mbps * 1e6)
+        self.byte_ps = round(self._byte_s * 1e12)
+        """Picoseconds per byte, as the frame header carries it (0: unlimited)."""
         self._delay_s = link.delay_ms / 1000.0
-        self._credit_s = self._delay_s + window_bytes * self._byte_s
+        self._window_s = window_bytes * self._byte_s
+        self._credit_s = self._delay_s + self._window_s
         self._free_at = 0.0
         self._closed = threading.Event()
         self.slept_seconds = 0.0
@@ -247,41 +304,36 @@ class LinkPacer:
         """What ``nbytes`` take on this link alone: ``8 * nbytes / bandwidth + delay``."""
         return nbytes * self._byte_s + self._delay_s
 
-    def pace(self, nbytes: int, ready: float, deadline: float | None) -> float:
-        """Wait until a message of ``nbytes`` wire bytes has crossed the emulated link.
+    def release(
+        self, sizes: Sequence[int], ready: float, deadline: float | None
+    ) -> tuple[float, int, int]:
+        """Schedule a frame's messages on the link; wait until the sender may send them.
 
         Args:
-            nbytes: Bytes of the message as it goes on the wire.
-            ready: ``time.monotonic()`` at which the message was ready to go.
+            sizes: Wire bytes of each message of the frame, header message first.
+            ready: ``time.monotonic()`` at which the frame was ready to go.
             deadline: ``time.monotonic()`` deadline of the operation, or None.
 
         Returns:
-            Seconds waited.
+            ``(seconds waited, arrive_ns, hold_us)``: the header message's emulated
+            arrival in ns of ``CLOCK_MONOTONIC`` and in microseconds from now, for
+            :func:`~p2p_collective._framing.patch_arrival`.
 
         Raises:
-            CollectiveTimeoutError: The emulated arrival falls after ``deadline`` (the
-                pacer waits until the deadline first).
+            CollectiveTimeoutError: The sender would be released after ``deadline``
+                (the pacer waits until the deadline first).
             GroupClosedError: :meth:`close` was called.
         """
         now = time.monotonic()
         start = max(ready, self._free_at, now - self._credit_s)
-        self._free_at = start + nbytes * self._byte_s
-        arrive = self._free_at + self._delay_s
-        wait = arrive - now
-        if wait <= 0:
-            return 0.0
-        late = deadline is not None and arrive > deadline
-        until = deadline if late and deadline is not None else arrive
-        if self._closed.wait(max(until - now, 0.0)):
-            raise GroupClosedError(f"emulated link {self.name}: closed while pacing a send")
-        slept = time.monotonic() - now
+        first = start + sizes[0] * self._byte_s + self._delay_s
+        self._free_at = start + sum(sizes) * self._byte_s
+        slept = _hold(
+            self._closed, self._free_at - self._window_s, deadline, f"emulated link {self.name}"
+        )
         self.slept_seconds += slept
-        if late:
-            raise CollectiveTimeoutError(
-                f"emulated link {self.name}: {nbytes} bytes at {self.bandwidth_mbps} Mbit/s"
-                f" and {self.delay_ms} ms delay arrive after the operation's deadline"
-            )
-        return slept
+        hold = first - time.monotonic()
+        return slept, max(int(first * 1e9), 1), max(math.ceil(hold * 1e6), 0)
 
     def close(self) -> None:
         """Wake a pacing sender; it fails with :class:`GroupClosedError`."""
@@ -291,3 +343,45 @@ class LinkPacer:
         return (
             f"<LinkPacer {self.name} bandwidth_mbps={self.bandwidth_mbps} delay_ms={self.delay_ms}>"
         )
+
+
+class ArrivalGate:
+    """The receiving end of emulated links: holds each message until it would arrive.
+
+    One per receiving direction. A frame whose header carries an emulated arrival
+    (``arrive_ns`` != 0) is delivered no earlier than that: message ``i`` of the frame is
+    held until ``arrival + bytes after the header * byte time``. With a sender on the
+    same kernel (:func:`clock_id`) the arrival is an instant of the shared monotonic
+    clock, so a frame that waited in a buffer while this side was busy is not held again;
+    otherwise it is counted from when the header was received.
+
+    Args:
+        name: The direction, for error messages.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.shared_clock = False
+        """Whether the sender reads the same monotonic clock (set when the link is made)."""
+        self._closed = threading.Event()
+
+    def arrival(self, arrive_ns: int, hold_us: int, received_at: float) -> float | None:
+        """The header's emulated arrival on this side's monotonic clock (None: not emulated)."""
+        if not arrive_ns:
+            return None
+        if self.shared_clock:
+            return arrive_ns * 1e-9
+        return received_at + hold_us * 1e-6
+
+    def wait(self, until: float, deadline: float | None) -> float:
+        """Hold the receiving thread until ``until``; return the seconds held.
+
+        Raises:
+            CollectiveTimeoutError: ``until`` falls after ``deadline``.
+            GroupClosedError: :meth:`close` was called.
+        """
+        return _hold(self._closed, until, deadline, f"{self.name}: emulated link")
+
+    def close(self) -> None:
+        """Wake a held receiver; it fails with :class:`GroupClosedError`."""
+        self._closed.set()

@@ -3,7 +3,7 @@
 Wire layout of one frame (all integers little-endian)::
 
     header message (<= HEADER_MAX bytes, the receiver always posts HEADER_MAX):
-      fixed part, 40 bytes  struct "<4sBBHQIIQQ"
+      fixed part, 56 bytes  struct "<4sBBHQIIQQQII"
         magic      4s  b"P2PF"
         version    u8  FRAME_VERSION
         kind       u8  payload kind (Kind)
@@ -13,6 +13,10 @@ Wire layout of one frame (all integers little-endian)::
         meta_len   u32 bytes of tensor metadata (+ names section)
         obj_len    u64 bytes of the pickled object part (may be 0)
         wire_total u64 sum of the tensors' wire bytes (cross-check)
+        arrive_ns  u64 link emulation: when the header message reaches the far end of the
+                       emulated link, in ns of the sender's CLOCK_MONOTONIC (0: not emulated)
+        hold_us    u32 link emulation: the same as microseconds after the header was sent
+        byte_ps    u32 link emulation: picoseconds per byte of that link (0: unlimited)
       then, unless Flag.EXT: metadata (meta_len bytes), then object (obj_len bytes)
       then, with Flag.INLINE: every tensor's wire bytes, in metadata order
     extension message (only with Flag.EXT): metadata + object, meta_len + obj_len bytes
@@ -41,15 +45,18 @@ import torch
 from p2p_collective._errors import FramingError
 
 MAGIC = b"P2PF"
-FRAME_VERSION = 2
+FRAME_VERSION = 3
 HEADER_MAX = 65536
 """Bytes the receiver posts for every header message; a header message never exceeds it."""
 
-FIXED = struct.Struct("<4sBBHQIIQQ")
+FIXED = struct.Struct("<4sBBHQIIQQQII")
 SEQ_OFFSET = 8  # byte offset of ``seq`` inside FIXED, patched just before sending
 _SEQ = struct.Struct("<Q")
 _ENTRY = struct.Struct("<BBBBB3xQQ")
 _U32 = struct.Struct("<I")
+_ARRIVAL = struct.Struct("<QII")
+_ARRIVAL_OFFSET = struct.calcsize("<4sBBHQIIQQ")  # offset of arrive_ns inside FIXED
+U32_MAX = (1 << 32) - 1
 
 MAX_TENSORS = 1 << 20
 MAX_NDIM = 64
@@ -157,6 +164,9 @@ class FixedHeader(NamedTuple):
     meta_len: int
     obj_len: int
     wire_total: int
+    arrive_ns: int = 0
+    hold_us: int = 0
+    byte_ps: int = 0
 
     @property
     def inline_len(self) -> int:
@@ -203,14 +213,27 @@ def pack_fixed(
 ) -> None:
     """Write the fixed header into the first 40 bytes of ``buf`` (sequence number 0)."""
     FIXED.pack_into(
-        buf, 0, MAGIC, FRAME_VERSION, kind, flags, 0, n_tensors, meta_len, obj_len, wire_total
+        buf,
+        0,
+        MAGIC,
+        FRAME_VERSION,
+        kind,
+        flags,
+        0,
+        n_tensors,
+        meta_len,
+        obj_len,
+        wire_total,
+        0,
+        0,
+        0,
     )
 
 
 def pack_small_object(buf: memoryview, seq: int, data: bytes) -> int:
     """Write a whole object frame (no tensors, inline) into ``buf``; return its length."""
     end = FIXED.size + len(data)
-    FIXED.pack_into(buf, 0, MAGIC, FRAME_VERSION, Kind.OBJECT, 0, seq, 0, 0, len(data), 0)
+    FIXED.pack_into(buf, 0, MAGIC, FRAME_VERSION, Kind.OBJECT, 0, seq, 0, 0, len(data), 0, 0, 0, 0)
     buf[FIXED.size : end] = data
     return end
 
@@ -224,13 +247,20 @@ def pack_raw_header(buf: memoryview, seq: int, nbytes: int, inline: bool) -> int
         The header's length in bytes.
     """
     flags = Flag.INLINE if inline else 0
-    FIXED.pack_into(buf, 0, MAGIC, FRAME_VERSION, Kind.RAW, flags, seq, 0, 0, 0, nbytes)
+    FIXED.pack_into(buf, 0, MAGIC, FRAME_VERSION, Kind.RAW, flags, seq, 0, 0, 0, nbytes, 0, 0, 0)
     return FIXED.size
 
 
 def patch_seq(buf: memoryview, seq: int) -> None:
     """Write the sequence number into a packed fixed header."""
     _SEQ.pack_into(buf, SEQ_OFFSET, seq)
+
+
+def patch_arrival(buf: memoryview, arrive_ns: int, hold_us: int, byte_ps: int) -> None:
+    """Write the link-emulation fields (see the module docstring) into a packed header."""
+    _ARRIVAL.pack_into(
+        buf, _ARRIVAL_OFFSET, arrive_ns, min(hold_us, U32_MAX), min(byte_ps, U32_MAX)
+    )
 
 
 _ENTRY_CODEC = struct.calcsize("<BBB")  # offset of the codec id inside a tensor entry
@@ -270,9 +300,18 @@ def parse_fixed(buf: memoryview, expected_seq: int, peer: str) -> FixedHeader:
     Raises:
         FramingError: Wrong magic, version, sequence number, kind or out-of-range sizes.
     """
-    magic, version, kind, flags, seq, n_tensors, meta_len, obj_len, wire_total = FIXED.unpack_from(
-        buf, 0
-    )
+    (
+        magic,
+        version,
+        kind,
+        flags,
+        seq,
+        n_tensors,
+        meta_len,
+        obj_len,
+        wire_total,
+        *arrival,
+    ) = FIXED.unpack_from(buf, 0)
     if magic != MAGIC:
         raise FramingError(
             f"expected a frame header from {peer!r} (sequence {expected_seq}) but got bytes"
@@ -297,7 +336,7 @@ def parse_fixed(buf: memoryview, expected_seq: int, peer: str) -> FixedHeader:
             f"frame from {peer!r} announces {n_tensors} tensors / {meta_len} metadata bytes /"
             f" a {obj_len}-byte object, over the limits {MAX_TENSORS} / {MAX_META} / {MAX_BYTES}"
         )
-    hdr = FixedHeader(kind, flags, seq, n_tensors, meta_len, obj_len, wire_total)
+    hdr = FixedHeader(kind, flags, seq, n_tensors, meta_len, obj_len, wire_total, *arrival)
     if not hdr.flags & Flag.EXT and hdr.inline_len > HEADER_MAX:
         raise FramingError(
             f"frame from {peer!r} claims an inline header of {hdr.inline_len} bytes,"

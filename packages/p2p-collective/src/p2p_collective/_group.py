@@ -21,7 +21,7 @@ from p2p_collective._compression import (
 )
 from p2p_collective._config import CollectiveConfig
 from p2p_collective._direction import CleanFailure, Direction
-from p2p_collective._emulation import LinkPacer
+from p2p_collective._emulation import ArrivalGate, LinkPacer, clock_id
 from p2p_collective._errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -37,6 +37,7 @@ from p2p_collective._framing import (
     Kind,
     pack_raw_header,
     parse_fixed,
+    patch_arrival,
 )
 from p2p_collective._payload import (
     SMALL_OBJECT_MAX,
@@ -74,6 +75,8 @@ class _Side:
         self.out_view = self.out.numpy().data
         self.headers = HeaderReceiver()
         self.wire_stats = WireStats()  # tensors compressed / raw, codec and pacing time
+        # Receiving: holds frames from an emulated link until their emulated arrival.
+        self.gate = ArrivalGate(f"p2p[{group.name}].recv from {group.peer_name!r}")
         self._group = group
 
     def ensure_link(self, deadline: float | None) -> GlooLink:
@@ -92,6 +95,9 @@ class _Side:
             # Both ends must hold the same job-level compression config: publish ours
             # before meeting, compare with the peer's after (a clear error, no garbage).
             publish_wire_config(self.store, prefix, self.role, g.wire_fingerprint)
+            store = self.store
+            if self.role == "send":  # whose clock the emulated arrival times are in
+                _store_op(lambda: store.set(f"{prefix}/send/clock", clock_id()), prefix)
             meet(
                 self.store,
                 prefix,
@@ -105,6 +111,9 @@ class _Side:
             check_peer_wire_config(
                 self.store, prefix, peer_role, g.wire_fingerprint, g.self_name, g.peer_name
             )
+            if self.role == "recv":
+                sender_clock = _store_op(lambda: store.get(f"{prefix}/send/clock"), prefix)
+                self.gate.shared_clock = bytes(sender_clock).decode() == clock_id()
         except CollectiveError as exc:  # nothing is on the wire yet: retry later is fine
             raise CleanFailure(exc) from exc
         self.link = g.links.connect(
@@ -129,6 +138,13 @@ class _Side:
             self.link.close()
             self.link = None
         self.store = None
+
+
+def _store_op(op: Callable[[], Any], prefix: str) -> Any:
+    try:
+        return op()
+    except Exception as exc:
+        raise CollectiveError(f"rendezvous store failed at {prefix!r}: {exc}") from exc
 
 
 def _min_timeout(a: float | None, b: float | None) -> float | None:
@@ -465,6 +481,7 @@ class CollectiveGroup:
             self._wire,
             side.wire_stats,
             header_received=True,
+            gate=side.gate,
         )
         side.headers.prepost(link)  # the frame is in: the next header can arrive at once
         st = side.direction.stats
@@ -506,16 +523,15 @@ class CollectiveGroup:
         head = pack_raw_header(side.out_view, side.seq, n, inline)
         side.seq += 1
         if self._pacer is not None:
-            side.wire_stats.add_seconds(
-                emulated=self._pacer.pace(head + n if inline else head, ready, deadline)
-            )
+            sizes = [head + n] if inline else [head, n]
+            paced, arrive_ns, hold_us = self._pacer.release(sizes, ready, deadline)
+            patch_arrival(side.out_view, arrive_ns, hold_us, self._pacer.byte_ps)
+            side.wire_stats.add_seconds(emulated=paced)
         if inline:  # one message: header and bytes
             side.out[head : head + n].copy_(payload)
             link.send(side.out[: head + n], deadline)
         else:  # a header the receiver checks, then the bytes straight into its tensor
             link.send(side.out[:head], deadline)
-            if self._pacer is not None:
-                side.wire_stats.add_seconds(emulated=self._pacer.pace(n, ready, deadline))
             link.send(payload, deadline)
         st = side.direction.stats
         st.messages += 1
@@ -532,6 +548,7 @@ class CollectiveGroup:
         side.seq += 1
         n = flat.numel()
         buf, view = side.headers.receive(link, deadline)
+        received_at = time.monotonic()
         hdr = parse_fixed(view, expected, self.peer_name)
         if hdr.kind != Kind.RAW:
             raise FramingError(
@@ -553,6 +570,11 @@ class CollectiveGroup:
             flat.copy_(buf[FIXED.size : FIXED.size + n])
         else:
             link.recv(flat, deadline)
+        arrival = side.gate.arrival(hdr.arrive_ns, hdr.hold_us, received_at)
+        if arrival is not None:  # emulated link: the last byte arrives n byte times later
+            after = 0 if inline else n
+            waited = side.gate.wait(arrival + after * hdr.byte_ps * 1e-12, deadline)
+            side.wire_stats.add_seconds(emulated=waited)
         side.headers.prepost(link)
         st = side.direction.stats
         st.messages += 1
@@ -577,7 +599,8 @@ class CollectiveGroup:
             each raw tensor stayed raw, e.g. ``{"excluded_dtype": 2, "inline": 1}``),
             ``tensor_raw_bytes`` and ``tensor_wire_bytes`` (their bytes before and on
             the wire), ``codec_seconds`` (compressing / decoding) and
-            ``emulated_seconds`` (sender only: time the link emulation paced sends);
+            ``emulated_seconds`` (link emulation: time the sender waited for its
+            emulated link, or the receiver held frames until their emulated arrival);
             ``transport`` (``"shm"`` or ``"gloo"``, None before the direction's first
             use) and ``transport_reason`` (why not shared memory; ``""`` for shm).
 
@@ -621,6 +644,7 @@ class CollectiveGroup:
             self._closed = True
         if self._pacer is not None:
             self._pacer.close()  # a send paced on the emulated link fails at once
+        self._recv.gate.close()  # so does a receive held for its emulated arrival
         for side in (self._send, self._recv):
             side.direction.begin_close()
             side.close()  # drops the process group, closes the liveness connection

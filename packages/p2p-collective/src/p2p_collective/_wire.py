@@ -7,6 +7,7 @@ process when a message is longer than the receive posted for it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -15,6 +16,7 @@ import torch
 
 from p2p_collective._compression import WireCodec, WireStats
 from p2p_collective._decoding import FrameDecoder, check_entries
+from p2p_collective._emulation import ArrivalGate
 from p2p_collective._errors import FramingError
 from p2p_collective._framing import (
     FIXED,
@@ -130,6 +132,7 @@ def read_frame(
     stats: WireStats | None = None,
     *,
     header_received: bool = False,
+    gate: ArrivalGate | None = None,
 ) -> Received:
     """Receive one whole frame: header, optional extension, one message per tensor.
 
@@ -148,6 +151,8 @@ def read_frame(
         stats: The direction's tensor counters, updated once the frame is complete.
         header_received: The header message is already in ``scratch`` (taken by a
             :class:`HeaderReceiver`); only the rest of the frame is received here.
+        gate: Holds each message of a frame from an emulated link until its emulated
+            arrival (the header says whether the link is emulated).
 
     Raises:
         FramingError: The header or metadata is not a valid frame for ``expected_seq``,
@@ -158,7 +163,17 @@ def read_frame(
     if not header_received:
         scratch_view[:4] = _NO_MAGIC  # a short stray message must not leave an old header
         link.recv(scratch, deadline)
+    received_at = time.monotonic()
     hdr = parse_fixed(scratch_view, expected_seq, peer)
+    arrival = None if gate is None else gate.arrival(hdr.arrive_ns, hdr.hold_us, received_at)
+    held = 0.0
+
+    def arrive(after_header: int) -> None:
+        """Hold until the frame's bytes up to ``after_header`` past the header arrived."""
+        nonlocal held
+        if arrival is not None and gate is not None:
+            held += gate.wait(arrival + after_header * hdr.byte_ps * 1e-12, deadline)
+
     if hdr.kind == Kind.RAW:
         raise FramingError(
             f"frame from {peer!r} (sequence {expected_seq}) comes from send_tensor() where"
@@ -172,6 +187,9 @@ def read_frame(
         # A plain object (the common small message): no metadata, no payload messages.
         end = FIXED.size + hdr.obj_len
         obj = scratch_view[FIXED.size : end] if hdr.obj_len else None
+        arrive(0)
+        if held and stats is not None:
+            stats.add_seconds(emulated=held)
         return Received(hdr.kind, hdr.flags, [], None, obj, [], 1, hdr.obj_len, end)
     messages = 1
     wire = hdr.inline_len
@@ -183,6 +201,7 @@ def read_frame(
             link.recv(ext, deadline)
             messages += 1
             wire += ext.numel()
+            arrive(wire - hdr.inline_len)
         body = ext.numpy().data
     else:
         body = scratch_view[FIXED.size : hdr.inline_len]
@@ -200,6 +219,7 @@ def read_frame(
         assert codec is not None  # check_entries refuses compressed entries without one
         decoder = FrameDecoder(codec, stats if stats is not None else WireStats(), peer)
     if hdr.flags & Flag.INLINE:
+        arrive(0)
         off = FIXED.size + hdr.meta_len + hdr.obj_len
         for i, (t, m) in enumerate(zip(tensors, metas, strict=True)):
             if m.wire_bytes:
@@ -215,12 +235,17 @@ def read_frame(
             for i, (t, m) in enumerate(zip(tensors, metas, strict=True)):
                 if not m.wire_bytes:
                     continue
+                after = wire + m.wire_bytes - hdr.inline_len
                 if decoder is not None and m.codec_id:
-                    decoder.receive(
-                        partial(link.recv, deadline=deadline), i, m, t, deadline, i < last
-                    )
+
+                    def recv(buf: torch.Tensor, after: int = after) -> None:
+                        link.recv(buf, deadline)
+                        arrive(after)  # decoding starts once the payload has "arrived"
+
+                    decoder.receive(recv, i, m, t, deadline, i < last)
                 else:
                     link.recv(flat_bytes(t), deadline)
+                    arrive(after)
                 messages += 1
                 wire += m.wire_bytes
             if decoder is not None:
@@ -231,6 +256,8 @@ def read_frame(
             raise
     if stats is not None:
         stats.count(metas, None)
+        if held:
+            stats.add_seconds(emulated=held)
     obj = body[hdr.meta_len : hdr.meta_len + hdr.obj_len] if hdr.obj_len else None
     payload = sum(m.raw_bytes for m in metas) + hdr.obj_len
     return Received(hdr.kind, hdr.flags, metas, names, obj, tensors, messages, payload, wire)
