@@ -17,7 +17,7 @@ the agreement of the real shaped link with the emulation (target: within 15%), a
 writes ``multinode.json`` and ``multinode.md`` into ``--out``. Run as root (it makes
 network namespaces); elsewhere it writes a report saying why it did not run.
 
-Usage: python benchmarks/bench_multinode.py --out bench-out [--size-mib 32] [--reps 3]
+Usage: python benchmarks/bench_multinode.py --out bench-out [--size-mib 32] [--reps 6]
 """
 
 from __future__ import annotations
@@ -336,7 +336,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out")
     parser.add_argument("--size-mib", type=int, default=32)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=6)
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--driver", choices=("gloo", "p2p"), help=argparse.SUPPRESS)
     parser.add_argument("--config", default="null", help=argparse.SUPPRESS)
