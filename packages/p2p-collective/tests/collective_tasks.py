@@ -487,3 +487,41 @@ def die_mid_send(rank: int, store_port: int, nbytes: int) -> None:
     # a large frame: the receiver has the header and waits on the payload when we die
     while True:
         g.send(torch.ones(nbytes // 4), timeout=60)
+
+
+def t_send_first(ctx: PeerContext, gname: str, rounds: int) -> list[Any]:
+    """Both peers run this: send, then receive, ``rounds`` times (no one receives first).
+
+    One ordered exchange comes first: each direction connects at its first operation,
+    and a send's connection waits for the peer's receiving side to join.
+    """
+    g = ctx.group(gname)
+    if ctx.name == "peer-a":
+        g.send("hello", timeout=30)
+        assert g.recv(timeout=30) == "hello"
+    else:
+        assert g.recv(timeout=30) == "hello"
+        g.send("hello", timeout=30)
+    got = []
+    for i in range(rounds):
+        g.send({"from": ctx.name, "i": i}, timeout=30)
+        got.append(g.recv(timeout=30))
+    return got
+
+
+def t_reply_then_busy(ctx: PeerContext, gname: str, busy: float) -> Any:
+    """Receive one object, then stay away from the group ``busy`` seconds, then receive."""
+    g = ctx.group(gname)
+    first = g.recv(timeout=30)
+    time.sleep(busy)
+    return first, g.recv(timeout=30)
+
+
+def t_send_to_busy(ctx: PeerContext, gname: str) -> float:
+    """Send two small objects; return how long the second send took."""
+    g = ctx.group(gname)
+    g.send("first", timeout=30)
+    time.sleep(0.2)  # the peer is now busy elsewhere; its next header receive is due
+    t0 = time.monotonic()
+    g.send("second", timeout=30)
+    return time.monotonic() - t0

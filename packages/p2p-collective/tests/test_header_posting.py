@@ -1,0 +1,35 @@
+"""When the next header's receive is posted, and that deferring it never stalls a peer.
+
+Over gloo the receive of the next operation's header is not posted when an operation
+ends but deferred to this process's next send (right after its message went out), its
+next receive, or a timer (1 ms): posting writes a notification to the peer, which would
+otherwise delay a reply. These tests pin down that the deferral keeps gloo's eager small
+sends: a peer never waits for a receiver that is busy elsewhere, and two peers that both
+send before they receive do not deadlock. They run over shared memory too (the default
+transport), where the receive is posted at once.
+"""
+
+from __future__ import annotations
+
+import collective_tasks as ct
+import pytest
+from conftest import PeerPair
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_both_peers_send_before_they_receive(peers: PeerPair, gname: str) -> None:
+    rounds = 300
+    got_a, got_b = peers.run(
+        ct.t_send_first, (gname, rounds), ct.t_send_first, (gname, rounds), timeout=60
+    )
+    assert got_a == [{"from": "peer-b", "i": i} for i in range(rounds)]
+    assert got_b == [{"from": "peer-a", "i": i} for i in range(rounds)]
+
+
+def test_a_small_send_to_a_busy_receiver_does_not_wait_for_it(peers: PeerPair, gname: str) -> None:
+    took, (first, second) = peers.run(
+        ct.t_send_to_busy, (gname,), ct.t_reply_then_busy, (gname, 1.5)
+    )
+    assert (first, second) == ("first", "second")
+    assert took < 0.5, took  # not the 1.3 s the receiver stays away
