@@ -1,12 +1,10 @@
-"""When the next header's receive is posted, and that deferring it never stalls a peer.
+"""The next header's receive is posted ahead, so a small send never waits for a receiver.
 
-Over gloo the receive of the next operation's header is not posted when an operation
-ends but deferred to this process's next send (right after its message went out), its
-next receive, or a timer (1 ms): posting writes a notification to the peer, which would
-otherwise delay a reply. These tests pin down that the deferral keeps gloo's eager small
-sends: a peer never waits for a receiver that is busy elsewhere, and two peers that both
-send before they receive do not deadlock. They run over shared memory too (the default
-transport), where the receive is posted at once.
+Once an operation has taken its messages, the receive of the next operation's header is
+posted at once (into the other of two header buffers). So a small send completes while
+the receiver is busy elsewhere, and two peers that both send before they receive do not
+deadlock (gloo only moves a message into a posted receive). Runs over shared memory (the
+default transport) and over gloo (``P2P_TEST_TRANSPORT=gloo``).
 """
 
 from __future__ import annotations

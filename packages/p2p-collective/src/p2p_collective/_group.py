@@ -48,7 +48,6 @@ from p2p_collective._payload import (
     flat_bytes,
     rebuild,
 )
-from p2p_collective._recvpool import Poster
 from p2p_collective._rendezvous import claim_incarnation, meet, private_client, wait_key
 from p2p_collective._transport import GlooLink, LinkFactory, StoreLike, deadline_after, remaining
 from p2p_collective._wire import HEADER_MAX_TENSOR, HeaderReceiver, patch_frame_seq, read_frame
@@ -127,8 +126,6 @@ class _Side:
             wait_key=lambda key, t: wait_key(self.store, key, t, lambda: g.closed),
         )
         self.link.set_on_gone(self.direction.abort)
-        if self.role == "send" and self.link.transport == "gloo":
-            self.link.after_send_post = g.flush_header_receive
         return self.link
 
     def _hang_up(self, exc: BaseException) -> None:
@@ -486,7 +483,7 @@ class CollectiveGroup:
             header_received=True,
             gate=side.gate,
         )
-        side.headers.prepost(link, self._poster(link))  # the frame is in: the next may come
+        side.headers.prepost(link)  # the frame is in: the next header can arrive at once
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += got.transport_messages
@@ -578,25 +575,13 @@ class CollectiveGroup:
             after = 0 if inline else n
             waited = side.gate.wait(arrival + after * hdr.byte_ps * 1e-12, deadline)
             side.wire_stats.add_seconds(emulated=waited)
-        side.headers.prepost(link, self._poster(link))
+        side.headers.prepost(link)
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += 1 if inline else 2
         st.payload_bytes += n
         st.wire_bytes += FIXED.size + n
         return tensor
-
-    def flush_header_receive(self) -> None:
-        """Post the receiving direction's due header receive now (see HeaderReceiver)."""
-        self._recv.headers.flush()
-
-    def _poster(self, link: GlooLink) -> Poster | None:
-        """Who posts a link's next header receive unless a caller does it first.
-
-        The timer thread for gloo (posting writes to the peer's socket, so it is
-        deferred); nobody for shared memory (posted at once, it is cheap there).
-        """
-        return self.links.poster if link.transport == "gloo" else None
 
     # -- state ----------------------------------------------------------------------------
 

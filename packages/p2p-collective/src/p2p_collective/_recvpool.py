@@ -11,13 +11,9 @@ while any tensor still refers to it.
 
 from __future__ import annotations
 
-import contextlib
-import queue
 import threading
-import time
 import weakref
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -96,53 +92,3 @@ class PostedRecv:
     def __init__(self, work: Any, tensor: torch.Tensor) -> None:
         self.work: Any = work
         self.tensor = tensor
-
-
-class Poster:
-    """A timer thread of the Collective: runs each job once its delay has passed.
-
-    Used as the safety net of deferred header receives (see
-    :class:`~p2p_collective._wire.HeaderReceiver`): a receive that nobody posted on the
-    way is posted here after a short delay, so a peer's send never waits long for it.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._jobs: queue.SimpleQueue[tuple[float, Callable[[], None]] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    def later(self, delay: float, job: Callable[[], None]) -> None:
-        """Run ``job`` on the timer thread ``delay`` seconds from now (jobs in order)."""
-        if self._thread is None:
-            with self._lock:
-                if self._closed:
-                    return
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._loop, name=f"p2p-post[{self._name}]", daemon=True
-                    )
-                    self._thread.start()
-        self._jobs.put((time.monotonic() + delay, job))
-
-    def _loop(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            due, job = item
-            pause = due - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            with contextlib.suppress(Exception):  # jobs keep their own errors
-                job()
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread (jobs not run yet are dropped once it reaches them)."""
-        with self._lock:
-            self._closed = True
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._jobs.put(None)
-            thread.join(timeout)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
 from p2p_collective._liveness import Watcher, open_watch_socket
-from p2p_collective._recvpool import PostedRecv, Poster, ReceiveBufferPool
+from p2p_collective._recvpool import PostedRecv, ReceiveBufferPool
 from p2p_collective._shm import join as _shm_join
 from p2p_collective._shm import offer as _shm_offer
 from p2p_collective._shm_link import ShmLink
@@ -134,7 +134,6 @@ class LinkFactory:
         self.mac = mac  # the job token's HMAC, for the shared-memory hello (None: no token)
         self.watcher = Watcher(name)
         self.recv_pool = ReceiveBufferPool(recv_cache_bytes)
-        self.poster = Poster(name)  # posts the next header receive of gloo links
         self._lock = threading.Lock()
         self._device: Any = None
 
@@ -216,7 +215,6 @@ class LinkFactory:
         process group that uses it is gone.
         """
         self.watcher.close()
-        self.poster.close()
         self.recv_pool.close()
         with self._lock:
             self._device = None
@@ -251,10 +249,6 @@ class GlooLink:
         self._waiter: threading.Thread | None = None
         self._inflight: _Wait | None = None
         self.transport_reason = ""
-        # Called right after each send is handed to gloo, before waiting for it: the
-        # group posts its other direction's due header receive there (off the critical
-        # path of the message just sent).
-        self.after_send_post: Callable[[], None] | None = None
         watcher.watch(watch, self._peer_gone)
 
     def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
@@ -279,8 +273,6 @@ class GlooLink:
                 " passed before it could start"
             )
         work = self._post(what, tensor, send)
-        if send and self.after_send_post is not None:
-            self.after_send_post()
         self._finish(what, work, tensor.numel(), deadline)
 
     def _post(self, what: str, tensor: torch.Tensor, send: bool) -> Any:

@@ -7,7 +7,6 @@ process when a message is longer than the receive posted for it.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from p2p_collective._framing import (
 )
 from p2p_collective._framing import patch_seq as _patch_seq
 from p2p_collective._payload import OutFrame, allocate, flat_bytes
-from p2p_collective._recvpool import PostedRecv, Poster, ReceiveBufferPool
+from p2p_collective._recvpool import PostedRecv, ReceiveBufferPool
 from p2p_collective._transport import Link
 
 _NO_MAGIC = bytes(4)
@@ -42,24 +41,14 @@ def patch_frame_seq(frame: OutFrame, seq: int) -> None:
     _patch_seq(frame.view, seq)
 
 
-POST_DELAY = 0.001
-"""Seconds a due header receive may wait for a caller to post it on the way."""
-
-
 class HeaderReceiver:
-    """The header receives of one direction, double-buffered and posted ahead.
+    """The header receives of one direction, double-buffered and kept posted.
 
     Every operation's first message is a header of at most ``HEADER_MAX`` bytes, so
-    once an operation has taken all its own messages, the next header's receive can be
-    posted into the other buffer. gloo then moves the peer's next message as soon as it
-    is sent, instead of first trading "ready to send" / "ready to receive"
-    notifications. Posting a gloo receive writes that notification to the peer's socket
-    (about 15 us on loopback), so for gloo it is deferred off the caller's critical
-    path: it is *due* when the operation ends and is posted by whichever comes first --
-    this process's next send on the group, right after its message went out (see
-    ``GlooLink.after_send_post``); the next receive; or the Collective's
-    :class:`~p2p_collective._recvpool.Poster` after :data:`POST_DELAY`. A reply thus
-    leaves before the notification, and a peer's send still never waits long for one.
+    once an operation has posted all its own receives, the next header's receive can
+    be posted at once, into the other buffer. gloo then sends the peer's next message
+    as soon as it is sent, instead of first trading "ready to send" / "ready to
+    receive" notifications (one round trip per message otherwise).
     """
 
     def __init__(self) -> None:
@@ -67,11 +56,7 @@ class HeaderReceiver:
         self._bufs: tuple[torch.Tensor, ...] = ()
         self._views: tuple[memoryview, ...] = ()
         self._next = 0
-        self._lock = threading.Lock()
-        self._due: Link | None = None  # the link whose next header receive is to be posted
         self._posted: PostedRecv | None = None
-        self._error: BaseException | None = None  # posting on another thread failed
-        self._armed = False  # a Poster job will flush (at most one at a time)
 
     def _allocate(self) -> None:
         self._bufs = tuple(torch.zeros(HEADER_MAX, dtype=torch.uint8) for _ in range(2))
@@ -85,15 +70,9 @@ class HeaderReceiver:
         """
         if not self._bufs:
             self._allocate()
-        with self._lock:
-            if self._due is not None:
-                self._post_locked()
-            posted, self._posted = self._posted, None
-            error, self._error = self._error, None
-            i = self._next
-            self._next = 1 - i
-        if error is not None:
-            raise error
+        i = self._next
+        self._next = 1 - i
+        posted, self._posted = self._posted, None
         if posted is None:
             self._views[i][:4] = _NO_MAGIC  # a short stray message must not leave an old header
             link.recv(self._bufs[i], deadline)
@@ -101,56 +80,17 @@ class HeaderReceiver:
             link.wait_recv(posted, deadline)
         return self._bufs[i], self._views[i]
 
-    def prepost(self, link: Link, poster: Poster | None = None) -> None:
-        """Make the next operation's header receive due (call after all own receives).
-
-        Without ``poster`` (shared memory, where posting is cheap) it is posted at once.
-        """
-        with self._lock:
-            if self._posted is not None or self._due is not None:
-                return
-            self._due = link
-            if poster is None:
-                self._post_locked()
-                error, self._error = self._error, None
-                if error is not None:
-                    raise error
-                return
-            if self._armed:
-                return
-            self._armed = True
-        poster.later(POST_DELAY, self._timed_flush)
-
-    def _timed_flush(self) -> None:
-        with self._lock:
-            self._armed = False
-            if self._due is not None:
-                self._post_locked()
-
-    def flush(self) -> None:
-        """Post the due header receive now, if one is due (any thread)."""
-        if self._due is None:  # the common case when nothing is due: no lock
+    def prepost(self, link: Link) -> None:
+        """Post the receive of the next operation's header (call after all own receives)."""
+        if self._posted is not None:
             return
-        with self._lock:
-            if self._due is not None:
-                self._post_locked()
-
-    def _post_locked(self) -> None:
-        link, self._due = self._due, None
-        assert link is not None
         i = self._next
         self._views[i][:4] = _NO_MAGIC
-        try:
-            self._posted = link.post_recv(self._bufs[i])
-        except BaseException as exc:  # the next receive raises it
-            self._error = exc
+        self._posted = link.post_recv(self._bufs[i])
 
     def discard(self) -> None:
-        """Forget a posted or due receive (the link is closing; gloo drops it with the link)."""
-        with self._lock:
-            self._posted = None
-            self._due = None
-            self._error = None
+        """Forget a posted receive (the link is closing; gloo drops it with the link)."""
+        self._posted = None
 
 
 HEADER_MAX_TENSOR = HEADER_MAX - FIXED.size
