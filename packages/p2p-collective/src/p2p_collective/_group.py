@@ -351,7 +351,7 @@ class CollectiveGroup:
     def send_tensor(
         self, tensor: torch.Tensor, async_op: bool = False, *, timeout: float | None = None
     ) -> Any:
-        """Send one tensor's bytes, with a 40-byte header (the size) and no metadata.
+        """Send one tensor's bytes, with a 56-byte header (the size) and no metadata.
 
         Up to 64 KiB minus the header, the bytes ride in the header message (one gloo
         message); larger tensors are one more message, received straight into the
