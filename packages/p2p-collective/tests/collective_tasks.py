@@ -525,3 +525,27 @@ def t_send_to_busy(ctx: PeerContext, gname: str) -> float:
     t0 = time.monotonic()
     g.send("second", timeout=30)
     return time.monotonic() - t0
+
+
+def t_both_send_first_on_a_new_group(ctx: PeerContext, gname: str) -> tuple[str, Any]:
+    """Send first on a brand-new group (as the peer does), with a 2 s init_timeout."""
+    from p2p_collective import Collective, CollectiveTimeoutError
+
+    me, peer = f"{ctx.name}/{gname}", f"{ctx.peer}/{gname}"
+    coll = Collective(me, ctx.store, timeout=2.0, config=suite_config())
+    g = coll.create_collective_group([me, peer])
+    try:
+        g.send("first", timeout=30)
+        outcome = "sent"
+    except CollectiveTimeoutError as exc:
+        outcome = str(exc)
+    ctx.barrier(gname + "/failed")
+    # nothing went on the wire: the group still works once one side receives first
+    if ctx.name == "peer-a":
+        got = g.recv(timeout=30)
+        g.send("after", timeout=30)
+    else:
+        g.send("after", timeout=30)
+        got = g.recv(timeout=30)
+    coll.close()
+    return outcome, got

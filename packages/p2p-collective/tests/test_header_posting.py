@@ -31,3 +31,22 @@ def test_a_small_send_to_a_busy_receiver_does_not_wait_for_it(peers: PeerPair, g
     )
     assert (first, second) == ("first", "second")
     assert took < 0.5, took  # not the 1.3 s the receiver stays away
+
+
+def test_both_peers_sending_first_on_a_new_group_get_an_error_that_says_why(
+    peers: PeerPair, gname: str
+) -> None:
+    # Each direction connects at its first operation, and a send's connection waits for
+    # the peer's receiving side: on a brand-new group two sends wait for each other.
+    (out_a, got_a), (out_b, got_b) = peers.run(
+        ct.t_both_send_first_on_a_new_group,
+        (gname,),
+        ct.t_both_send_first_on_a_new_group,
+        (gname,),
+        timeout=90,
+    )
+    for out in (out_a, out_b):
+        assert "did not join" in out
+        assert "within 2." in out or "within 1.9" in out
+        assert "both send first on a new group" in out
+    assert got_a == got_b == "after"

@@ -227,7 +227,10 @@ def meet(
     if not found:
         raise CollectiveTimeoutError(
             f"peer {peer!r} did not join {prefix!r} (as {peer_role}) within {timeout} s;"
-            " is it running and using the same group?"
+            " is it running and using the same group? Each direction connects at its first"
+            f" operation, so the peer joins as {peer_role} only once it calls"
+            f" {'recv' if peer_role == 'recv' else 'send'} on this group (two peers that"
+            " both send first on a new group wait for each other: let one receive first)"
         )
     if auth is not None:
         auth.verify(
