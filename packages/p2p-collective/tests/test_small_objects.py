@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from p2p_collective import Collective, CollectiveGroup, FramingError
 from p2p_collective._framing import FIXED, HEADER_MAX, Kind, parse_fixed
-from p2p_collective._payload import SMALL_OBJECT_MAX, encode, encode_small
+from p2p_collective._payload import SMALL_OBJECT_MAX, encode, encode_small, encode_small_tensor
 
 
 class LoopLink:
@@ -181,3 +181,69 @@ def test_a_small_frame_with_a_wrong_sequence_number_is_a_framing_error(
 
 def test_the_header_budget_matches_the_receive_buffer() -> None:
     assert FIXED.size + SMALL_OBJECT_MAX == HEADER_MAX
+
+
+# -- a single small tensor -----------------------------------------------------------------
+
+SMALL_TENSORS = [
+    torch.arange(16, dtype=torch.float32),
+    torch.arange(12, dtype=torch.int64).reshape(3, 4),
+    torch.tensor([True, False, True]),
+    torch.arange(8, dtype=torch.float32).to(torch.bfloat16),
+    torch.tensor(3.5),  # 0-dim
+    torch.empty(0, 5),  # no bytes
+    torch.ones(4, requires_grad=True),
+    torch.zeros(SMALL_OBJECT_MAX - 24 - 8, dtype=torch.uint8),  # exactly fills the header
+]
+
+
+@pytest.mark.parametrize("t", SMALL_TENSORS, ids=lambda t: f"{t.dtype}{tuple(t.shape)}")
+def test_a_small_tensor_frame_is_byte_for_byte_the_generic_one(t: torch.Tensor) -> None:
+    lean = encode_small_tensor(t)
+    assert lean is not None
+    buf = bytearray(HEADER_MAX)
+    n = lean.pack_into(memoryview(buf), 9)
+    generic = bytearray(encode(t).view)
+    generic[8:16] = (9).to_bytes(8, "little")  # the sequence number, patched when sent
+    assert bytes(buf[:n]) == bytes(generic)
+
+
+def test_a_tensor_too_large_for_the_header_takes_the_generic_path() -> None:
+    assert encode_small_tensor(torch.zeros(SMALL_OBJECT_MAX - 24 - 7, dtype=torch.uint8)) is None
+    assert encode_small_tensor(torch.zeros(HEADER_MAX, dtype=torch.uint8)) is None
+
+
+@pytest.mark.parametrize("t", SMALL_TENSORS[:7], ids=lambda t: f"{t.dtype}{tuple(t.shape)}")
+def test_a_small_tensor_is_one_message_and_arrives_whole(
+    looped: tuple[CollectiveGroup, LoopLink], t: torch.Tensor
+) -> None:
+    group, link = looped
+    group.send(t)
+    assert len(link.sent) == 1
+    size = link.sent[0].numel()
+    got = group.recv()
+    assert got.dtype == t.dtype
+    assert got.shape == t.shape
+    assert got.requires_grad == t.requires_grad
+    assert torch.equal(got.detach(), t.detach())
+    stats = group.stats()
+    nbytes = t.numel() * t.element_size()
+    assert stats["send"]["payload_bytes"] == stats["recv"]["payload_bytes"] == nbytes
+    assert stats["send"]["wire_bytes"] == stats["recv"]["wire_bytes"] == size
+    if nbytes:
+        assert stats["send"]["raw_tensors"] == stats["recv"]["raw_tensors"] == 1
+        assert stats["send"]["raw_reasons"] == {"disabled": 1}
+
+
+def test_a_small_tensor_is_copied_when_send_is_called(
+    looped: tuple[CollectiveGroup, LoopLink],
+) -> None:
+    group, _link = looped
+    t = torch.arange(8)
+    group.send(t, async_op=True).wait(timeout=10)
+    t.fill_(-1)  # changing it after the call does not change what was sent
+    assert torch.equal(group.recv(), torch.arange(8))
+    with pytest.raises(ValueError, match=r"send\(obj\): payload is not contiguous"):
+        group.send(torch.arange(8).reshape(2, 4).t())
+    group.send(torch.ones(2))  # the group still works
+    assert torch.equal(group.recv(), torch.ones(2))

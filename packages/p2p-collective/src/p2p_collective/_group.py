@@ -42,9 +42,11 @@ from p2p_collective._framing import (
 from p2p_collective._payload import (
     SMALL_OBJECT_MAX,
     SmallObject,
+    SmallTensor,
     check_tensor,
     encode,
     encode_small,
+    encode_small_tensor,
     flat_bytes,
     rebuild,
 )
@@ -294,6 +296,15 @@ class CollectiveGroup:
                 deadline=deadline,
                 async_op=async_op,
             )
+        if small is None and isinstance(obj, torch.Tensor) and self._pacer is None:
+            lean = encode_small_tensor(obj)
+            if lean is not None:  # one tensor that fits the header message: one copy, one message
+                return self._send.direction.submit(
+                    lambda dl: self._do_send_small(lean, dl),
+                    label="send(tensor)",
+                    deadline=deadline,
+                    async_op=async_op,
+                )
         frame = encode(obj, pickled=None if small is None else small.data)
         try:
             out = Outgoing.prepare(self._wire, frame, async_op)
@@ -453,7 +464,7 @@ class CollectiveGroup:
         st.payload_bytes += frame.payload_bytes
         st.wire_bytes += frame.wire_bytes
 
-    def _do_send_small(self, small: SmallObject, deadline: float | None) -> None:
+    def _do_send_small(self, small: SmallObject | SmallTensor, deadline: float | None) -> None:
         side = self._send
         link = side.ensure_link(deadline)
         n = small.pack_into(side.out_view, side.seq)
@@ -462,8 +473,13 @@ class CollectiveGroup:
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += 1
-        st.payload_bytes += n - FIXED.size
         st.wire_bytes += n
+        if isinstance(small, SmallTensor):  # counted as encode() + transmit() count it
+            st.payload_bytes += small.meta.raw_bytes
+            reason = "disabled" if self._wire is None else "inline"
+            side.wire_stats.count([small.meta], reason)
+        else:
+            st.payload_bytes += n - FIXED.size
 
     def _do_recv(self, deadline: float | None) -> Any:
         side = self._recv

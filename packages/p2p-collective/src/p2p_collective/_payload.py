@@ -21,7 +21,9 @@ import torch
 from p2p_collective._framing import (
     DTYPE_TO_CODE,
     FIXED,
+    FRAME_VERSION,
     HEADER_MAX,
+    MAGIC,
     TFLAG_REQUIRES_GRAD,
     Device,
     Flag,
@@ -92,6 +94,70 @@ class SmallObject:
 
 SMALL_OBJECT_MAX = HEADER_MAX - FIXED.size
 """Pickled objects up to this many bytes travel as a :class:`SmallObject`."""
+
+
+class SmallTensor:
+    """A single tensor whose whole frame fits the header message, copied at the call.
+
+    The frame is byte for byte what :func:`encode` makes of the tensor (kind TENSOR, one
+    entry, bytes inline), so the receiver reads it like any other; only the sender skips
+    the generic encoder. Like :class:`SmallObject` it is written into the direction's
+    send buffer when its turn comes.
+    """
+
+    __slots__ = ("data", "entry", "meta")
+
+    def __init__(self, meta: TensorMeta, entry: bytes, data: bytes) -> None:
+        self.meta = meta
+        self.entry = entry
+        self.data = data
+
+    def pack_into(self, view: memoryview, seq: int) -> int:
+        """Write the frame (fixed header with ``seq``, entry, bytes) into ``view``.
+
+        Returns:
+            The frame's length in bytes.
+        """
+        meta_end = FIXED.size + len(self.entry)
+        end = meta_end + len(self.data)
+        FIXED.pack_into(
+            view,
+            0,
+            MAGIC,
+            FRAME_VERSION,
+            Kind.TENSOR,
+            Flag.INLINE,
+            seq,
+            1,
+            len(self.entry),
+            0,
+            len(self.data),
+            0,
+            0,
+            0,
+        )
+        view[FIXED.size : meta_end] = self.entry
+        view[meta_end:end] = self.data
+        return end
+
+
+def encode_small_tensor(t: torch.Tensor, op: str = "send(obj)") -> SmallTensor | None:
+    """A :class:`SmallTensor` of ``t`` when its frame fits the header message, else None.
+
+    Raises:
+        ValueError: ``t`` cannot be sent (as :func:`encode` would raise it).
+    """
+    nbytes = t.numel() * t.element_size()
+    if nbytes > SMALL_OBJECT_MAX:
+        return None
+    check_tensor(t, "payload", op)
+    tflags = TFLAG_REQUIRES_GRAD if t.requires_grad else 0
+    meta = TensorMeta(t.dtype, tuple(t.shape), Device.CPU, 0, tflags, nbytes, nbytes)
+    entry = pack_entry(meta)
+    if FIXED.size + len(entry) + nbytes > HEADER_MAX:
+        return None
+    data = flat_bytes(t).numpy().tobytes() if nbytes else b""
+    return SmallTensor(meta, entry, data)
 
 
 def encode_small(obj: Any, op: str = "send(obj)") -> SmallObject | None:
