@@ -16,6 +16,7 @@ from p2p_collective import (
     parse_net_emulation,
 )
 from p2p_collective._emulation import EMULATED_WINDOW_BYTES, ArrivalGate, LinkPacer, clock_id
+from p2p_collective._framing import _ARRIVAL, _ARRIVAL_OFFSET, FIXED
 
 
 def test_defaults_and_the_original_keys() -> None:
@@ -97,6 +98,16 @@ def test_pacer_only_for_emulated_links() -> None:
     assert pacer.transfer_seconds(1_250_000) == pytest.approx(1.0)
 
 
+def release(
+    pacer: LinkPacer, sizes: list[int], ready: float, deadline: float | None
+) -> tuple[float, int, int]:
+    """``(seconds waited, arrive_ns, hold_us)``: what the pacer writes into a header."""
+    header = bytearray(FIXED.size)
+    slept = pacer.release(sizes, ready, deadline, memoryview(header))
+    arrive_ns, hold_us, _ = _ARRIVAL.unpack_from(header, _ARRIVAL_OFFSET)
+    return slept, arrive_ns, hold_us
+
+
 def test_virtual_clock_streams_at_the_bandwidth_and_adds_the_delay_once() -> None:
     # 80 Mbit/s: 100_000 bytes take 10 ms; 200 ms delay. Five frames ready at once go back
     # to back: the last arrives after 5 * 10 ms + 200 ms, not five delays.
@@ -106,7 +117,7 @@ def test_virtual_clock_streams_at_the_bandwidth_and_adds_the_delay_once() -> Non
     ready = time.monotonic()
     arrivals = []
     for _ in range(5):
-        _, arrive_ns, _ = pacer.release([100_000], ready, None)
+        _, arrive_ns, _ = release(pacer, [100_000], ready, None)
         arrivals.append(arrive_ns * 1e-9)
     # frame k arrives (k + 1) * 10 ms + 200 ms after ready; the sender was held until at
     # most 100_000 bytes (one frame) of the backlog remained: 40 ms
@@ -115,7 +126,7 @@ def test_virtual_clock_streams_at_the_bandwidth_and_adds_the_delay_once() -> Non
     # a lone frame once the link is idle: bytes / bandwidth + delay, sender not held
     time.sleep(max(ready + 0.05 - time.monotonic(), 0.0) + 0.005)
     t0 = time.monotonic()
-    slept, arrive_ns, hold_us = pacer.release([100_000], t0, None)
+    slept, arrive_ns, hold_us = release(pacer, [100_000], t0, None)
     assert slept == 0.0
     assert arrive_ns * 1e-9 - t0 == pytest.approx(0.21, abs=1e-3)
     assert hold_us * 1e-6 == pytest.approx(0.21, abs=2e-3)
@@ -128,9 +139,9 @@ def test_credit_is_bounded_by_the_window() -> None:
     t0 = time.monotonic()
     # 1000 bytes of credit (1 ms): the first frame's 1000 bytes have "arrived" already; the
     # second's 2000 bytes take 2 ms more, of which the sender waits 1 ms (its window)
-    _, first, _ = pacer.release([1000], ready, None)
+    _, first, _ = release(pacer, [1000], ready, None)
     assert first * 1e-9 <= t0 + 1e-4
-    _, second, _ = pacer.release([2000], ready, None)
+    _, second, _ = release(pacer, [2000], ready, None)
     assert second * 1e-9 - t0 == pytest.approx(0.002, abs=5e-4)
     assert time.monotonic() - t0 >= 0.0008
     assert EMULATED_WINDOW_BYTES == 4 * 1024 * 1024
@@ -140,12 +151,12 @@ def test_pacing_past_the_deadline_times_out_and_close_wakes_the_sender() -> None
     pacer = LinkPacer(LinkEmulation(bandwidth_mbps=8.0, delay_ms=0.0), "a -> b", window_bytes=0)
     t0 = time.monotonic()
     with pytest.raises(CollectiveTimeoutError, match="a -> b"):
-        pacer.release([1_000_000], t0, t0 + 0.05)  # needs 1 s
+        release(pacer, [1_000_000], t0, t0 + 0.05)  # needs 1 s
     assert time.monotonic() - t0 < 0.5
     pacer2 = LinkPacer(LinkEmulation(bandwidth_mbps=8.0, delay_ms=0.0), "a -> b", window_bytes=0)
     pacer2.close()
     with pytest.raises(GroupClosedError):
-        pacer2.release([1_000_000], time.monotonic(), None)
+        release(pacer2, [1_000_000], time.monotonic(), None)
 
 
 def test_arrival_gate_holds_until_the_arrival_on_either_clock() -> None:

@@ -44,7 +44,6 @@ from p2p_collective._framing import (
     FIXED,
     TensorMeta,
     entry_size,
-    patch_arrival,
     patch_entry_codec,
     patch_wire_total,
 )
@@ -395,8 +394,7 @@ def transmit(
     try:
         if pacer is not None:
             sizes = [int(m.numel()) for m in headers] + [int(m.numel()) for m in payloads]
-            paced, arrive_ns, hold_us = pacer.release(sizes, packed.ready, deadline)
-            patch_arrival(frame.view, arrive_ns, hold_us, pacer.byte_ps)
+            paced = pacer.release(sizes, packed.ready, deadline, frame.view)
         for msg in headers:
             send(msg, deadline)
         for j, msg in enumerate(payloads):

@@ -32,7 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from p2p_collective._errors import CollectiveTimeoutError, GroupClosedError
+from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, GroupClosedError
+from p2p_collective._framing import patch_arrival
 from p2p_collective._validate import fail as _fail
 from p2p_collective._validate import mapping as _mapping
 
@@ -237,6 +238,23 @@ def clock_id() -> str:
 _CLOCK_ID: str | None = None
 
 
+def publish_clock(store: Any, prefix: str) -> None:
+    """Sending side of a direction: publish whose clock its arrival times are in."""
+    try:
+        store.set(f"{prefix}/send/clock", clock_id())
+    except Exception as exc:
+        raise CollectiveError(f"rendezvous store failed at {prefix!r}: {exc}") from exc
+
+
+def shares_clock(store: Any, prefix: str) -> bool:
+    """Receiving side, after meeting the sender: whether it reads this side's clock."""
+    try:
+        theirs = bytes(store.get(f"{prefix}/send/clock")).decode()
+    except Exception as exc:
+        raise CollectiveError(f"rendezvous store failed at {prefix!r}: {exc}") from exc
+    return theirs == clock_id()
+
+
 def _hold(closed: threading.Event, until: float, deadline: float | None, what: str) -> float:
     """Sleep until ``until`` (monotonic) unless closed; fail at ``deadline`` if it is earlier.
 
@@ -305,19 +323,24 @@ class LinkPacer:
         return nbytes * self._byte_s + self._delay_s
 
     def release(
-        self, sizes: Sequence[int], ready: float, deadline: float | None
-    ) -> tuple[float, int, int]:
+        self,
+        sizes: Sequence[int],
+        ready: float,
+        deadline: float | None,
+        header: memoryview | None = None,
+    ) -> float:
         """Schedule a frame's messages on the link; wait until the sender may send them.
 
         Args:
             sizes: Wire bytes of each message of the frame, header message first.
             ready: ``time.monotonic()`` at which the frame was ready to go.
             deadline: ``time.monotonic()`` deadline of the operation, or None.
+            header: The frame's packed header: the header message's emulated arrival
+                (ns of ``CLOCK_MONOTONIC``, and microseconds from now) and the link's
+                byte time are written into it for the receiver.
 
         Returns:
-            ``(seconds waited, arrive_ns, hold_us)``: the header message's emulated
-            arrival in ns of ``CLOCK_MONOTONIC`` and in microseconds from now, for
-            :func:`~p2p_collective._framing.patch_arrival`.
+            Seconds waited.
 
         Raises:
             CollectiveTimeoutError: The sender would be released after ``deadline``
@@ -332,8 +355,10 @@ class LinkPacer:
             self._closed, self._free_at - self._window_s, deadline, f"emulated link {self.name}"
         )
         self.slept_seconds += slept
-        hold = first - time.monotonic()
-        return slept, max(int(first * 1e9), 1), max(math.ceil(hold * 1e6), 0)
+        if header is not None:
+            hold = max(math.ceil((first - time.monotonic()) * 1e6), 0)
+            patch_arrival(header, max(int(first * 1e9), 1), hold, self.byte_ps)
+        return slept
 
     def close(self) -> None:
         """Wake a pacing sender; it fails with :class:`GroupClosedError`."""
@@ -372,6 +397,14 @@ class ArrivalGate:
         if self.shared_clock:
             return arrive_ns * 1e-9
         return received_at + hold_us * 1e-6
+
+    def hold(self, arrival: float, after: int, byte_ps: int, deadline: float | None) -> float:
+        """Hold until the bytes ``after`` the header message have arrived too.
+
+        ``arrival`` is the header's (:meth:`arrival`), ``byte_ps`` the link's byte time
+        from the header. Returns the seconds held (see :meth:`wait`).
+        """
+        return self.wait(arrival + after * byte_ps * 1e-12, deadline)
 
     def wait(self, until: float, deadline: float | None) -> float:
         """Hold the receiving thread until ``until``; return the seconds held.

@@ -21,7 +21,7 @@ from p2p_collective._compression import (
 )
 from p2p_collective._config import CollectiveConfig
 from p2p_collective._direction import CleanFailure, Direction
-from p2p_collective._emulation import ArrivalGate, LinkPacer, clock_id
+from p2p_collective._emulation import ArrivalGate, LinkPacer, publish_clock, shares_clock
 from p2p_collective._errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -37,7 +37,6 @@ from p2p_collective._framing import (
     Kind,
     pack_raw_header,
     parse_fixed,
-    patch_arrival,
 )
 from p2p_collective._payload import (
     SMALL_OBJECT_MAX,
@@ -97,9 +96,8 @@ class _Side:
             # Both ends must hold the same job-level compression config: publish ours
             # before meeting, compare with the peer's after (a clear error, no garbage).
             publish_wire_config(self.store, prefix, self.role, g.wire_fingerprint)
-            store = self.store
             if self.role == "send":  # whose clock the emulated arrival times are in
-                _store_op(lambda: store.set(f"{prefix}/send/clock", clock_id()), prefix)
+                publish_clock(self.store, prefix)
             meet(
                 self.store,
                 prefix,
@@ -114,8 +112,7 @@ class _Side:
                 self.store, prefix, peer_role, g.wire_fingerprint, g.self_name, g.peer_name
             )
             if self.role == "recv":
-                sender_clock = _store_op(lambda: store.get(f"{prefix}/send/clock"), prefix)
-                self.gate.shared_clock = bytes(sender_clock).decode() == clock_id()
+                self.gate.shared_clock = shares_clock(self.store, prefix)
         except CollectiveError as exc:  # nothing is on the wire yet: retry later is fine
             raise CleanFailure(exc) from exc
         self.link = g.links.connect(
@@ -140,13 +137,6 @@ class _Side:
             self.link.close()
             self.link = None
         self.store = None
-
-
-def _store_op(op: Callable[[], Any], prefix: str) -> Any:
-    try:
-        return op()
-    except Exception as exc:
-        raise CollectiveError(f"rendezvous store failed at {prefix!r}: {exc}") from exc
 
 
 def _min_timeout(a: float | None, b: float | None) -> float | None:
@@ -540,8 +530,7 @@ class CollectiveGroup:
         side.seq += 1
         if self._pacer is not None:
             sizes = [head + n] if inline else [head, n]
-            paced, arrive_ns, hold_us = self._pacer.release(sizes, ready, deadline)
-            patch_arrival(side.out_view, arrive_ns, hold_us, self._pacer.byte_ps)
+            paced = self._pacer.release(sizes, ready, deadline, side.out_view)
             side.wire_stats.add_seconds(emulated=paced)
         if inline:  # one message: header and bytes
             side.out[head : head + n].copy_(payload)
@@ -589,8 +578,8 @@ class CollectiveGroup:
         arrival = side.gate.arrival(hdr.arrive_ns, hdr.hold_us, received_at)
         if arrival is not None:  # emulated link: the last byte arrives n byte times later
             after = 0 if inline else n
-            waited = side.gate.wait(arrival + after * hdr.byte_ps * 1e-12, deadline)
-            side.wire_stats.add_seconds(emulated=waited)
+            held = side.gate.hold(arrival, after, hdr.byte_ps, deadline)
+            side.wire_stats.add_seconds(emulated=held)
         side.headers.prepost(link)
         st = side.direction.stats
         st.messages += 1

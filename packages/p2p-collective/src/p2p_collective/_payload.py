@@ -21,9 +21,7 @@ import torch
 from p2p_collective._framing import (
     DTYPE_TO_CODE,
     FIXED,
-    FRAME_VERSION,
     HEADER_MAX,
-    MAGIC,
     TFLAG_REQUIRES_GRAD,
     Device,
     Flag,
@@ -33,6 +31,7 @@ from p2p_collective._framing import (
     pack_fixed,
     pack_names,
     pack_small_object,
+    patch_seq,
 )
 from p2p_collective._plain import load_object
 from p2p_collective._recvpool import POOL_MIN_BYTES
@@ -120,22 +119,16 @@ class SmallTensor:
         """
         meta_end = FIXED.size + len(self.entry)
         end = meta_end + len(self.data)
-        FIXED.pack_into(
+        pack_fixed(
             view,
-            0,
-            MAGIC,
-            FRAME_VERSION,
-            Kind.TENSOR,
-            Flag.INLINE,
-            seq,
-            1,
-            len(self.entry),
-            0,
-            len(self.data),
-            0,
-            0,
-            0,
+            kind=Kind.TENSOR,
+            flags=Flag.INLINE,
+            n_tensors=1,
+            meta_len=len(self.entry),
+            obj_len=0,
+            wire_total=len(self.data),
         )
+        patch_seq(view, seq)
         view[FIXED.size : meta_end] = self.entry
         view[meta_end:end] = self.data
         return end
@@ -147,16 +140,13 @@ def encode_small_tensor(t: torch.Tensor, op: str = "send(obj)") -> SmallTensor |
     Raises:
         ValueError: ``t`` cannot be sent (as :func:`encode` would raise it).
     """
-    nbytes = t.numel() * t.element_size()
-    if nbytes > SMALL_OBJECT_MAX:
+    if t.numel() * t.element_size() > SMALL_OBJECT_MAX:
         return None
-    check_tensor(t, "payload", op)
-    tflags = TFLAG_REQUIRES_GRAD if t.requires_grad else 0
-    meta = TensorMeta(t.dtype, tuple(t.shape), Device.CPU, 0, tflags, nbytes, nbytes)
+    meta = _checked_meta(t, "payload", op)
     entry = pack_entry(meta)
-    if FIXED.size + len(entry) + nbytes > HEADER_MAX:
+    if FIXED.size + len(entry) + meta.raw_bytes > HEADER_MAX:
         return None
-    data = flat_bytes(t).numpy().tobytes() if nbytes else b""
+    data = flat_bytes(t).numpy().tobytes() if meta.raw_bytes else b""
     return SmallTensor(meta, entry, data)
 
 
@@ -277,6 +267,14 @@ def _classify(obj: Any) -> tuple[int, int, list[Any], list[str], list[str] | Non
     return Kind.OBJECT, 0, [], [], None, obj
 
 
+def _checked_meta(t: torch.Tensor, where: str, op: str) -> TensorMeta:
+    """The raw (uncompressed) entry of a tensor that :func:`check_tensor` accepts."""
+    check_tensor(t, where, op)
+    nbytes = t.numel() * t.element_size()
+    tflags = TFLAG_REQUIRES_GRAD if t.requires_grad else 0
+    return TensorMeta(t.dtype, tuple(t.shape), Device.CPU, 0, tflags, nbytes, nbytes)
+
+
 def encode(obj: Any, op: str = "send(obj)", pickled: bytes | None = None) -> OutFrame:
     """Classify, check and encode ``obj``; nothing is sent.
 
@@ -291,11 +289,8 @@ def encode(obj: Any, op: str = "send(obj)", pickled: bytes | None = None) -> Out
     metas: list[TensorMeta] = []
     payloads: list[torch.Tensor] = []
     for t, pos in zip(tensors, where, strict=True):
-        check_tensor(t, pos, op)
-        nbytes = t.numel() * t.element_size()
-        tflags = TFLAG_REQUIRES_GRAD if t.requires_grad else 0
-        metas.append(TensorMeta(t.dtype, tuple(t.shape), Device.CPU, 0, tflags, nbytes, nbytes))
-        if nbytes:
+        metas.append(_checked_meta(t, pos, op))
+        if metas[-1].raw_bytes:
             payloads.append(flat_bytes(t))
     meta = b"".join(pack_entry(m) for m in metas)
     if names is not None:

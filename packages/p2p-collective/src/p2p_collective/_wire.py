@@ -121,6 +121,32 @@ def _allocate(make: Callable[[], torch.Tensor], nbytes: int, peer: str) -> torch
         ) from exc
 
 
+class _Hold:
+    """Holds the messages of one frame from an emulated link until each has arrived."""
+
+    __slots__ = ("arrival", "byte_ps", "deadline", "gate", "held")
+
+    def __init__(
+        self, gate: ArrivalGate, arrival: float, byte_ps: int, deadline: float | None
+    ) -> None:
+        self.gate = gate
+        self.arrival = arrival
+        self.byte_ps = byte_ps
+        self.deadline = deadline
+        self.held = 0.0
+
+    def __call__(self, after: int) -> None:
+        """Wait until the frame's bytes up to ``after`` past the header message arrived."""
+        self.held += self.gate.hold(self.arrival, after, self.byte_ps, self.deadline)
+
+    def after_recv(
+        self, recv: Callable[[torch.Tensor], None], after: int, buf: torch.Tensor
+    ) -> None:
+        """``recv(buf)``, then wait until those bytes arrived."""
+        recv(buf)
+        self(after)
+
+
 def read_frame(
     link: Link,
     scratch: torch.Tensor,
@@ -165,14 +191,12 @@ def read_frame(
         link.recv(scratch, deadline)
     received_at = time.monotonic()
     hdr = parse_fixed(scratch_view, expected_seq, peer)
+    # From an emulated link (the header says so), each message is held until its
+    # emulated arrival: ``hold(bytes after the header)``; None otherwise.
+    hold = None
     arrival = None if gate is None else gate.arrival(hdr.arrive_ns, hdr.hold_us, received_at)
-    held = 0.0
-
-    def arrive(after_header: int) -> None:
-        """Hold until the frame's bytes up to ``after_header`` past the header arrived."""
-        nonlocal held
-        if arrival is not None and gate is not None:
-            held += gate.wait(arrival + after_header * hdr.byte_ps * 1e-12, deadline)
+    if arrival is not None and gate is not None:
+        hold = _Hold(gate, arrival, hdr.byte_ps, deadline)
 
     if hdr.kind == Kind.RAW:
         raise FramingError(
@@ -187,9 +211,10 @@ def read_frame(
         # A plain object (the common small message): no metadata, no payload messages.
         end = FIXED.size + hdr.obj_len
         obj = scratch_view[FIXED.size : end] if hdr.obj_len else None
-        arrive(0)
-        if held and stats is not None:
-            stats.add_seconds(emulated=held)
+        if hold is not None:
+            hold(0)
+            if stats is not None:
+                stats.add_seconds(emulated=hold.held)
         return Received(hdr.kind, hdr.flags, [], None, obj, [], 1, hdr.obj_len, end)
     messages = 1
     wire = hdr.inline_len
@@ -201,7 +226,8 @@ def read_frame(
             link.recv(ext, deadline)
             messages += 1
             wire += ext.numel()
-            arrive(wire - hdr.inline_len)
+            if hold is not None:
+                hold(wire - hdr.inline_len)
         body = ext.numpy().data
     else:
         body = scratch_view[FIXED.size : hdr.inline_len]
@@ -219,7 +245,8 @@ def read_frame(
         assert codec is not None  # check_entries refuses compressed entries without one
         decoder = FrameDecoder(codec, stats if stats is not None else WireStats(), peer)
     if hdr.flags & Flag.INLINE:
-        arrive(0)
+        if hold is not None:
+            hold(0)
         off = FIXED.size + hdr.meta_len + hdr.obj_len
         for i, (t, m) in enumerate(zip(tensors, metas, strict=True)):
             if m.wire_bytes:
@@ -237,15 +264,14 @@ def read_frame(
                     continue
                 after = wire + m.wire_bytes - hdr.inline_len
                 if decoder is not None and m.codec_id:
-
-                    def recv(buf: torch.Tensor, after: int = after) -> None:
-                        link.recv(buf, deadline)
-                        arrive(after)  # decoding starts once the payload has "arrived"
-
+                    recv: Callable[[torch.Tensor], None] = partial(link.recv, deadline=deadline)
+                    if hold is not None:  # decoding starts once the payload has "arrived"
+                        recv = partial(hold.after_recv, recv, after)
                     decoder.receive(recv, i, m, t, deadline, i < last)
                 else:
                     link.recv(flat_bytes(t), deadline)
-                    arrive(after)
+                    if hold is not None:
+                        hold(after)
                 messages += 1
                 wire += m.wire_bytes
             if decoder is not None:
@@ -256,8 +282,8 @@ def read_frame(
             raise
     if stats is not None:
         stats.count(metas, None)
-        if held:
-            stats.add_seconds(emulated=held)
+        if hold is not None:
+            stats.add_seconds(emulated=hold.held)
     obj = body[hdr.meta_len : hdr.meta_len + hdr.obj_len] if hdr.obj_len else None
     payload = sum(m.raw_bytes for m in metas) + hdr.obj_len
     return Received(hdr.kind, hdr.flags, metas, names, obj, tensors, messages, payload, wire)
