@@ -8,9 +8,12 @@ this test process. Resources are counted after 10 warm-up cycles and again after
 more; the growth must stay within:
 
 - Python threads: +2, OS threads: +8, open file descriptors: +16;
-- resident memory: +128 MiB in all, and +32 MiB over the last 50 cycles (the allocator
-  settles after a few large sends; a retained 8 MiB payload per failed send would add
-  ~135 MiB every 50 cycles);
+- resident memory, counted after a GC and ``malloc_trim(0)`` (see ``harness.resources``):
+  +128 MiB in all at every count, and the peak of the last five counts at most 32 MiB
+  above the peak of the first five (a retained 8 MiB payload per failed send would add
+  ~135 MiB every 50 cycles). Peaks, because single counts swing by up to 50 MiB with no
+  trend: the heap holds a varying number of freed payloads (CI once saw +0.8 MiB at
+  cycle 50 and +51.8 MiB at cycle 100, with +51.0 MiB already at cycle 40);
 - groups cached by the Collective: at most 2.
 
 Two variants: the group re-created under the same key every cycle (the documented way to
@@ -43,7 +46,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 WARMUP = 10
 CYCLES = 100
 BOUND = Resources(python_threads=2, native_threads=8, open_fds=16, rss_bytes=128 << 20)
-LATE_RSS_BOUND = 32 << 20  # growth over the second half of the cycles
+LATE_RSS_BOUND = 32 << 20  # peak of the second half of the counts over the first half's
 MAX_CACHED_GROUPS = 2
 FAILED_SEND = 8 << 20  # bytes of the send that fails in every third cycle
 
@@ -139,8 +142,11 @@ def test_hundred_failure_cycles_leak_nothing(
             done = i - WARMUP + 1
             if done % 10 == 0:  # fail early, do not wait for the 100th cycle
                 at[done] = check_growth(coll, base, done)
-        late = at[CYCLES].rss_bytes - at[CYCLES // 2].rss_bytes
-        print(f"RSS growth over the last {CYCLES // 2} cycles: {late / 2**20:+.1f} MiB")
+        half = CYCLES // 2
+        early_peak = max(r.rss_bytes for done, r in at.items() if done <= half)
+        late_peak = max(r.rss_bytes for done, r in at.items() if done > half)
+        late = late_peak - early_peak
+        print(f"RSS peak, last {half} cycles against the first {half}: {late / 2**20:+.1f} MiB")
         assert late <= LATE_RSS_BOUND, late
         assert cycle_peer.result() == WARMUP + CYCLES
     finally:
