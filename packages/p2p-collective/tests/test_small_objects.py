@@ -28,6 +28,7 @@ class LoopLink:
     peer = "b"
     transport = "loop"
     transport_reason = "in-process test link"
+    posts_cost = False
 
     def __init__(self) -> None:
         self.sent: list[torch.Tensor] = []

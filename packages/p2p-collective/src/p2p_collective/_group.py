@@ -38,6 +38,7 @@ from p2p_collective._framing import (
     pack_raw_header,
     parse_fixed,
 )
+from p2p_collective._headers import HeaderReceiver
 from p2p_collective._payload import (
     SMALL_OBJECT_MAX,
     SmallObject,
@@ -51,7 +52,7 @@ from p2p_collective._payload import (
 )
 from p2p_collective._rendezvous import claim_incarnation, meet, private_client, wait_key
 from p2p_collective._transport import GlooLink, LinkFactory, StoreLike, deadline_after, remaining
-from p2p_collective._wire import HEADER_MAX_TENSOR, HeaderReceiver, patch_frame_seq, read_frame
+from p2p_collective._wire import HEADER_MAX_TENSOR, patch_frame_seq, read_frame
 from p2p_compress import CompressionError
 
 
@@ -71,10 +72,10 @@ class _Side:
         self.store: StoreLike | None = None
         self.seq = 0
         # Sending: small objects and send_tensor headers are written here when their turn
-        # comes. Receiving: header messages, with the next one's receive kept posted.
+        # comes. Receiving: header messages, the next one's receive armed or posted.
         self.out = torch.zeros(HEADER_MAX if role == "send" else 0, dtype=torch.uint8)
         self.out_view = self.out.numpy().data
-        self.headers = HeaderReceiver()
+        self.headers = HeaderReceiver(group.links.poster)
         self.wire_stats = WireStats()  # tensors compressed / raw, codec and pacing time
         # Receiving: holds frames from an emulated link until their emulated arrival.
         self.gate = ArrivalGate(f"p2p[{group.name}].recv from {group.peer_name!r}")
@@ -125,6 +126,8 @@ class _Side:
             wait_key=lambda key, t: wait_key(self.store, key, t, lambda: g.closed),
         )
         self.link.set_on_gone(self.direction.abort)
+        if self.role == "send":  # while a send travels, post the receive side's next header
+            self.link.on_send_posted = g._recv.headers.post_armed
         return self.link
 
     def _hang_up(self, exc: BaseException) -> None:
@@ -489,7 +492,7 @@ class CollectiveGroup:
             header_received=True,
             gate=side.gate,
         )
-        side.headers.prepost(link)  # the frame is in: the next header can arrive at once
+        side.headers.arm(link)  # the frame is in: the next header may come (see _headers)
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += got.transport_messages
@@ -580,7 +583,7 @@ class CollectiveGroup:
             after = 0 if inline else n
             held = side.gate.hold(arrival, after, hdr.byte_ps, deadline)
             side.wire_stats.add_seconds(emulated=held)
-        side.headers.prepost(link)
+        side.headers.arm(link)
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += 1 if inline else 2

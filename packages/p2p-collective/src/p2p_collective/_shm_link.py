@@ -82,6 +82,7 @@ class ShmLink:
 
     transport = "shm"
     transport_reason = ""
+    posts_cost = False  # receives are not posted: the socket stream carries every message
 
     def __init__(self, gloo: GlooLink, sock: socket.socket, segment: Segment) -> None:
         self.peer = gloo.peer
@@ -99,6 +100,7 @@ class ShmLink:
         self._closed = False
         self._released = False
         self._unusable: str | None = None
+        self.on_send_posted: Callable[[], object] | None = None  # as GlooLink's; unused here
 
     def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
         """Call ``fn`` (from the watcher thread) when the peer is declared gone."""

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
+from p2p_collective._headers import HeaderPoster
 from p2p_collective._liveness import Watcher, open_watch_socket
 from p2p_collective._recvpool import PostedRecv, ReceiveBufferPool
 from p2p_collective._shm import join as _shm_join
@@ -94,6 +95,9 @@ class Link(Protocol):
     transport: str
     transport_reason: str
 
+    posts_cost: bool
+    """Whether posting a receive ahead costs the caller time (gloo) or nothing (shm)."""
+
     def send(self, tensor: torch.Tensor, deadline: float | None) -> None:
         """Send the bytes of a flat uint8 tensor as one message."""
 
@@ -114,7 +118,7 @@ class Link(Protocol):
 
 
 class LinkFactory:
-    """Per-Collective transport resources: host, gloo device, liveness watcher, buffer pool.
+    """Per-Collective transport resources: host, gloo device, watcher, poster, buffer pool.
 
     ``shared_memory`` (the config switch) lets :meth:`connect` put a direction whose peer
     is on this node on shared memory (:class:`~p2p_collective._shm_link.ShmLink`).
@@ -133,6 +137,7 @@ class LinkFactory:
         self.shared_memory = shared_memory
         self.mac = mac  # the job token's HMAC, for the shared-memory hello (None: no token)
         self.watcher = Watcher(name)
+        self.poster = HeaderPoster(name)
         self.recv_pool = ReceiveBufferPool(recv_cache_bytes)
         self._lock = threading.Lock()
         self._device: Any = None
@@ -209,12 +214,13 @@ class LinkFactory:
         return {"transport": link.transport, "transport_reason": link.transport_reason}
 
     def close(self) -> None:
-        """Stop the liveness watcher, drop the idle receive buffers and the gloo device.
+        """Stop the watcher and the poster; drop the idle receive buffers and the gloo device.
 
         The device's descriptors (its event loop, listening socket) close once the last
         process group that uses it is gone.
         """
         self.watcher.close()
+        self.poster.close()
         self.recv_pool.close()
         with self._lock:
             self._device = None
@@ -234,6 +240,7 @@ class GlooLink:
     """
 
     transport = "gloo"
+    posts_cost = True
 
     def __init__(
         self, pg: Any, rank: int, peer: str, watch: socket.socket, watcher: Watcher
@@ -249,6 +256,9 @@ class GlooLink:
         self._waiter: threading.Thread | None = None
         self._inflight: _Wait | None = None
         self.transport_reason = ""
+        # Called between handing a send to gloo and waiting for it (the group posts the
+        # other direction's armed header receive there, see p2p_collective._headers).
+        self.on_send_posted: Callable[[], object] | None = None
         watcher.watch(watch, self._peer_gone)
 
     def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
@@ -273,6 +283,8 @@ class GlooLink:
                 " passed before it could start"
             )
         work = self._post(what, tensor, send)
+        if send and self.on_send_posted is not None:
+            self.on_send_posted()
         self._finish(what, work, tensor.numel(), deadline)
 
     def _post(self, what: str, tensor: torch.Tensor, send: bool) -> Any:

@@ -30,7 +30,7 @@ from p2p_collective._framing import (
 )
 from p2p_collective._framing import patch_seq as _patch_seq
 from p2p_collective._payload import OutFrame, allocate, flat_bytes
-from p2p_collective._recvpool import PostedRecv, ReceiveBufferPool
+from p2p_collective._recvpool import ReceiveBufferPool
 from p2p_collective._transport import Link
 
 _NO_MAGIC = bytes(4)
@@ -39,58 +39,6 @@ _NO_MAGIC = bytes(4)
 def patch_frame_seq(frame: OutFrame, seq: int) -> None:
     """Write the direction's sequence number into an encoded frame's header."""
     _patch_seq(frame.view, seq)
-
-
-class HeaderReceiver:
-    """The header receives of one direction, double-buffered and kept posted.
-
-    Every operation's first message is a header of at most ``HEADER_MAX`` bytes, so
-    once an operation has posted all its own receives, the next header's receive can
-    be posted at once, into the other buffer. gloo then sends the peer's next message
-    as soon as it is sent, instead of first trading "ready to send" / "ready to
-    receive" notifications (one round trip per message otherwise).
-    """
-
-    def __init__(self) -> None:
-        # Allocated at the first receive: a group's sending side never needs them.
-        self._bufs: tuple[torch.Tensor, ...] = ()
-        self._views: tuple[memoryview, ...] = ()
-        self._next = 0
-        self._posted: PostedRecv | None = None
-
-    def _allocate(self) -> None:
-        self._bufs = tuple(torch.zeros(HEADER_MAX, dtype=torch.uint8) for _ in range(2))
-        self._views = tuple(b.numpy().data for b in self._bufs)
-
-    def receive(self, link: Link, deadline: float | None) -> tuple[torch.Tensor, memoryview]:
-        """Take the next header message (posted earlier or now); return buffer and view.
-
-        The buffer is not reused before the next :meth:`receive`, so it stays valid for
-        the rest of the operation that took it.
-        """
-        if not self._bufs:
-            self._allocate()
-        i = self._next
-        self._next = 1 - i
-        posted, self._posted = self._posted, None
-        if posted is None:
-            self._views[i][:4] = _NO_MAGIC  # a short stray message must not leave an old header
-            link.recv(self._bufs[i], deadline)
-        else:
-            link.wait_recv(posted, deadline)
-        return self._bufs[i], self._views[i]
-
-    def prepost(self, link: Link) -> None:
-        """Post the receive of the next operation's header (call after all own receives)."""
-        if self._posted is not None:
-            return
-        i = self._next
-        self._views[i][:4] = _NO_MAGIC
-        self._posted = link.post_recv(self._bufs[i])
-
-    def discard(self) -> None:
-        """Forget a posted receive (the link is closing; gloo drops it with the link)."""
-        self._posted = None
 
 
 HEADER_MAX_TENSOR = HEADER_MAX - FIXED.size
