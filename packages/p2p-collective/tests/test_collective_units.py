@@ -195,7 +195,7 @@ class ReplayLink:
         patch_frame_seq(frame, seq)
         self.messages += [m.clone() for m in (*frame.header_messages(), *frame.payloads)]
 
-    def recv(self, buf: torch.Tensor, deadline: float | None) -> None:
+    def recv(self, buf: torch.Tensor, deadline: float | None, header: bool = False) -> None:
         msg = self.messages.pop(0)
         assert msg.numel() <= buf.numel(), "a longer message would abort a real receiver"
         buf[: msg.numel()].copy_(msg)

@@ -84,7 +84,7 @@ class FakeLink:
         self._messages = [header, *later]
         self.posted: list[int] = []
 
-    def recv(self, tensor: torch.Tensor, deadline: float | None) -> None:
+    def recv(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
         self.posted.append(tensor.numel())
         msg = self._messages.pop(0) if self._messages else b""
         if tensor.numel() and msg:

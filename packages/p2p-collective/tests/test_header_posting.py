@@ -1,8 +1,9 @@
 """The next header's receive is posted ahead, so a small send never waits for a receiver.
 
-Once an operation has taken its messages, the receive of the next operation's header is
-posted at once (into the other of two header buffers). So a small send completes while
-the receiver is busy elsewhere, and two peers that both send before they receive do not
+From its first receive on, a direction keeps two header receives posted (headers travel
+under their own gloo tag) and tops them up before each wait, so while an operation runs
+and after it, the next header's receive is posted. So a small send completes while the
+receiver is busy elsewhere, and two peers that both send before they receive do not
 deadlock (gloo only moves a message into a posted receive). Runs over shared memory (the
 default transport) and over gloo (``P2P_TEST_TRANSPORT=gloo``).
 """

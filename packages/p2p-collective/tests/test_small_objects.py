@@ -28,15 +28,14 @@ class LoopLink:
     peer = "b"
     transport = "loop"
     transport_reason = "in-process test link"
-    posts_cost = False
 
     def __init__(self) -> None:
         self.sent: list[torch.Tensor] = []
 
-    def send(self, t: torch.Tensor, deadline: float | None) -> None:
+    def send(self, t: torch.Tensor, deadline: float | None, header: bool = False) -> None:
         self.sent.append(t.clone())
 
-    def recv(self, t: torch.Tensor, deadline: float | None) -> None:
+    def recv(self, t: torch.Tensor, deadline: float | None, header: bool = False) -> None:
         msg = self.sent.pop(0)
         t[: msg.numel()].copy_(msg)
 

@@ -56,7 +56,7 @@ def test_a_compressed_frame_parses_back_to_its_patched_metadata() -> None:
     assert frame.payloads[0].numel() == metas[0].wire_bytes
     sent: list[int] = []
     stats = WireStats()
-    transmit(lambda t, d: sent.append(t.numel()), packed, None, stats, None)
+    transmit(lambda t, d, h: sent.append(t.numel()), packed, None, stats, None)
     assert sent[1:] == [m.wire_bytes for m in metas]
     assert wire.pool.stats()["active_bytes"] == 0  # every lease went back
     st = stats.as_dict()

@@ -366,7 +366,7 @@ class Outgoing:
 
 
 def transmit(
-    send: Callable[[torch.Tensor, float | None], None],
+    send: Callable[[torch.Tensor, float | None, bool], None],
     packed: Packed,
     pacer: LinkPacer | None,
     stats: WireStats,
@@ -384,10 +384,10 @@ def transmit(
     headers = frame.header_messages()
     payloads = frame.payloads
     if plan is None and pacer is None:  # the plain path: nothing to pace or give back
-        for msg in headers:
-            send(msg, deadline)
+        for k, msg in enumerate(headers):
+            send(msg, deadline, k == 0)  # the frame's first message travels as a header
         for msg in payloads:
-            send(msg, deadline)
+            send(msg, deadline, False)
         stats.count(frame.metas, packed.reasons, packed.codec_seconds)
         return len(headers) + len(payloads)
     paced = 0.0
@@ -395,10 +395,10 @@ def transmit(
         if pacer is not None:
             sizes = [int(m.numel()) for m in headers] + [int(m.numel()) for m in payloads]
             paced = pacer.release(sizes, packed.ready, deadline, frame.view)
-        for msg in headers:
-            send(msg, deadline)
+        for k, msg in enumerate(headers):
+            send(msg, deadline, k == 0)
         for j, msg in enumerate(payloads):
-            send(msg, deadline)
+            send(msg, deadline, False)
             if plan is not None:
                 plan.release_entry(j)  # this payload's send completed
     except BaseException:

@@ -72,10 +72,10 @@ class _Side:
         self.store: StoreLike | None = None
         self.seq = 0
         # Sending: small objects and send_tensor headers are written here when their turn
-        # comes. Receiving: header messages, the next one's receive armed or posted.
+        # comes. Receiving: header messages, the next ones' receives posted ahead.
         self.out = torch.zeros(HEADER_MAX if role == "send" else 0, dtype=torch.uint8)
         self.out_view = self.out.numpy().data
-        self.headers = HeaderReceiver(group.links.poster)
+        self.headers = HeaderReceiver()
         self.wire_stats = WireStats()  # tensors compressed / raw, codec and pacing time
         # Receiving: holds frames from an emulated link until their emulated arrival.
         self.gate = ArrivalGate(f"p2p[{group.name}].recv from {group.peer_name!r}")
@@ -126,8 +126,6 @@ class _Side:
             wait_key=lambda key, t: wait_key(self.store, key, t, lambda: g.closed),
         )
         self.link.set_on_gone(self.direction.abort)
-        if self.role == "send":  # while a send travels, post the receive side's next header
-            self.link.on_send_posted = g._recv.headers.post_armed
         return self.link
 
     def _hang_up(self, exc: BaseException) -> None:
@@ -462,7 +460,7 @@ class CollectiveGroup:
         link = side.ensure_link(deadline)
         n = small.pack_into(side.out_view, side.seq)
         side.seq += 1
-        link.send(side.out[:n], deadline)
+        link.send(side.out[:n], deadline, header=True)
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += 1
@@ -492,7 +490,6 @@ class CollectiveGroup:
             header_received=True,
             gate=side.gate,
         )
-        side.headers.arm(link)  # the frame is in: the next header may come (see _headers)
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += got.transport_messages
@@ -537,9 +534,9 @@ class CollectiveGroup:
             side.wire_stats.add_seconds(emulated=paced)
         if inline:  # one message: header and bytes
             side.out[head : head + n].copy_(payload)
-            link.send(side.out[: head + n], deadline)
+            link.send(side.out[: head + n], deadline, header=True)
         else:  # a header the receiver checks, then the bytes straight into its tensor
-            link.send(side.out[:head], deadline)
+            link.send(side.out[:head], deadline, header=True)
             link.send(payload, deadline)
         st = side.direction.stats
         st.messages += 1
@@ -583,7 +580,6 @@ class CollectiveGroup:
             after = 0 if inline else n
             held = side.gate.hold(arrival, after, hdr.byte_ps, deadline)
             side.wire_stats.add_seconds(emulated=held)
-        side.headers.arm(link)
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += 1 if inline else 2

@@ -82,7 +82,6 @@ class ShmLink:
 
     transport = "shm"
     transport_reason = ""
-    posts_cost = False  # receives are not posted: the socket stream carries every message
 
     def __init__(self, gloo: GlooLink, sock: socket.socket, segment: Segment) -> None:
         self.peer = gloo.peer
@@ -100,7 +99,6 @@ class ShmLink:
         self._closed = False
         self._released = False
         self._unusable: str | None = None
-        self.on_send_posted: Callable[[], object] | None = None  # as GlooLink's; unused here
 
     def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
         """Call ``fn`` (from the watcher thread) when the peer is declared gone."""
@@ -108,11 +106,11 @@ class ShmLink:
 
     # -- operations -----------------------------------------------------------------------
 
-    def send(self, tensor: torch.Tensor, deadline: float | None) -> None:
-        """Send the bytes of a flat uint8 tensor as one message."""
+    def send(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
+        """Send the bytes of a flat uint8 tensor as one message (one stream: no tags)."""
         self._run("send", tensor, deadline, self._send)
 
-    def recv(self, tensor: torch.Tensor, deadline: float | None) -> None:
+    def recv(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
         """Receive one message into a flat uint8 tensor (the message may be shorter).
 
         Raises:

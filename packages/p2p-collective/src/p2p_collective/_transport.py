@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
-from p2p_collective._headers import HeaderPoster
 from p2p_collective._liveness import Watcher, open_watch_socket
 from p2p_collective._recvpool import PostedRecv, ReceiveBufferPool
 from p2p_collective._shm import join as _shm_join
@@ -34,7 +33,10 @@ StoreLike = Any  # a torch.distributed.Store (not re-exported for type checkers)
 
 _PREFIX_STORE: Any = dist.PrefixStore  # type: ignore[attr-defined]
 _FOREVER = datetime.timedelta(days=30)  # "no limit": larger values overflow gloo's clock math
-_TAG = 0
+PAYLOAD_TAG = 0
+HEADER_TAG = 1
+"""gloo tags: header messages (each operation's first) and all others travel apart, so
+header receives posted ahead never catch a payload (see :mod:`p2p_collective._headers`)."""
 _WAIT_GRACE = 2.0
 
 DIRECT_WAIT_MAX = 1 << 20
@@ -95,17 +97,14 @@ class Link(Protocol):
     transport: str
     transport_reason: str
 
-    posts_cost: bool
-    """Whether posting a receive ahead costs the caller time (gloo) or nothing (shm)."""
+    def send(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
+        """Send the bytes of a flat uint8 tensor as one message (``header``: a frame's first)."""
 
-    def send(self, tensor: torch.Tensor, deadline: float | None) -> None:
-        """Send the bytes of a flat uint8 tensor as one message."""
-
-    def recv(self, tensor: torch.Tensor, deadline: float | None) -> None:
+    def recv(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
         """Receive one message into a flat uint8 tensor (the message may be shorter)."""
 
     def post_recv(self, tensor: torch.Tensor) -> PostedRecv:
-        """Post a receive of at most 1 MiB now, to be waited for with ``wait_recv``."""
+        """Post the receive of a header message now, to be waited for with ``wait_recv``."""
 
     def wait_recv(self, posted: PostedRecv, deadline: float | None) -> None:
         """Wait for a receive posted with ``post_recv``."""
@@ -118,7 +117,7 @@ class Link(Protocol):
 
 
 class LinkFactory:
-    """Per-Collective transport resources: host, gloo device, watcher, poster, buffer pool.
+    """Per-Collective transport resources: host, gloo device, liveness watcher, buffer pool.
 
     ``shared_memory`` (the config switch) lets :meth:`connect` put a direction whose peer
     is on this node on shared memory (:class:`~p2p_collective._shm_link.ShmLink`).
@@ -137,7 +136,6 @@ class LinkFactory:
         self.shared_memory = shared_memory
         self.mac = mac  # the job token's HMAC, for the shared-memory hello (None: no token)
         self.watcher = Watcher(name)
-        self.poster = HeaderPoster(name)
         self.recv_pool = ReceiveBufferPool(recv_cache_bytes)
         self._lock = threading.Lock()
         self._device: Any = None
@@ -214,13 +212,12 @@ class LinkFactory:
         return {"transport": link.transport, "transport_reason": link.transport_reason}
 
     def close(self) -> None:
-        """Stop the watcher and the poster; drop the idle receive buffers and the gloo device.
+        """Stop the liveness watcher, drop the idle receive buffers and the gloo device.
 
         The device's descriptors (its event loop, listening socket) close once the last
         process group that uses it is gone.
         """
         self.watcher.close()
-        self.poster.close()
         self.recv_pool.close()
         with self._lock:
             self._device = None
@@ -240,7 +237,6 @@ class GlooLink:
     """
 
     transport = "gloo"
-    posts_cost = True
 
     def __init__(
         self, pg: Any, rank: int, peer: str, watch: socket.socket, watcher: Watcher
@@ -256,9 +252,6 @@ class GlooLink:
         self._waiter: threading.Thread | None = None
         self._inflight: _Wait | None = None
         self.transport_reason = ""
-        # Called between handing a send to gloo and waiting for it (the group posts the
-        # other direction's armed header receive there, see p2p_collective._headers).
-        self.on_send_posted: Callable[[], object] | None = None
         watcher.watch(watch, self._peer_gone)
 
     def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
@@ -276,18 +269,18 @@ class GlooLink:
         if self._on_gone is not None:
             self._on_gone(self._gone_error())
 
-    def _run(self, what: str, tensor: torch.Tensor, deadline: float | None, send: bool) -> None:
+    def _run(
+        self, what: str, tensor: torch.Tensor, deadline: float | None, send: bool, tag: int
+    ) -> None:
         if deadline is not None and remaining(deadline) == 0.0:
             raise CollectiveTimeoutError(
                 f"{what} of {tensor.numel()} bytes with peer {self.peer!r}: the deadline had"
                 " passed before it could start"
             )
-        work = self._post(what, tensor, send)
-        if send and self.on_send_posted is not None:
-            self.on_send_posted()
+        work = self._post(what, tensor, send, tag)
         self._finish(what, work, tensor.numel(), deadline)
 
-    def _post(self, what: str, tensor: torch.Tensor, send: bool) -> Any:
+    def _post(self, what: str, tensor: torch.Tensor, send: bool, tag: int) -> Any:
         """Hand one send or receive to gloo (never blocks); return its work."""
         pg = self._pg
         if pg is None:
@@ -296,8 +289,8 @@ class GlooLink:
             raise self._gone_error()
         try:
             if send:
-                return pg.send([tensor], self._peer_rank, _TAG)
-            return pg.recv([tensor], self._peer_rank, _TAG)
+                return pg.send([tensor], self._peer_rank, tag)
+            return pg.recv([tensor], self._peer_rank, tag)
         except Exception as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise PeerError(f"{what} with peer {self.peer!r} failed: {first}") from exc
@@ -343,16 +336,16 @@ class GlooLink:
         finally:
             self._inflight = None
 
-    def send(self, tensor: torch.Tensor, deadline: float | None) -> None:
-        """Send the bytes of a flat uint8 tensor as one message."""
-        self._run("send", tensor, deadline, send=True)
+    def send(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
+        """Send the bytes of a flat uint8 tensor as one message (``header``: a frame's first)."""
+        self._run("send", tensor, deadline, True, HEADER_TAG if header else PAYLOAD_TAG)
 
-    def recv(self, tensor: torch.Tensor, deadline: float | None) -> None:
+    def recv(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
         """Receive one message into a flat uint8 tensor (the message may be shorter)."""
-        self._run("recv", tensor, deadline, send=False)
+        self._run("recv", tensor, deadline, False, HEADER_TAG if header else PAYLOAD_TAG)
 
     def post_recv(self, tensor: torch.Tensor) -> PostedRecv:
-        """Post a receive of at most :data:`DIRECT_WAIT_MAX` bytes now; wait with :meth:`wait_recv`.
+        """Post the receive of a header message now; wait for it with :meth:`wait_recv`.
 
         A receive posted before the peer sends lets gloo move the message at once;
         one posted after makes the peer's send wait for a notification round trip.
@@ -362,7 +355,7 @@ class GlooLink:
         """
         if tensor.numel() > DIRECT_WAIT_MAX:
             raise ValueError(f"post_recv: {tensor.numel()} bytes; at most {DIRECT_WAIT_MAX}")
-        return PostedRecv(self._post("recv", tensor, send=False), tensor)
+        return PostedRecv(self._post("recv", tensor, False, HEADER_TAG), tensor)
 
     def wait_recv(self, posted: PostedRecv, deadline: float | None) -> None:
         """Wait for a receive posted with :meth:`post_recv`.

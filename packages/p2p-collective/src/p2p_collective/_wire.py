@@ -136,7 +136,7 @@ def read_frame(
     peer = link.peer
     if not header_received:
         scratch_view[:4] = _NO_MAGIC  # a short stray message must not leave an old header
-        link.recv(scratch, deadline)
+        link.recv(scratch, deadline, header=True)
     received_at = time.monotonic()
     hdr = parse_fixed(scratch_view, expected_seq, peer)
     # From an emulated link (the header says so), each message is held until its
