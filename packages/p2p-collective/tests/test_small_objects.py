@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from p2p_collective import Collective, CollectiveGroup, FramingError
-from p2p_collective._framing import FIXED, HEADER_MAX, Kind, parse_fixed
+from p2p_collective import Collective, CollectiveGroup, FramingError, parse_collective_config
+from p2p_collective._framing import COMPRESSIBLE_INLINE_MAX, FIXED, HEADER_MAX, Kind, parse_fixed
 from p2p_collective._payload import SMALL_OBJECT_MAX, encode, encode_small, encode_small_tensor
 
 
@@ -53,11 +53,12 @@ class LoopLink:
 
 
 @pytest.fixture
-def looped() -> Iterator[tuple[CollectiveGroup, LoopLink]]:
+def looped(request: pytest.FixtureRequest) -> Iterator[tuple[CollectiveGroup, LoopLink]]:
     store = dist.TCPStore(
         "127.0.0.1", 0, 1, True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10)
     )
-    coll = Collective("a", store, timeout=10.0)
+    config = getattr(request, "param", None)  # a CollectiveConfig, through indirect=True
+    coll = Collective("a", store, timeout=10.0, config=config)
     group = coll.create_collective_group(["a", "b"])
     link = LoopLink()
     group._send.link = link  # type: ignore[assignment]
@@ -247,3 +248,36 @@ def test_a_small_tensor_is_copied_when_send_is_called(
         group.send(torch.arange(8).reshape(2, 4).t())
     group.send(torch.ones(2))  # the group still works
     assert torch.equal(group.recv(), torch.ones(2))
+
+
+# -- how large a frame travels inline ------------------------------------------------------
+
+ZSTD = parse_collective_config({"tensor_compression": {"codec": "zstd", "excluded_dtypes": []}})
+
+
+@pytest.mark.parametrize(
+    ("looped", "messages", "reason"),
+    [(None, 1, "disabled"), (ZSTD, 2, None)],
+    ids=["no-compression", "zstd"],
+    indirect=["looped"],
+)
+def test_a_100_kib_tensor_is_inline_unless_compression_applies_to_it(
+    looped: tuple[CollectiveGroup, LoopLink], messages: int, reason: str | None
+) -> None:
+    # Frames up to HEADER_MAX (128 KiB) are one message; with compression configured only
+    # up to COMPRESSIBLE_INLINE_MAX (64 KiB), so a 100 KiB tensor is still compressed.
+    group, link = looped
+    t = torch.zeros(100 * 1024 // 8, dtype=torch.int64)
+    assert COMPRESSIBLE_INLINE_MAX < t.numel() * 8 + FIXED.size + 64 < HEADER_MAX
+    group.send({"ids": t})
+    assert len(link.sent) == messages
+    first = link.sent[0].numel()
+    got = group.recv()
+    assert torch.equal(got["ids"], t)
+    stats = group.stats()["send"]
+    if reason is None:
+        assert stats["compressed_tensors"] == 1
+        assert stats["wire_bytes"] < t.numel()  # zeros: zstd shrinks them to almost nothing
+    else:
+        assert stats["raw_reasons"] == {reason: 1}
+        assert stats["wire_bytes"] == first > t.numel() * 8

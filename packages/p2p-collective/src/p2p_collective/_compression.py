@@ -2,9 +2,10 @@
 
 Scope: the CPU tensors of a generic ``send`` frame (a tensor, a list/tuple, an all-tensor
 dict, a dataclass's tensor fields) that travel as payload messages of their own. A frame
-small enough to ride inline in the 64 KiB header message (:data:`HEADER_MAX`) is never
-compressed: the inline rule is decided first, on raw sizes, and a frame that is inline
-costs one message already. Pickled objects, ``send_tensor`` / ``recv_tensor`` and
+small enough to ride inline in the header message is never compressed: the inline
+rule is decided first, on raw sizes (with compression configured a frame is inline up
+to :data:`~p2p_collective._framing.COMPRESSIBLE_INLINE_MAX`, 64 KiB), and a frame that
+is inline costs one message already. Pickled objects, ``send_tensor`` / ``recv_tensor`` and
 accelerator tensors are never compressed.
 
 Per :class:`~p2p_collective.Collective` (one per process): one

@@ -105,25 +105,25 @@ class Direction:
             CollectiveTimeoutError: A synchronous call ran out of time.
             Exception: What the operation raised (synchronous calls).
         """
+        if not async_op:
+            with self._cond:
+                inline = not (self._busy or self._queue or self._closed or self._broken is not None)
+                if inline:
+                    self._busy = True
+            if inline:  # fast path: idle, run it right here in the caller's thread
+                result, error = self._perform(run, label, deadline, None)
+                if error is not None:
+                    raise error
+                return result
         op = _Op(run, label, deadline)
+        work = op.handle()
         with self._cond:
             err = self._unusable_error(label)
-            if err is None and not async_op and not self._busy and not self._queue:
-                self._busy = True  # fast path: idle, run it right here in the caller's thread
-                inline = True
-            else:
-                inline = False
-                work = op.handle()
-                if err is None:
-                    self._queue.append(op)
-                    if async_op or threading.current_thread() is not self._thread:
-                        self._ensure_thread()
-                        self._cond.notify_all()
-        if inline:
-            result, error = self._perform(op)
-            if error is not None:
-                raise error
-            return result
+            if err is None:
+                self._queue.append(op)
+                if async_op or threading.current_thread() is not self._thread:
+                    self._ensure_thread()
+                    self._cond.notify_all()
         if err is not None:
             work.set_exception(err)
             return work if async_op else work.wait()
@@ -209,30 +209,43 @@ class Direction:
 
     def _execute(self, op: _Op) -> None:
         """Run one popped, queued operation and complete its handle."""
-        result, error = self._perform(op)
+        result, error = self._perform(op.run, op.label, op.deadline, op)
         work = op.handle()
         if error is not None:
             work.set_exception(error)
         else:
             work.set_result(result)
 
-    def _perform(self, op: _Op) -> tuple[Any, BaseException | None]:
-        """Run one operation (``_busy`` is set by the caller); return (result, error)."""
+    def _perform(
+        self,
+        run: Callable[[float | None], Any],
+        label: str,
+        deadline: float | None,
+        op: _Op | None,
+    ) -> tuple[Any, BaseException | None]:
+        """Run one operation (``_busy`` is set by the caller); return (result, error).
+
+        ``op`` is the queued operation, or None for one run inline (nobody else waits
+        on it).
+        """
         result: Any = None
         error: BaseException | None = None
+        started = False
         t0 = time.perf_counter()
         try:
-            if op.work is not None and op.work.done():  # abandoned by a timed-out caller
-                return None, None
-            if op.deadline is not None and time.monotonic() >= op.deadline:
+            if op is not None and op.work is not None and op.work.done():
+                return None, None  # abandoned by a timed-out caller
+            if deadline is not None and time.monotonic() >= deadline:
                 error = CollectiveTimeoutError(
-                    f"{self.name}: {op.label} timed out while waiting in the queue"
+                    f"{self.name}: {label} timed out while waiting in the queue"
                 )
                 return None, error
-            op.started = True
-            self._current = op
+            started = True
+            if op is not None:
+                op.started = True
+                self._current = op
             try:
-                result = op.run(op.deadline)
+                result = run(deadline)
             except CleanFailure as clean:
                 error = clean.error
                 _scrub(error)
@@ -247,7 +260,7 @@ class Direction:
             return result, error
         finally:
             stats = self.stats
-            if op.started:
+            if started:
                 stats.busy_seconds += time.perf_counter() - t0
             if error is not None:
                 stats.failures += 1

@@ -30,6 +30,7 @@ from p2p_collective._errors import (
     ObjectRefusedError,
 )
 from p2p_collective._framing import (
+    COMPRESSIBLE_INLINE_MAX,
     FIXED,
     HEADER_MAX,
     KIND_NAMES,
@@ -210,6 +211,9 @@ class CollectiveGroup:
         if wire is None and config.compression is not None:
             wire = WireCodec(config.compression, config.buffer_pool)
         self._wire = wire  # shared by the Collective's groups: pool, codec provider, threads
+        # Frames up to this size travel inline (one message); with compression configured
+        # only up to 64 KiB, so larger tensors keep the compression rules.
+        self._inline_max = HEADER_MAX if wire is None else COMPRESSIBLE_INLINE_MAX
         self.wire_fingerprint = wire_fingerprint(config.compression)
         # Link emulation paces this side's sends: the directed link self -> peer.
         self._pacer = LinkPacer.create(config.net_emulation, self_name, peer_name)
@@ -288,7 +292,7 @@ class CollectiveGroup:
                 async_op=async_op,
             )
         if small is None and isinstance(obj, torch.Tensor) and self._pacer is None:
-            lean = encode_small_tensor(obj)
+            lean = encode_small_tensor(obj, inline_max=self._inline_max)
             if lean is not None:  # one tensor that fits the header message: one copy, one message
                 return self._send.direction.submit(
                     lambda dl: self._do_send_small(lean, dl),
@@ -296,7 +300,9 @@ class CollectiveGroup:
                     deadline=deadline,
                     async_op=async_op,
                 )
-        frame = encode(obj, pickled=None if small is None else small.data)
+        frame = encode(
+            obj, pickled=None if small is None else small.data, inline_max=self._inline_max
+        )
         try:
             out = Outgoing.prepare(self._wire, frame, async_op)
         except CompressionError as exc:
@@ -355,7 +361,7 @@ class CollectiveGroup:
     ) -> Any:
         """Send one tensor's bytes, with a 56-byte header (the size) and no metadata.
 
-        Up to 64 KiB minus the header, the bytes ride in the header message (one gloo
+        Up to 128 KiB minus the header, the bytes ride in the header message (one gloo
         message); larger tensors are one more message, received straight into the
         peer's tensor.
 

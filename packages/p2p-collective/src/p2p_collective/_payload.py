@@ -134,17 +134,19 @@ class SmallTensor:
         return end
 
 
-def encode_small_tensor(t: torch.Tensor, op: str = "send(obj)") -> SmallTensor | None:
-    """A :class:`SmallTensor` of ``t`` when its frame fits the header message, else None.
+def encode_small_tensor(
+    t: torch.Tensor, op: str = "send(obj)", inline_max: int = HEADER_MAX
+) -> SmallTensor | None:
+    """A :class:`SmallTensor` of ``t`` when its frame fits ``inline_max`` bytes, else None.
 
     Raises:
         ValueError: ``t`` cannot be sent (as :func:`encode` would raise it).
     """
-    if t.numel() * t.element_size() > SMALL_OBJECT_MAX:
+    if t.numel() * t.element_size() > inline_max:
         return None
     meta = _checked_meta(t, "payload", op)
     entry = pack_entry(meta)
-    if FIXED.size + len(entry) + meta.raw_bytes > HEADER_MAX:
+    if FIXED.size + len(entry) + meta.raw_bytes > inline_max:
         return None
     data = flat_bytes(t).numpy().tobytes() if meta.raw_bytes else b""
     return SmallTensor(meta, entry, data)
@@ -275,10 +277,17 @@ def _checked_meta(t: torch.Tensor, where: str, op: str) -> TensorMeta:
     return TensorMeta(t.dtype, tuple(t.shape), Device.CPU, 0, tflags, nbytes, nbytes)
 
 
-def encode(obj: Any, op: str = "send(obj)", pickled: bytes | None = None) -> OutFrame:
+def encode(
+    obj: Any,
+    op: str = "send(obj)",
+    pickled: bytes | None = None,
+    inline_max: int = HEADER_MAX,
+) -> OutFrame:
     """Classify, check and encode ``obj``; nothing is sent.
 
     ``pickled`` is ``obj`` already pickled (by :func:`encode_small`), for plain objects.
+    The tensors ride inside the header message when the whole frame fits ``inline_max``
+    (at most :data:`HEADER_MAX`) bytes.
 
     Raises:
         ValueError: A tensor is not contiguous / not on CPU / of an unsupported kind (the
@@ -308,7 +317,7 @@ def encode(obj: Any, op: str = "send(obj)", pickled: bytes | None = None) -> Out
                 f"{op}: the payload (type {type(obj).__name__}) cannot be pickled: {exc}"
             ) from exc
     obj_len = bio.tell() - FIXED.size - len(meta)
-    if bio.tell() + sum(p.numel() for p in payloads) <= HEADER_MAX:
+    if bio.tell() + sum(p.numel() for p in payloads) <= min(inline_max, HEADER_MAX):
         for p in payloads:  # small tensors ride inside the header message
             bio.write(p.numpy().data)
         payloads = []
