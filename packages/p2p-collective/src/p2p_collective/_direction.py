@@ -77,7 +77,8 @@ class Direction:
         self.name = name
         self.on_break = on_break  # called (executing thread) when an operation breaks it
         self.stats = DirectionStats()
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # fast paths take the bare lock
         self._queue: deque[_Op] = deque()
         self._busy = False
         self._closed = False
@@ -106,7 +107,7 @@ class Direction:
             Exception: What the operation raised (synchronous calls).
         """
         if not async_op:
-            with self._cond:
+            with self._lock:
                 inline = not (self._busy or self._queue or self._closed or self._broken is not None)
                 if inline:
                     self._busy = True
@@ -264,7 +265,7 @@ class Direction:
                 stats.busy_seconds += time.perf_counter() - t0
             if error is not None:
                 stats.failures += 1
-            with self._cond:
+            with self._lock:
                 self._busy = False
                 self._current = None
                 if self._sleepers:

@@ -76,11 +76,25 @@ class _Side:
         # comes. Receiving: header messages, the next ones' receives posted ahead.
         self.out = torch.zeros(HEADER_MAX if role == "send" else 0, dtype=torch.uint8)
         self.out_view = self.out.numpy().data
+        self._out_msgs: dict[int, torch.Tensor] = {}  # n -> self.out[:n], reused
         self.headers = HeaderReceiver()
         self.wire_stats = WireStats()  # tensors compressed / raw, codec and pacing time
         # Receiving: holds frames from an emulated link until their emulated arrival.
         self.gate = ArrivalGate(f"p2p[{group.name}].recv from {group.peer_name!r}")
         self._group = group
+
+    def out_msg(self, n: int) -> torch.Tensor:
+        """The first ``n`` bytes of the send buffer as a tensor, one view per size.
+
+        Views are reused: slicing a tensor costs about a microsecond, a fair share of a
+        small message's budget.
+        """
+        msg = self._out_msgs.get(n)
+        if msg is None:
+            if len(self._out_msgs) >= _OUT_MSG_VIEWS:
+                self._out_msgs.clear()
+            msg = self._out_msgs[n] = self.out[:n]
+        return msg
 
     def ensure_link(self, deadline: float | None) -> GlooLink:
         """Return the link, joining the peer first if this is the direction's first use."""
@@ -139,6 +153,9 @@ class _Side:
             self.link.close()
             self.link = None
         self.store = None
+
+
+_OUT_MSG_VIEWS = 256  # message sizes whose send-buffer views a direction keeps
 
 
 def _min_timeout(a: float | None, b: float | None) -> float | None:
@@ -466,7 +483,7 @@ class CollectiveGroup:
         link = side.ensure_link(deadline)
         n = small.pack_into(side.out_view, side.seq)
         side.seq += 1
-        link.send(side.out[:n], deadline, header=True)
+        link.send(side.out_msg(n), deadline, header=True)
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += 1
@@ -540,9 +557,9 @@ class CollectiveGroup:
             side.wire_stats.add_seconds(emulated=paced)
         if inline:  # one message: header and bytes
             side.out[head : head + n].copy_(payload)
-            link.send(side.out[: head + n], deadline, header=True)
+            link.send(side.out_msg(head + n), deadline, header=True)
         else:  # a header the receiver checks, then the bytes straight into its tensor
-            link.send(side.out[:head], deadline, header=True)
+            link.send(side.out_msg(head), deadline, header=True)
             link.send(payload, deadline)
         st = side.direction.stats
         st.messages += 1

@@ -62,13 +62,14 @@ class HeaderReceiver:
         if not self._bufs:
             self._bufs = tuple(torch.zeros(HEADER_MAX, dtype=torch.uint8) for _ in range(DEPTH))
             self._views = tuple(b.numpy().data for b in self._bufs)
-        if len(self._posted) < DEPTH:
-            busy = {i for i, _ in self._posted}
+        queue = self._posted
+        if len(queue) < DEPTH:
+            busy = queue[0][0] if queue else -1  # at most one is posted here
             for i in range(DEPTH):
-                if i not in busy:
+                if i != busy:
                     self._views[i][:4] = _NO_MAGIC  # a short stray message leaves no header
-                    self._posted.append((i, link.post_recv(self._bufs[i])))
-        i, posted = self._posted.popleft()
+                    queue.append((i, link.post_recv(self._bufs[i])))
+        i, posted = queue.popleft()
         link.wait_recv(posted, deadline)
         return self._bufs[i], self._views[i]
 
