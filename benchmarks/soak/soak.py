@@ -52,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bandwidth-mbps", type=float, default=10000.0, help="emulated (10000)")
     p.add_argument("--delay-ms", type=float, default=0.05, help="emulated one-way delay (0.05)")
     p.add_argument("--no-emulation", action="store_true", help="leave link emulation off")
+    p.add_argument(
+        "--transport",
+        choices=["shm", "gloo"],
+        default="shm",
+        help="same-node shared memory (the default on one node) or gloo, as between nodes",
+    )
     p.add_argument("--sample-seconds", type=float, default=1.0, help="RSS sampling period (1)")
     p.add_argument(
         "--rss-growth-mib", type=float, default=64.0, help="allowed growth after warm-up (64)"
@@ -64,7 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def collective_sections(args: argparse.Namespace) -> dict[str, Any]:
     """The ``cluster.collective`` and ``cluster.net_emulation`` sections asked for."""
-    collective: dict[str, Any] = {"init_timeout": 120.0, "op_timeout": 600.0}
+    collective: dict[str, Any] = {
+        "init_timeout": 120.0,
+        "op_timeout": 600.0,
+        "shared_memory": args.transport == "shm",
+    }
     if args.codec != "none":
         collective["tensor_compression"] = {
             "enabled": True,
@@ -131,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"soak: {total:,} messages over {args.groups} groups (both directions), window "
-        f"{args.window}, codec {args.codec}, emulation {emulation}"
+        f"{args.window}, codec {args.codec}, emulation {emulation}, transport {args.transport}"
         + (f", budget {args.minutes:g} min" if args.minutes else ""),
         flush=True,
     )
