@@ -8,13 +8,15 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 import wire_tasks as wt
 
-from p2p_collective import CollectiveTimeoutError, FramingError
+from p2p_collective import CollectiveError, CollectiveTimeoutError, FramingError
 from p2p_collective._compression import (
     Outgoing,
     WireCodec,
     WireStats,
+    check_peer_wire_config,
     compress_frame,
     transmit,
     wire_fingerprint,
@@ -95,13 +97,33 @@ def test_entries_naming_another_codec_or_an_impossible_size_are_refused() -> Non
     assert not check_entries([metas[0]._replace(codec_id=0, wire_bytes=1)], None, "peer")
 
 
-def test_the_fingerprint_covers_the_compression_section_only() -> None:
+def test_the_fingerprint_covers_the_frame_version_and_the_compression_section_only() -> None:
     a = parse_tensor_compression({"codec": "zstd", "excluded_dtypes": ["int64", "float32"]})
     b = parse_tensor_compression({"codec": "zstd", "excluded_dtypes": ["float32", "int64"]})
     c = parse_tensor_compression({"codec": "zstd", "level": 3})
     assert wire_fingerprint(a) == wire_fingerprint(b)
     assert wire_fingerprint(a) != wire_fingerprint(c)
-    assert wire_fingerprint(None) == '{"tensor_compression":null}'
+    assert wire_fingerprint(None) == '{"frame_version":4,"tensor_compression":null}'
+
+
+@pytest.mark.parametrize(
+    ("theirs", "says"),
+    [
+        ('{"frame_version":3,"tensor_compression":null}', "frame version 4 here, 3 at 'b'"),
+        ('{"tensor_compression":null}', "frame version 4 here, older than 4 at 'b'"),
+    ],
+    ids=["v3", "before-versions"],
+)
+def test_a_peer_on_another_wire_protocol_is_named_at_setup(theirs: str, says: str) -> None:
+    store = dist.HashStore()
+    store.set("p/send/wire", theirs.encode())
+    mine = wire_fingerprint(None)
+    with pytest.raises(CollectiveError, match="different p2p-collective wire protocols") as err:
+        check_peer_wire_config(store, "p", "send", mine, "a", "b")
+    assert says in str(err.value)
+    assert "same p2p-collective version" in str(err.value)
+    store.set("p/send/wire", mine.encode())
+    check_peer_wire_config(store, "p", "send", mine, "a", "b")  # same protocol: fine
 
 
 def test_a_job_runs_once_wherever_it_is_started() -> None:

@@ -43,6 +43,7 @@ from p2p_collective._emulation import LinkPacer
 from p2p_collective._errors import CollectiveError
 from p2p_collective._framing import (
     FIXED,
+    FRAME_VERSION,
     TensorMeta,
     entry_size,
     patch_entry_codec,
@@ -123,16 +124,28 @@ class WireCodec:
 
 
 def wire_fingerprint(config: TensorCompressionConfig | None) -> str:
-    """The canonical JSON of what both ends of a group must share: the compression section.
+    """The canonical JSON of what both ends of a group must share.
 
-    Buffer pool size, timeouts and link emulation are local to each process (emulation is
-    paced by each sender on its own) and are not part of it.
+    The frame version (it also stands for the message protocol: header and payload tags)
+    and the compression section. Buffer pool size, timeouts and link emulation are local
+    to each process (emulation is paced by each sender on its own) and are not part of it.
     """
     section: dict[str, Any] | None = None
     if config is not None:
         section = config.to_dict()
         section["excluded_dtypes"] = sorted(section["excluded_dtypes"])
-    return json.dumps({"tensor_compression": section}, sort_keys=True, separators=(",", ":"))
+    return json.dumps(
+        {"frame_version": FRAME_VERSION, "tensor_compression": section},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def _frame_version(fingerprint: str | None) -> object:
+    try:
+        return json.loads(fingerprint or "null").get("frame_version")
+    except (ValueError, AttributeError):
+        return None
 
 
 def publish_wire_config(store: StoreLike, prefix: str, role: str, fingerprint: str) -> None:
@@ -159,6 +172,13 @@ def check_peer_wire_config(
         raise CollectiveError(f"rendezvous store failed at {key!r}: {exc}") from exc
     if theirs == fingerprint:
         return
+    mine_v, theirs_v = _frame_version(fingerprint), _frame_version(theirs)
+    if mine_v != theirs_v:
+        raise CollectiveError(
+            f"{me!r} and its peer {peer!r} speak different p2p-collective wire protocols:"
+            f" frame version {mine_v} here, {theirs_v or 'older than 4'} at {peer!r}; every"
+            " process of a job must run the same p2p-collective version"
+        )
     raise CollectiveError(
         f"{me!r} and its peer {peer!r} hold different job-level wire configurations: "
         f"{me!r} has {fingerprint}, {peer!r} has "

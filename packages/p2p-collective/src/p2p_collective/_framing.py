@@ -45,7 +45,9 @@ import torch
 from p2p_collective._errors import FramingError
 
 MAGIC = b"P2PF"
-FRAME_VERSION = 3
+FRAME_VERSION = 4
+"""4: header messages travel under their own gloo tag and may be 128 KiB (3: one tag,
+64 KiB). The bytes of a frame are laid out as in 3."""
 HEADER_MAX = 1 << 17
 """Bytes the receiver posts for every header message; a header message never exceeds it.
 
