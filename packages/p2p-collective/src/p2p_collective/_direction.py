@@ -62,7 +62,7 @@ class _Op:
         self.label = label
         self.deadline = deadline
         self.started = False
-        self.work: AsyncResultWork[Any] | None = None  # None: run inline, nobody waits on it
+        self.work: AsyncResultWork[Any] | None = None  # created by handle()
 
     def handle(self) -> AsyncResultWork[Any]:
         if self.work is None:
