@@ -45,6 +45,9 @@ import torch
 from p2p_collective._errors import FramingError
 
 MAGIC = b"P2PF"
+NO_MAGIC = bytes(4)
+"""Written over a receive buffer's magic before it is posted: a short stray message
+must not leave an old header there."""
 FRAME_VERSION = 4
 """4: header messages travel under their own gloo tag and may be 128 KiB (3: one tag,
 64 KiB). The bytes of a frame are laid out as in 3."""

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from p2p_collective._framing import HEADER_MAX
+from p2p_collective._framing import HEADER_MAX, NO_MAGIC
 from p2p_collective._recvpool import PostedRecv
 
 if TYPE_CHECKING:
@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 
 DEPTH = 2
 """Header receives a direction keeps posted from its first receive on."""
-
-_NO_MAGIC = bytes(4)
 
 
 class HeaderReceiver:
@@ -52,6 +50,8 @@ class HeaderReceiver:
         self._bufs: tuple[torch.Tensor, ...] = ()
         self._views: tuple[memoryview, ...] = ()
         self._posted: deque[tuple[int, PostedRecv]] = deque()  # (buffer, receive), oldest first
+        self._free: deque[int] = deque()  # buffers neither posted nor held by an operation
+        self._taken: int | None = None  # the buffer the last receive returned
 
     def receive(self, link: Link, deadline: float | None) -> tuple[torch.Tensor, memoryview]:
         """Top the posted header receives up, take the oldest; return its buffer and view.
@@ -62,14 +62,16 @@ class HeaderReceiver:
         if not self._bufs:
             self._bufs = tuple(torch.zeros(HEADER_MAX, dtype=torch.uint8) for _ in range(DEPTH))
             self._views = tuple(b.numpy().data for b in self._bufs)
-        queue = self._posted
-        if len(queue) < DEPTH:
-            busy = queue[0][0] if queue else -1  # at most one is posted here
-            for i in range(DEPTH):
-                if i != busy:
-                    self._views[i][:4] = _NO_MAGIC  # a short stray message leaves no header
-                    queue.append((i, link.post_recv(self._bufs[i])))
+            self._free.extend(range(DEPTH))
+        if self._taken is not None:  # the operation that held it is over
+            self._free.append(self._taken)
+        queue, free = self._posted, self._free
+        while free:
+            i = free.popleft()
+            self._views[i][:4] = NO_MAGIC
+            queue.append((i, link.post_recv(self._bufs[i])))
         i, posted = queue.popleft()
+        self._taken = i
         link.wait_recv(posted, deadline)
         return self._bufs[i], self._views[i]
 

@@ -21,6 +21,7 @@ from p2p_collective._errors import FramingError
 from p2p_collective._framing import (
     FIXED,
     HEADER_MAX,
+    NO_MAGIC,
     Device,
     Flag,
     Kind,
@@ -32,8 +33,6 @@ from p2p_collective._framing import patch_seq as _patch_seq
 from p2p_collective._payload import OutFrame, allocate, flat_bytes
 from p2p_collective._recvpool import ReceiveBufferPool
 from p2p_collective._transport import Link
-
-_NO_MAGIC = bytes(4)
 
 
 def patch_frame_seq(frame: OutFrame, seq: int) -> None:
@@ -135,7 +134,7 @@ def read_frame(
     """
     peer = link.peer
     if not header_received:
-        scratch_view[:4] = _NO_MAGIC  # a short stray message must not leave an old header
+        scratch_view[:4] = NO_MAGIC
         link.recv(scratch, deadline, header=True)
     received_at = time.monotonic()
     hdr = parse_fixed(scratch_view, expected_seq, peer)
