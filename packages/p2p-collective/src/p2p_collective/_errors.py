@@ -10,8 +10,12 @@ from __future__ import annotations
 from p2p_asyncwork import P2PError
 
 
-class CollectiveError(P2PError):
-    """Base of every run-time error raised by p2p-collective."""
+class CollectiveError(P2PError, RuntimeError):
+    """Base of every run-time error raised by p2p-collective.
+
+    Also a ``RuntimeError``, the type ``torch.distributed`` and ``ray.util.collective``
+    raise for a failed collective, so code written for them catches these too.
+    """
 
 
 class FramingError(CollectiveError):

@@ -1,0 +1,178 @@
+"""Argument checks in Ray's terms, done before anything is queued or sent.
+
+The conditions and exception bases follow ``ray.util.collective``: an unsupported tensor
+type or a malformed tensor list is a ``RuntimeError`` there, a rank out of range a
+``ValueError``, a bad size or rank at initialization an ``AssertionError``. The types
+here are all of those plus a p2p type (see :mod:`p2p_worker._raycoll._errors`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from p2p_worker._raycoll._errors import (
+    CollectiveArgumentError,
+    GroupSpecError,
+    TensorTypeError,
+)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_group_name(group_name: object) -> str:
+    """Return ``group_name``; refuse anything but a non-empty string.
+
+    Raises:
+        CollectiveArgumentError: ``group_name`` is empty or not a string.
+    """
+    if not isinstance(group_name, str) or not group_name:
+        raise CollectiveArgumentError(
+            f"group_name: got {group_name!r}; allowed: a non-empty string"
+        )
+    return group_name
+
+
+def check_spec(world_size: object, rank: object) -> tuple[int, int]:
+    """Check ``world_size >= 1`` and ``0 <= rank < world_size`` (Ray asserts both).
+
+    Raises:
+        GroupSpecError: Either is not an int in range.
+    """
+    if not _is_int(world_size) or world_size < 1:  # type: ignore[operator]
+        raise GroupSpecError(f"world_size: got {world_size!r}; allowed: an int >= 1")
+    if not _is_int(rank) or not 0 <= rank < world_size:  # type: ignore[operator]
+        raise GroupSpecError(
+            f"rank: got {rank!r}; allowed: an int in 0..{world_size - 1}"  # type: ignore[operator]
+        )
+    assert isinstance(world_size, int)
+    assert isinstance(rank, int)
+    return world_size, rank
+
+
+def check_gloo_timeout(gloo_timeout: object) -> float:
+    """Return ``gloo_timeout`` (milliseconds, as in Ray) in seconds.
+
+    Raises:
+        CollectiveArgumentError: It is not a number >= 0.
+    """
+    if isinstance(gloo_timeout, bool) or not isinstance(gloo_timeout, (int, float)):
+        raise CollectiveArgumentError(
+            f"gloo_timeout: got {gloo_timeout!r}; allowed: milliseconds >= 0"
+        )
+    if gloo_timeout < 0:
+        raise CollectiveArgumentError(
+            f"gloo_timeout: got {gloo_timeout!r}; allowed: milliseconds >= 0"
+        )
+    return float(gloo_timeout) / 1000.0
+
+
+def check_timeout(timeout: object) -> float | None:
+    """Return ``timeout`` (seconds or None).
+
+    Raises:
+        CollectiveArgumentError: It is neither None nor a number >= 0.
+    """
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise CollectiveArgumentError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
+    return float(timeout)
+
+
+def check_tensor(value: object, where: str, op: str) -> None:
+    """Refuse anything that is neither a ``torch.Tensor`` nor a ``numpy.ndarray``.
+
+    Raises:
+        TensorTypeError: The message names the argument, its type and what is allowed.
+    """
+    if not isinstance(value, (torch.Tensor, np.ndarray)):
+        raise TensorTypeError(
+            f"{op}: {where} is a {type(value).__name__}; allowed: torch.Tensor or"
+            " numpy.ndarray (CPU)"
+        )
+
+
+def check_tensor_list(value: object, where: str, op: str, length: int | None) -> list[Any]:
+    """Check a non-empty list of tensors (of ``length`` items when given); return it.
+
+    Raises:
+        TensorTypeError: ``value`` is not a list, or an item is not a tensor/array.
+        CollectiveArgumentError: The list is empty or has the wrong length.
+    """
+    if not isinstance(value, list):
+        raise TensorTypeError(
+            f"{op}: {where} is a {type(value).__name__}; allowed: a list of tensors"
+        )
+    if not value:
+        raise CollectiveArgumentError(f"{op}: {where} is an empty list; allowed: a list of tensors")
+    for i, item in enumerate(value):
+        check_tensor(item, f"{where}[{i}]", op)
+    if length is not None and len(value) != length:
+        raise CollectiveArgumentError(
+            f"{op}: {where} has {len(value)} tensors; allowed: exactly world_size = {length}"
+        )
+    return value
+
+
+def check_rank(rank: object, world_size: int, arg: str) -> int:
+    """Check ``0 <= rank < world_size``; return it.
+
+    Raises:
+        CollectiveArgumentError: (a ``ValueError``, as in Ray) naming ``arg``.
+    """
+    if not _is_int(rank) or not 0 <= rank < world_size:  # type: ignore[operator]
+        raise CollectiveArgumentError(
+            f"{arg}: got {rank!r}; allowed: a rank in 0..{world_size - 1} (world_size {world_size})"
+        )
+    assert isinstance(rank, int)
+    return rank
+
+
+def check_not_self(rank: int, own: int, arg: str) -> None:
+    """Refuse a send or receive to this member itself (a ``RuntimeError`` in Ray).
+
+    Raises:
+        CollectiveArgumentError: ``rank`` is this member's own rank.
+    """
+    if rank == own:
+        raise CollectiveArgumentError(f"{arg}: got {rank}, this member's own rank")
+
+
+def as_torch(value: Any, where: str, op: str, *, writable: bool = False) -> torch.Tensor:
+    """A torch view of a CPU tensor or numpy array (no copy), for the point-to-point path.
+
+    Raises:
+        TensorTypeError: Neither a tensor nor an array.
+        CollectiveArgumentError: Not contiguous, not on CPU, or (``writable``) a
+            read-only array.
+    """
+    check_tensor(value, where, op)
+    if isinstance(value, np.ndarray):
+        if not value.flags.c_contiguous:
+            raise CollectiveArgumentError(
+                f"{op}: {where} is a non-contiguous numpy array; use np.ascontiguousarray"
+            )
+        if writable and not value.flags.writeable:
+            raise CollectiveArgumentError(
+                f"{op}: {where} is a read-only numpy array; the result is written in place"
+            )
+        try:
+            return torch.from_numpy(value)
+        except TypeError as exc:
+            raise CollectiveArgumentError(
+                f"{op}: {where} has numpy dtype {value.dtype}, which torch cannot view"
+            ) from exc
+    tensor: torch.Tensor = value
+    if tensor.device.type != "cpu":
+        raise CollectiveArgumentError(
+            f"{op}: {where} is on {tensor.device}; the gloo backend takes CPU tensors (the"
+            " accelerator transport of collectives is not available yet); use .cpu()"
+        )
+    if not tensor.is_contiguous():
+        raise CollectiveArgumentError(f"{op}: {where} is not contiguous; use .contiguous()")
+    return tensor

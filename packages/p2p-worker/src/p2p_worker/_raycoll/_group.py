@@ -1,0 +1,269 @@
+"""One member's handle on a named group: what ``get_group_handle`` returns.
+
+A group of N >= 2 members runs its collectives on one ``p2p_collective``
+``MultiCollectiveGroup`` (gloo, N ranks) and its ``send`` / ``recv`` on two-party
+groups, one per pair of members that exchange tensors, so two members on one node move
+the bytes through shared memory. All of them belong to a ``Collective`` of this group
+alone, named after the group, its incarnation and the member's rank; nothing touches
+the network before the first operation, which waits for the other members.
+
+Incarnations: every member counts in the rendezvous store how often it initialized a
+group of this name and size; the k-th initialization of one member meets the k-th of
+the others, so a destroyed and re-created group never meets its predecessor's keys.
+
+A group of one needs neither Ray nor the network: the collectives leave the tensor as
+it is (the result over one member) or copy it where the operation says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from p2p_collective import Collective, join_ranked_group
+from p2p_worker._raycoll._checks import as_torch, check_not_self, check_rank
+from p2p_worker._raycoll._env import Meeting, meeting
+from p2p_worker._raycoll._errors import CollectiveArgumentError, TensorTypeError
+from p2p_worker._raycoll._types import Backend
+
+INCARNATION_KEY = "p2p-raycoll/{name}/{size}/incarnation/{rank}"
+
+
+@contextlib.contextmanager
+def _arguments() -> Iterator[None]:
+    """Re-raise the lower layer's ``ValueError`` / ``TypeError`` as this layer's types."""
+    try:
+        yield
+    except TypeError as exc:
+        raise TensorTypeError(str(exc)) from exc
+    except ValueError as exc:
+        if isinstance(exc, CollectiveArgumentError):
+            raise
+        raise CollectiveArgumentError(str(exc)) from exc
+
+
+class GroupHandle:
+    """This process's membership of one named collective group.
+
+    Use the module functions of :mod:`p2p_worker.compat` (they check arguments in Ray's
+    terms first); the handle adds what Ray's handle has (``rank``, ``world_size``,
+    ``group_name``, ``backend()``, ``destroy_group()``) and the p2p groups underneath.
+
+    Args:
+        world_size: Number of members.
+        rank: This member's rank.
+        group_name: The group's name.
+        incarnation: This member's count of initializations of the group (0 for one).
+        where: Where the members meet (None for a group of one).
+        init_timeout: Seconds the first operation of each group waits for the others
+            (None: the operation's own timeout).
+    """
+
+    def __init__(
+        self,
+        *,
+        world_size: int,
+        rank: int,
+        group_name: str,
+        incarnation: int,
+        where: Meeting | None,
+        init_timeout: float | None = None,
+    ) -> None:
+        self._world_size = world_size
+        self._rank = rank
+        self._group_name = group_name
+        self._incarnation = incarnation
+        self._where = where
+        self._init_timeout = init_timeout
+        self._lock = threading.Lock()
+        self._collective: Any = None
+        self._multi: Any = None
+        self._destroyed = False
+
+    @classmethod
+    def join(
+        cls, world_size: int, rank: int, group_name: str, service_timeout: float | None
+    ) -> GroupHandle:
+        """Join ``group_name`` as ``rank``: claim this member's next incarnation of it.
+
+        Raises:
+            RayCollectiveError: No rendezvous reachable (see :func:`._env.meeting`).
+        """
+        if world_size == 1:
+            return cls(world_size=1, rank=0, group_name=group_name, incarnation=0, where=None)
+        where = meeting(service_timeout)
+        key = INCARNATION_KEY.format(name=group_name, size=world_size, rank=rank)
+        incarnation = int(where.store.add(key, 1))
+        return cls(
+            world_size=world_size,
+            rank=rank,
+            group_name=group_name,
+            incarnation=incarnation,
+            where=where,
+        )
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self._destroyed else "open"
+        return (
+            f"<GroupHandle {self._group_name!r} rank={self._rank}/{self._world_size}"
+            f" incarnation={self._incarnation} {state}>"
+        )
+
+    @property
+    def rank(self) -> int:
+        """This member's rank."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of members."""
+        return self._world_size
+
+    @property
+    def group_name(self) -> str:
+        """The group's name."""
+        return self._group_name
+
+    @classmethod
+    def backend(cls) -> str:
+        """The backend: always ``Backend.GLOO`` in this version."""
+        return Backend.GLOO
+
+    # -- the p2p groups underneath --------------------------------------------------------
+
+    def member_name(self, rank: int) -> str:
+        """The p2p address name of member ``rank`` in this incarnation."""
+        return f"raycoll:{self._group_name}#{self._incarnation}[{rank}]"
+
+    def _own_collective(self) -> Any:
+        with self._lock:
+            if self._destroyed:
+                raise CollectiveArgumentError(
+                    f"group_name: {self._group_name!r} was destroyed in this process"
+                )
+            if self._collective is None:
+                where = self._where
+                assert where is not None  # a group of one never gets here
+                self._collective = Collective(
+                    self.member_name(self._rank),
+                    where.store,
+                    host=where.host,
+                    config=where.config,
+                    timeout=self._init_timeout,
+                    job_token=where.job_token,
+                )
+            return self._collective
+
+    @property
+    def group(self) -> Any:
+        """The ``p2p_collective.MultiCollectiveGroup`` (None for a group of one).
+
+        Its methods take ``async_op=True`` for an ``AsyncWork`` instead of blocking.
+        """
+        if self._world_size == 1:
+            return None
+        if self._multi is None or self._multi.closed:
+            name = f"{self._group_name}#{self._incarnation}"
+            self._multi = join_ranked_group(
+                self._own_collective(), name, self._world_size, self._rank
+            )
+        return self._multi
+
+    def pair_group(self, peer: int) -> Any:
+        """The two-party ``p2p_collective.CollectiveGroup`` with member ``peer``.
+
+        ``send`` / ``recv`` run on it; its ``stats()`` tell the transport (``"shm"``
+        between members on one node).
+
+        Raises:
+            CollectiveArgumentError: ``peer`` is out of range or this member's own rank.
+        """
+        peer = check_rank(peer, self._world_size, "peer")
+        check_not_self(peer, self._rank, "peer")
+        coll = self._own_collective()
+        return coll.create_collective_group([self.member_name(self._rank), self.member_name(peer)])
+
+    # -- operations (arguments already checked in Ray's terms) ----------------------------
+
+    def allreduce(self, tensor: Any, op: str, timeout: float | None) -> None:
+        """Reduce ``tensor`` over the members, in place on every member."""
+        with _arguments():
+            if self._world_size == 1:
+                as_torch(tensor, "tensor", "allreduce", writable=True)
+                return
+            self.group.allreduce(tensor, op=op, timeout=timeout)
+
+    def broadcast(self, tensor: Any, src_rank: int, timeout: float | None) -> None:
+        """Copy ``tensor`` of ``src_rank`` into ``tensor`` of every member."""
+        with _arguments():
+            if self._world_size == 1:
+                as_torch(tensor, "tensor", "broadcast")
+                return
+            self.group.broadcast_tensor(tensor, src=src_rank, timeout=timeout)
+
+    def reduce(self, tensor: Any, dst_rank: int, op: str, timeout: float | None) -> None:
+        """Reduce ``tensor`` over the members into ``tensor`` of ``dst_rank``."""
+        with _arguments():
+            if self._world_size == 1:
+                as_torch(tensor, "tensor", "reduce", writable=True)
+                return
+            self.group.reduce(tensor, dst=dst_rank, op=op, timeout=timeout)
+
+    def allgather(self, tensor_list: list[Any], tensor: Any, timeout: float | None) -> None:
+        """Gather every member's ``tensor`` into ``tensor_list`` by rank."""
+        with _arguments():
+            if self._world_size == 1:
+                src = as_torch(tensor, "tensor", "allgather")
+                out = as_torch(tensor_list[0], "tensor_list[0]", "allgather", writable=True)
+                _copy(out, src, "allgather", "tensor_list[0]")
+                return
+            self.group.allgather(tensor, tensor_list, timeout=timeout)
+
+    def reducescatter(
+        self, tensor: Any, tensor_list: list[Any], op: str, timeout: float | None
+    ) -> None:
+        """Reduce ``tensor_list[r]`` over the members into ``tensor`` of member ``r``."""
+        with _arguments():
+            if self._world_size == 1:
+                out = as_torch(tensor, "tensor", "reducescatter", writable=True)
+                src = as_torch(tensor_list[0], "tensor_list[0]", "reducescatter")
+                _copy(out, src, "reducescatter", "tensor")
+                return
+            self.group.reduce_scatter(tensor, tensor_list, op=op, timeout=timeout)
+
+    def barrier(self, timeout: float | None) -> None:
+        """Wait until every member reached the barrier."""
+        if self._world_size > 1:
+            self.group.barrier(timeout=timeout)
+
+    def send(self, tensor: Any, dst_rank: int, timeout: float | None) -> None:
+        """Send ``tensor``'s bytes to ``dst_rank``."""
+        with _arguments():
+            t = as_torch(tensor, "tensor", "send")
+            self.pair_group(dst_rank).send_tensor(t, timeout=timeout)
+
+    def recv(self, tensor: Any, src_rank: int, timeout: float | None) -> None:
+        """Receive a ``send`` of ``src_rank`` into ``tensor`` (same number of bytes)."""
+        with _arguments():
+            t = as_torch(tensor, "tensor", "recv", writable=True)
+            self.pair_group(src_rank).recv_tensor(t, timeout=timeout)
+
+    def destroy_group(self) -> None:
+        """Close this member's groups (the other members then see it as gone). Idempotent."""
+        with self._lock:
+            self._destroyed = True
+            coll, self._collective = self._collective, None
+            self._multi = None
+        if coll is not None:
+            coll.close()
+
+
+def _copy(out: Any, src: Any, op: str, where: str) -> None:
+    if out.shape != src.shape or out.dtype != src.dtype:
+        raise CollectiveArgumentError(
+            f"{op}: {where} is {out.dtype}{tuple(out.shape)}, the tensor it receives is"
+            f" {src.dtype}{tuple(src.shape)}; they must match"
+        )
+    out.copy_(src)
