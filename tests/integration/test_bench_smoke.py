@@ -85,8 +85,10 @@ def test_json_has_positive_samples_for_every_method_and_kind(quick_run: Any) -> 
     assert samples, _log(proc)
     assert all(s["seconds"] > 0 and s["throughput_Bps"] > 0 for s in samples)
     assert all(s["nbytes"] > 0 for s in samples)
-    for method in ("gloo", "ray", "p2p"):
+    for method in ("gloo", "ray", "raycoll", "p2p"):
         for kind in KINDS:
+            if method == "raycoll" and kind == "object":  # Ray's collectives: tensors only
+                continue
             got = [s for s in samples if s["method"] == method and s["kind"] == kind]
             assert got, f"no {method} samples for {kind}"
             sizes = {s["size"] for s in got}
@@ -108,6 +110,9 @@ def test_json_has_positive_samples_for_every_method_and_kind(quick_run: Any) -> 
     ratios = {(r["series"], r["against"]) for r in doc["ratios"]}
     assert ("p2p raw", "torch.distributed gloo") in ratios
     assert ("p2p raw", "Ray object store") in ratios
+    assert ("p2p raw", "ray.util.collective") in ratios
+    skipped = {s["what"]: s["reason"] for s in doc["skipped"]}
+    assert skipped["ray.util.collective object"] == "ray.util.collective sends tensors only"
 
 
 def test_markdown_has_tables_ratio_lines_and_the_plot(quick_run: Any) -> None:
@@ -115,11 +120,15 @@ def test_markdown_has_tables_ratio_lines_and_the_plot(quick_run: Any) -> None:
     md = (out / "p2p-bench.md").read_text()
     assert md.startswith("# p2p-bench report")
     assert "![throughput against payload size](p2p-bench.png)" in md
-    assert "| kind | size | torch.distributed gloo | Ray object store | p2p raw" in md
+    assert (
+        "| kind | size | torch.distributed gloo | Ray object store | ray.util.collective"
+        " | p2p raw" in md
+    )
     for kind in KINDS:
         assert f"\n| {kind} | " in md, kind
     assert "**p2p raw** vs **torch.distributed gloo**: " in md
     assert "**p2p raw** vs **Ray object store**: " in md
+    assert "**p2p raw** vs **ray.util.collective**: " in md
     assert "- tensor 64 KiB (loopback): p2p raw = " in md
     assert "x torch.distributed gloo" in md
     assert "## Data" in md

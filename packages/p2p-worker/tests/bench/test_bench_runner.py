@@ -160,10 +160,11 @@ def test_methods_of_a_link_are_interleaved_and_every_cell_accounted(
 ) -> None:
     progress = Progress()
     result = run_matrix(options(), progress)
-    # loopback: all four series side by side, per kind
+    # loopback: all series side by side, per kind (ray.util.collective: tensors only)
     assert fakes["log"] == [
         "gloo tensor",
         "ray tensor",
+        "raycoll tensor",
         "p2p-raw tensor",
         "p2p-lz4 tensor",
         "gloo object",
@@ -180,9 +181,9 @@ def test_methods_of_a_link_are_interleaved_and_every_cell_accounted(
     assert fakes["probe_jobs"] == 1
     assert not any(s.link == "100mbit" for s in result.samples)
     assert fakes["session"].closed
-    assert progress.total == len(progress.done) == 4 * 2 + 2 * 2
+    assert progress.total == len(progress.done) == 5 + 4 + 2 * 2
     assert len({c for c, _ in progress.done}) == progress.total
-    assert {s.method for s in result.samples} == {"gloo", "ray", "p2p"}
+    assert {s.method for s in result.samples} == {"gloo", "ray", "raycoll", "p2p"}
     assert result.failures == []
     assert result.unavailable == [Skipped("link 100mbit", "no pacing")]
     assert result.compression == {"lz4": COMPRESSION_SECTIONS["lz4"]}
@@ -234,11 +235,20 @@ def test_failures_are_recorded_and_the_other_series_go_on(fakes: dict[str, Any])
     assert reasons["p2p raw"] == "RuntimeError: worker died"
     assert reasons["p2p lz4"] == "RuntimeError: worker did not start"
     assert sum("FAILED" in n for n in progress.notes) == 3
-    # a failed series is tried once, then dropped; gloo keeps going
-    assert fakes["log"] == ["gloo tensor", "ray tensor", "p2p-raw tensor", "gloo object"]
-    assert len(progress.done) == progress.total == 4 * 2
+    # a failed series is tried once, then dropped; gloo and ray.util.collective go on
+    assert fakes["log"] == [
+        "gloo tensor",
+        "ray tensor",
+        "raycoll tensor",
+        "p2p-raw tensor",
+        "gloo object",
+    ]
+    assert len(progress.done) == progress.total == 5 + 4
     assert len({c for c, _ in progress.done}) == progress.total
-    assert {s.cell().series for s in result.samples} == {"torch.distributed gloo"}
+    assert {s.cell().series for s in result.samples} == {
+        "torch.distributed gloo",
+        "ray.util.collective",
+    }
     assert fakes["pairs"][0].closed == 1
     assert all(job.closed for job in fakes["jobs"])
 

@@ -1,9 +1,15 @@
-"""The two baselines, measured between the same two plain Ray actors.
+"""The baselines, measured between the same two plain Ray actors.
 
 * ``gloo``: raw ``torch.distributed`` point-to-point on a gloo group of the two actors.
   The receiver already holds buffers of the right sizes (the ideal case: no header,
   no metadata, no allocation on the clock); every tensor of the payload is one
   ``send``/``recv`` of its bytes, a plain object goes through ``send_object_list``.
+* ``raycoll``: Ray's collective library, ``ray.util.collective`` ``send``/``recv`` on a
+  group of the two actors (backend ``"gloo"``: Ray's torch-gloo group, no pygloo), one
+  call per tensor of the payload into preallocated buffers, as a Ray user writes it.
+  Ray's gloo group reuses the actors' process group when one exists (it does here: the
+  gloo baseline's), so both baselines cross the same transport; the difference is
+  Ray's own layer. Tensor payloads only: Ray's library does not move objects.
 * ``ray``: Ray's object store. The sender ``ray.put`` s the payload and passes the
   reference to a method of the receiver actor, which ``ray.get`` s it and makes sure
   it owns every tensor (a tensor still backed by the object store is cloned). The
@@ -35,6 +41,8 @@ from p2p_worker.bench._timing import (
 )
 
 _LOOPBACK = ("127.0.0.1", "localhost")
+RAYCOLL_GROUP = "p2p-bench"
+"""The name of the ``ray.util.collective`` group of the two baseline actors."""
 
 
 def owned(payload: Any) -> Any:
@@ -137,7 +145,11 @@ class BaselineEndpoint:
         )
 
     def close(self) -> None:
-        """Leave the gloo group."""
+        """Leave Ray's collective group and the gloo group."""
+        import ray.util.collective as col
+
+        if col.is_group_initialized(RAYCOLL_GROUP):
+            col.destroy_collective_group(RAYCOLL_GROUP)
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -181,6 +193,50 @@ class BaselineEndpoint:
             dist.send(self._ack, dst=0)
 
         receiver_loop(receive, send_ack, reps, expected, f"gloo {kind} {size}")
+
+    # -- ray.util.collective ------------------------------------------------------------
+
+    def init_raycoll(self, rank: int) -> None:
+        """Join Ray's collective group of the two actors (both call this at once)."""
+        import ray.util.collective as col
+
+        col.init_collective_group(2, rank, backend="gloo", group_name=RAYCOLL_GROUP)
+
+    def raycoll_send(self, kind: str, size: int, reps: int) -> tuple[int, list[float]]:
+        """Sender side of a ``ray.util.collective`` cell; returns ``(nbytes, seconds)``."""
+        import ray.util.collective as col
+
+        payload = self._cache.get(kind, size)
+        tensors = [_byte_view(t) for t in payload_tensors(payload)]
+        ack = torch.zeros(1, dtype=torch.int64)
+
+        def send() -> None:
+            for t in tensors:
+                col.send(t, 1, RAYCOLL_GROUP)
+
+        def wait_ack() -> None:
+            col.recv(ack, 1, RAYCOLL_GROUP)
+
+        return payload_nbytes(payload), sender_loop(send, wait_ack, reps)
+
+    def raycoll_recv(self, kind: str, size: int, reps: int) -> None:
+        """Receiver side of a ``ray.util.collective`` cell (buffers preallocated)."""
+        import ray.util.collective as col
+
+        expected = self._cache.get(kind, size)
+        templates = payload_tensors(expected)
+        buffers = [torch.empty_like(_byte_view(t)) for t in templates]
+
+        def receive() -> Any:
+            for b in buffers:
+                col.recv(b, 0, RAYCOLL_GROUP)
+            got = [b.view(t.dtype).view(t.shape) for b, t in zip(buffers, templates, strict=True)]
+            return _rebuild(expected, got)
+
+        def send_ack() -> None:
+            col.send(self._ack, 0, RAYCOLL_GROUP)
+
+        receiver_loop(receive, send_ack, reps, expected, f"raycoll {kind} {size}")
 
     # -- Ray object store ---------------------------------------------------------------
 
@@ -258,6 +314,10 @@ class BaselinePair:
                 ],
                 timeout=timeout,
             )
+            ray.get(
+                [self.sender.init_raycoll.remote(0), self.receiver.init_raycoll.remote(1)],
+                timeout=timeout,
+            )
         except BaseException:
             self.close()
             raise
@@ -268,13 +328,17 @@ class BaselinePair:
             recv = self.receiver.gloo_recv.remote(cell.kind, cell.size, reps)
             send = self.sender.gloo_send.remote(cell.kind, cell.size, reps)
             (nbytes, secs), _ = ray.get([send, recv], timeout=self.timeout)
+        elif cell.method == "raycoll":
+            recv = self.receiver.raycoll_recv.remote(cell.kind, cell.size, reps)
+            send = self.sender.raycoll_send.remote(cell.kind, cell.size, reps)
+            (nbytes, secs), _ = ray.get([send, recv], timeout=self.timeout)
         elif cell.method == "ray":
             nbytes, secs = ray.get(
                 self.sender.ray_send.remote(cell.kind, cell.size, reps, self.timeout),
                 timeout=self.timeout,
             )
         else:
-            raise ValueError(f"cell.method: got {cell.method!r}; allowed: gloo, ray")
+            raise ValueError(f"cell.method: got {cell.method!r}; allowed: gloo, ray, raycoll")
         return samples_from_timings(cell, nbytes, secs)
 
     def close(self) -> None:

@@ -2,9 +2,9 @@
 
 With no arguments it starts an embedded local Ray cluster, measures every payload kind
 over a ladder of sizes with every codec, over loopback and an emulated 1 Gbit/s link,
-measures raw torch.distributed (gloo) and Ray's object store between two actors in
-the same run, and writes ``p2p-bench.json``, ``p2p-bench.md`` and ``p2p-bench.png``
-into ``./p2p-bench-out``.
+measures raw torch.distributed (gloo), Ray's object store and ray.util.collective
+send/recv between two actors in the same run, and writes ``p2p-bench.json``,
+``p2p-bench.md`` and ``p2p-bench.png`` into ``./p2p-bench-out``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="p2p-bench",
         description=(
             "Measure p2p Worker.send/recv transfers (raw, lz4, zstd; loopback and emulated"
-            " links) against raw torch.distributed gloo and Ray's object store, on an"
+            " links) against raw torch.distributed gloo, Ray's object store and"
+            " ray.util.collective send/recv, on an"
             " embedded local Ray cluster or an existing one. Writes a JSON of every sample,"
             " a Markdown report and a PNG plot."
         ),

@@ -19,6 +19,7 @@ from p2p_worker.bench._spec import LINK_PROFILES, TENSOR_KINDS, format_size, ser
 STYLE: dict[str, dict[str, Any]] = {
     series_name("gloo", "raw"): {"color": "#222222", "linestyle": "--", "marker": "s"},
     series_name("ray", "raw"): {"color": "#8c8c8c", "linestyle": ":", "marker": "D"},
+    series_name("raycoll", "raw"): {"color": "#7a3fa0", "linestyle": "-.", "marker": "P"},
     series_name("p2p", "raw"): {"color": "#1f6fb4", "linestyle": "-", "marker": "o"},
     series_name("p2p", "lz4"): {"color": "#e8761a", "linestyle": "-", "marker": "^"},
     series_name("p2p", "zstd"): {"color": "#2a9d3a", "linestyle": "-", "marker": "v"},

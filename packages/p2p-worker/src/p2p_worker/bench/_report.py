@@ -156,7 +156,11 @@ def table_rows(
     return header, rows
 
 
-_SHORT = {"torch.distributed gloo": "gloo", "Ray object store": "Ray store"}
+_SHORT = {
+    "torch.distributed gloo": "gloo",
+    "Ray object store": "Ray store",
+    "ray.util.collective": "Ray collective",
+}
 
 
 def _short(series: str) -> str:
@@ -229,8 +233,9 @@ def render_markdown(result: RunResult, plot_name: str | None = PLOT_NAME) -> str
         "payload bytes / median time, in MB/s (10^6 bytes/s). One warm-up transfer per cell",
         "is compared bit for bit with the payload sent and is not timed. Baselines: raw",
         "`torch.distributed` gloo send/recv into preallocated buffers (no header, no",
-        "metadata), and Ray's object store (`ray.put`, reference passed to the receiver",
-        f"actor, `ray.get`), both between the same two Ray actors ({real}).",
+        "metadata), Ray's object store (`ray.put`, reference passed to the receiver",
+        "actor, `ray.get`) and `ray.util.collective` send/recv (gloo backend, one call per",
+        f"tensor, tensor payloads only), all between the same two Ray actors ({real}).",
         "",
     ]
     links = list(dict.fromkeys(s.cell.link for s in sums if s.cell.method == "p2p"))

@@ -100,7 +100,7 @@ class Options:
         out: output folder.
         address: Ray address to attach to, or ``None`` for an embedded local cluster.
         timeout: seconds any single step (a cell, a launch) may take.
-        baselines: whether to measure the two baselines.
+        baselines: whether to measure the baselines.
         argv: the command line, for the report.
     """
 

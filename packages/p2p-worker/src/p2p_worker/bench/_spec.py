@@ -20,16 +20,21 @@ TENSOR_KINDS: Final = ("tensor", "tensor_list", "tensor_dict", "dataclass")
 
 CODECS: Final = ("raw", "lz4", "zstd")
 
-METHODS: Final = ("p2p", "gloo", "ray")
-"""``p2p``: Worker.send/recv; ``gloo``: plain torch.distributed; ``ray``: Ray object store."""
+METHODS: Final = ("p2p", "gloo", "ray", "raycoll")
+"""``p2p``: Worker.send/recv; ``gloo``: plain torch.distributed; ``ray``: Ray object store;
+``raycoll``: ``ray.util.collective`` send/recv (gloo backend)."""
 
-BASELINES: Final = ("gloo", "ray")
+BASELINES: Final = ("gloo", "ray", "raycoll")
 
 METHOD_LABELS: Final = {
     "p2p": "p2p Worker.send",
     "gloo": "torch.distributed gloo",
     "ray": "Ray object store",
+    "raycoll": "ray.util.collective",
 }
+
+TENSORS_ONLY: Final = ("raycoll",)
+"""Baselines that move tensors only: the ``object`` kind is skipped for them."""
 
 
 @dataclass(frozen=True)
@@ -302,7 +307,8 @@ def build_matrix(
         links: link profiles for the p2p method.
         reps: timed repetitions per cell (>= 1).
         object_size: the nominal size of the ``object`` payload.
-        baselines: whether to include the gloo and Ray baselines.
+        baselines: whether to include the baselines (gloo, Ray object store,
+            ``ray.util.collective``).
         cell_budget_s: wire-time budget of one emulated cell.
 
     Returns:
@@ -315,7 +321,7 @@ def build_matrix(
         >>> cells, _ = build_matrix([1024], ["tensor"], ["raw"], [LINK_PROFILES["loopback"]],
         ...                         reps=1, object_size=512)
         >>> [c.series for c in cells]
-        ['torch.distributed gloo', 'Ray object store', 'p2p raw']
+        ['torch.distributed gloo', 'Ray object store', 'ray.util.collective', 'p2p raw']
     """
     if reps < 1:
         raise ValueError(f"reps: got {reps}; allowed: an integer >= 1")
@@ -328,6 +334,14 @@ def build_matrix(
 
     def block(method: str, codec: str, link: LinkProfile) -> None:
         for kind in kinds:
+            if method in TENSORS_ONLY and kind not in TENSOR_KINDS:
+                skipped.append(
+                    Skipped(
+                        f"{series_name(method, codec, link.name)} {kind}",
+                        "ray.util.collective sends tensors only",
+                    )
+                )
+                continue
             ladder = sorted(set(sizes)) if kind in TENSOR_KINDS else [object_size]
             for size in ladder:
                 need = estimated_wire_seconds(size, link, reps)
