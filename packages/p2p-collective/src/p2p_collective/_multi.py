@@ -39,6 +39,7 @@ from p2p_collective._transport import StoreLike, deadline_after, remaining, to_t
 
 _D: Any = torch._C._distributed_c10d  # the *Options classes (not all re-exported)
 _WAIT_GRACE = 2.0
+_WAIT_SLICE = 0.05  # seconds a blocking wait lasts before liveness and deadline are checked
 _P2P_TAG = 1 << 28  # far from the tags gloo numbers its collectives with (0, 1, ...)
 
 
@@ -249,8 +250,11 @@ class MultiCollectiveGroup:
         pause = 0.00005
         try:
             for work in works:
+                if not p2p:
+                    self._wait_collective(work, what, deadline)
+                    continue
                 # gloo's send/recv works never report is_completed(): wait in a helper.
-                probe = _threaded_wait(work, deadline) if p2p else work.is_completed
+                probe = _threaded_wait(work, deadline)
                 while not probe():
                     if self._gone is not None:
                         raise self._gone
@@ -260,8 +264,6 @@ class MultiCollectiveGroup:
                         )
                     time.sleep(pause)
                     pause = min(pause * 2, 0.002)
-                if not p2p:
-                    work.wait()
         except (PeerError, CollectiveTimeoutError):
             raise
         except Exception as exc:
@@ -273,6 +275,28 @@ class MultiCollectiveGroup:
                 ) from exc
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise PeerError(f"coll[{self.name}]: {what} failed: {first}") from exc
+
+    def _wait_collective(self, work: Any, what: str, deadline: float | None) -> None:
+        """Block on a collective's work in slices, checking liveness and the deadline between.
+
+        A blocking ``wait`` wakes the moment gloo completes the work; polling
+        ``is_completed`` with sleeps added up to milliseconds per operation on a loaded
+        machine (measured: 4.6-6.0 ms against 0.5-0.9 ms for a 4 KiB allreduce of two
+        ranks on two busy cores). A slice that runs out raises while the work is still
+        running, which is told apart from the work's own failure by ``is_completed``.
+        """
+        while True:
+            if self._gone is not None:
+                raise self._gone
+            if deadline is not None and time.monotonic() > deadline + _WAIT_GRACE:
+                raise CollectiveTimeoutError(f"coll[{self.name}]: {what} did not complete in time")
+            try:
+                work.wait(to_timedelta(_WAIT_SLICE))
+                return
+            except Exception:
+                if work.is_completed():
+                    raise  # the operation's own outcome
+                # only the slice ran out: the operation goes on
 
     def _opts(self, cls: str, deadline: float | None, **fields: Any) -> Any:
         opts = getattr(_D, cls)()
