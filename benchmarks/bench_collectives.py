@@ -115,7 +115,9 @@ class BenchMember:
             col.destroy_collective_group(lib)
 
 
-def run_members(n: int, sizes: list[int], rounds: int) -> dict[str, Any]:
+def run_members(
+    n: int, sizes: list[int], rounds: int, ops: tuple[str, ...] = OPS
+) -> dict[str, Any]:
     """Every operation and size with ``n`` member actors; cell -> per-library figures."""
     import ray
 
@@ -125,7 +127,7 @@ def run_members(n: int, sizes: list[int], rounds: int) -> dict[str, Any]:
     ray.get([m.setup.remote(n, r) for r, m in enumerate(members)], timeout=300)
     cells: dict[str, Any] = {}
     try:
-        for op in OPS:
+        for op in ops:
             for nbytes in [4096] if op == "barrier" else sizes:
                 reps = _reps(nbytes)
                 per_member = ray.get(
@@ -205,7 +207,7 @@ def summary(results: dict[int, dict[str, Any]]) -> list[str]:
 
 
 def compare_with_ray(
-    members: list[int], sizes: list[int], rounds: int
+    members: list[int], sizes: list[int], rounds: int, ops: tuple[str, ...] = OPS
 ) -> tuple[dict[int, Any], list[str]]:
     import ray
 
@@ -232,7 +234,7 @@ def compare_with_ray(
     rows: list[str] = []
     try:
         for n in members:
-            results[n] = run_members(n, sizes, rounds)
+            results[n] = run_members(n, sizes, rounds, ops)
             for key, cell in results[n].items():
                 op, nbytes = _split(key)
                 rows.append(_row(op, n, nbytes, cell))
@@ -344,6 +346,7 @@ def main() -> None:
     ap.add_argument("--members", default=None, help="comma-separated member counts")
     ap.add_argument("--sizes", default=None, help="comma-separated bytes per member")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--ops", default=None, help=f"comma-separated subset of {', '.join(OPS)}")
     ap.add_argument("--broadcast-kinds", action="store_true", help="add the broadcast-forms table")
     args = ap.parse_args()
     members = [2, 4] if args.quick else [2, 4, 8]
@@ -357,8 +360,9 @@ def main() -> None:
     if args.sizes:
         sizes = [int(x) for x in args.sizes.split(",")]
     rounds = args.rounds or (3 if args.quick else 5)
+    ops = OPS if not args.ops else tuple(o for o in OPS if o in args.ops.split(","))
     started = time.time()
-    results, table = compare_with_ray(members, sizes, rounds)
+    results, table = compare_with_ray(members, sizes, rounds, ops)
     lines = [
         "# p2p_worker.compat vs ray.util.collective (gloo), same actors, same code",
         "",

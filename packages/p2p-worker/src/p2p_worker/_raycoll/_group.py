@@ -82,6 +82,7 @@ class GroupHandle:
         self._lock = threading.Lock()
         self._collective: Any = None
         self._multi: Any = None
+        self._buffer: torch.Tensor | None = None  # reducescatter's concatenation
         self._destroyed = False
 
     @classmethod
@@ -246,10 +247,18 @@ class GroupHandle:
             if self._world_size == 1:
                 out.copy_(items[0])
                 return
-            flat = torch.cat([x.reshape(-1) for x in items])
+            flat = self._scratch(out.dtype, out.numel() * len(items))
+            torch.cat([x.reshape(-1) for x in items], out=flat)
             self.group.allreduce(flat, op=op, timeout=timeout)
             n = out.numel()
             out.copy_(flat[self._rank * n : (self._rank + 1) * n].view(out.shape))
+
+    def _scratch(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """A buffer of ``numel`` items kept for the next call (fresh pages cost more)."""
+        buf = self._buffer
+        if buf is None or buf.dtype != dtype or buf.numel() != numel:
+            buf = self._buffer = torch.empty(numel, dtype=dtype)
+        return buf
 
     def barrier(self, timeout: float | None) -> None:
         """Wait until every member reached the barrier."""
@@ -274,6 +283,7 @@ class GroupHandle:
             self._destroyed = True
             coll, self._collective = self._collective, None
             self._multi = None
+            self._buffer = None
         if coll is not None:
             coll.close()
 
