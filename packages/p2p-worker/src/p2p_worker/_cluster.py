@@ -7,7 +7,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +58,9 @@ class Cluster:
         num_gpus: GPUs an embedded cluster offers (default: the machine's).
         object_store_memory: Bytes of an embedded cluster's object store.
         timeout: Seconds to wait for ``num_nodes`` nodes.
+        cluster_cfg: RLinf's name for ``config`` (give one of them). An empty
+            ``component_placement`` key, which RLinf configs carry, is accepted and
+            ignored; a non-empty one is refused (use placement strategies).
         job_token: The job's secret. Every worker (and the driver's own channel
             endpoint) gets it with the store address, and their ``Collective`` s prove
             to each other at rendezvous that they hold it, so a process outside the job
@@ -90,8 +93,13 @@ class Cluster:
         object_store_memory: int | None = None,
         timeout: float | None = 60.0,
         job_token: str | None = None,
+        cluster_cfg: ConfigSource = None,
     ) -> None:
-        self.config: ClusterConfig = parse_cluster_config(config)
+        if cluster_cfg is not None:
+            if config is not None:
+                raise ValueError("give config or its RLinf name cluster_cfg, not both")
+            config = cluster_cfg
+        self.config: ClusterConfig = parse_cluster_config(_drop_component_placement(config))
         self._job_token = _resolve_job_token(job_token)
         wanted = _resolve_num_nodes(num_nodes, self.config.num_nodes)
         self._groups: dict[str, WorkerGroup[Any]] = {}
@@ -153,6 +161,11 @@ class Cluster:
     def num_gpus(self) -> int:
         """Total GPUs of the nodes this cluster uses."""
         return sum(n.num_gpus for n in self.nodes)
+
+    @property
+    def num_accelerators(self) -> int:
+        """RLinf's name for :attr:`num_gpus`: accelerators of the nodes this cluster uses."""
+        return self.num_gpus
 
     @property
     def is_embedded(self) -> bool:
@@ -276,6 +289,29 @@ class Cluster:
         tb: TracebackType | None,
     ) -> None:
         self.shutdown()
+
+
+def _drop_component_placement(config: ConfigSource) -> ConfigSource:
+    """Drop RLinf's empty ``component_placement`` key from a mapping config.
+
+    Raises:
+        ValueError: The key holds a placement (not supported: use placement strategies).
+    """
+    if not isinstance(config, Mapping):
+        return config
+    inner = config.get("cluster", config)
+    if not isinstance(inner, Mapping) or "component_placement" not in inner:
+        return config
+    if inner["component_placement"]:
+        raise ValueError(
+            "cluster.component_placement: RLinf's component placement is not supported; "
+            "place each group with a PlacementStrategy at launch (see the RLinf migration "
+            "guide), or leave the key empty"
+        )
+    trimmed = {k: v for k, v in inner.items() if k != "component_placement"}
+    if inner is config:
+        return trimmed
+    return {**{k: v for k, v in config.items()}, "cluster": trimmed}
 
 
 def _resolve_num_nodes(arg: int | None, configured: int | None) -> int | None:

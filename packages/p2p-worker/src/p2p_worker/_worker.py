@@ -6,11 +6,13 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from p2p_worker._accelerator import AcceleratorAttribute
 from p2p_worker._address import WorkerAddress, check_group_name
 from p2p_worker._channel import ChannelMixin
 from p2p_worker._collectives import CollectivesMixin
 from p2p_worker._errors import WorkerError
 from p2p_worker._info import WorkerInfo
+from p2p_worker._options import CollectiveGroupOptions, check_options
 from p2p_worker._runtime import WorkerRuntime
 from p2p_worker._timer import timed, timer
 
@@ -42,7 +44,14 @@ class Worker(ChannelMixin, CollectivesMixin):
     ``p2p_collective.Collective``, created on first use.
 
     Methods run one at a time, in call order (Ray runs them in a dedicated thread, so a
-    method that blocks does not stop the group from being shut down).
+    method that blocks does not stop the group from being shut down). A class with an
+    ``async def`` method becomes an asyncio actor, as in Ray and RLinf: its coroutine
+    methods are awaited on the actor's event loop (``asyncio.create_task`` works there)
+    and its plain methods run on that loop too.
+
+    :attr:`torch_device_type` (``"cuda"`` or ``None``) and :attr:`torch_platform`
+    (``torch.cuda`` or ``None``) tell which accelerator this process sees; like RLinf's,
+    they can be read on the class (``Worker.torch_platform.set_device(...)``).
 
     Example:
         >>> import os
@@ -64,6 +73,8 @@ class Worker(ChannelMixin, CollectivesMixin):
     _rank: int
     _world_size: int
     timer = staticmethod(timer)
+    torch_device_type = AcceleratorAttribute("device_type")
+    torch_platform = AcceleratorAttribute("platform")
 
     def __init__(self) -> None:
         if "_p2p_runtime" not in self.__dict__:
@@ -113,6 +124,11 @@ class Worker(ChannelMixin, CollectivesMixin):
         """This worker's :class:`WorkerAddress` (see :attr:`worker_info`)."""
         return self.worker_info.address
 
+    @property
+    def has_accelerator(self) -> bool:
+        """Whether this process sees an accelerator (``torch_device_type`` is not None)."""
+        return self.torch_device_type is not None
+
     def worker_timer(self, tag: str) -> AbstractContextManager[None]:
         """Time a block under ``tag``; the group call's handle reports it.
 
@@ -153,8 +169,15 @@ class Worker(ChannelMixin, CollectivesMixin):
             )
         return value
 
-    def _p2p_peer_group(self, group_name: str, rank: int | Sequence[int], arg: str) -> Any:
+    def _p2p_peer_group(
+        self,
+        group_name: str,
+        rank: int | Sequence[int],
+        arg: str,
+        options: CollectiveGroupOptions | None = None,
+    ) -> Any:
         check_group_name(group_name, f"{arg}_group_name")
+        check_options(options)
         try:
             peer = WorkerAddress(group_name, rank)
         except (TypeError, ValueError) as exc:
@@ -165,7 +188,32 @@ class Worker(ChannelMixin, CollectivesMixin):
                 f"{arg}_group_name={group_name!r}, {arg}_rank={rank!r} is this worker "
                 f"({me}); a worker cannot send to or receive from itself"
             )
+        if options is not None:  # the first options between two workers count (as in RLinf)
+            self.__dict__.setdefault("_p2p_options", {}).setdefault(peer.get_name(), options)
         return self.collective.create_collective_group([me, peer])
+
+    def collective_options(
+        self, group_name: str, rank: int | Sequence[int]
+    ) -> CollectiveGroupOptions | None:
+        """The :class:`CollectiveGroupOptions` in effect toward one peer, if any were given.
+
+        The options of the first operation toward a peer that passed ``options=`` count;
+        later ones are ignored, as in RLinf.
+
+        Args:
+            group_name: The peer's group name.
+            rank: The peer's rank (or rank path).
+
+        Returns:
+            The options, or ``None`` when no operation toward that peer passed any.
+
+        Example:
+            >>> self.collective_options("learner", 0)  # doctest: +SKIP
+            CollectiveGroupOptions(accel_cluster_size=None, accel_max_ctas=1, ...)
+        """
+        name = WorkerAddress(group_name, rank).get_name()
+        found: CollectiveGroupOptions | None = self.__dict__.get("_p2p_options", {}).get(name)
+        return found
 
     def send(
         self,
@@ -173,6 +221,7 @@ class Worker(ChannelMixin, CollectivesMixin):
         dst_group_name: str,
         dst_rank: int | Sequence[int],
         async_op: bool = False,
+        options: CollectiveGroupOptions | None = None,
         *,
         timeout: float | None = None,
     ) -> Any:
@@ -187,6 +236,8 @@ class Worker(ChannelMixin, CollectivesMixin):
             dst_group_name: Name of the receiver's group.
             dst_rank: The receiver's rank (or rank path) in that group.
             async_op: Return an ``AsyncWork`` at once instead of waiting.
+            options: RLinf's :class:`CollectiveGroupOptions` (accelerator tuning; the
+                first options between two workers count).
             timeout: Seconds the send may take; ``None`` uses the job's default.
 
         Returns:
@@ -194,14 +245,14 @@ class Worker(ChannelMixin, CollectivesMixin):
 
         Raises:
             ValueError: The destination is this worker, or the payload is refused.
-            TypeError: A name or rank has the wrong type.
+            TypeError: A name, rank or ``options`` has the wrong type.
             WorkerError: The worker was not launched in a group.
             p2p_collective.CollectiveError: The transfer failed.
 
         Example:
             >>> self.send({"w": torch.ones(4)}, dst_group_name="learner", dst_rank=0)  # doctest: +SKIP
         """  # noqa: E501
-        group = self._p2p_peer_group(dst_group_name, dst_rank, "dst")
+        group = self._p2p_peer_group(dst_group_name, dst_rank, "dst", options)
         return group.send(object, async_op=async_op, timeout=timeout)
 
     def recv(
@@ -209,6 +260,7 @@ class Worker(ChannelMixin, CollectivesMixin):
         src_group_name: str,
         src_rank: int | Sequence[int],
         async_op: bool = False,
+        options: CollectiveGroupOptions | None = None,
         *,
         timeout: float | None = None,
     ) -> Any:
@@ -218,6 +270,8 @@ class Worker(ChannelMixin, CollectivesMixin):
             src_group_name: Name of the sender's group.
             src_rank: The sender's rank (or rank path) in that group.
             async_op: Return an ``AsyncWork`` at once instead of waiting.
+            options: RLinf's :class:`CollectiveGroupOptions` (accelerator tuning; the
+                first options between two workers count).
             timeout: Seconds to wait; ``None`` uses the job's default.
 
         Returns:
@@ -225,14 +279,14 @@ class Worker(ChannelMixin, CollectivesMixin):
 
         Raises:
             ValueError: The source is this worker.
-            TypeError: A name or rank has the wrong type.
+            TypeError: A name, rank or ``options`` has the wrong type.
             WorkerError: The worker was not launched in a group.
             p2p_collective.CollectiveError: The transfer failed or timed out.
 
         Example:
             >>> obj = self.recv(src_group_name="actor", src_rank=0)  # doctest: +SKIP
         """
-        group = self._p2p_peer_group(src_group_name, src_rank, "src")
+        group = self._p2p_peer_group(src_group_name, src_rank, "src", options)
         return group.recv(async_op=async_op, timeout=timeout)
 
     def send_tensor(
@@ -241,6 +295,7 @@ class Worker(ChannelMixin, CollectivesMixin):
         dst_group_name: str,
         dst_rank: int | Sequence[int],
         async_op: bool = False,
+        options: CollectiveGroupOptions | None = None,
         *,
         timeout: float | None = None,
     ) -> Any:
@@ -254,6 +309,8 @@ class Worker(ChannelMixin, CollectivesMixin):
             dst_group_name: Name of the receiver's group.
             dst_rank: The receiver's rank (or rank path) in that group.
             async_op: Return an ``AsyncWork`` at once instead of waiting.
+            options: RLinf's :class:`CollectiveGroupOptions` (accelerator tuning; the
+                first options between two workers count).
             timeout: Seconds the send may take; ``None`` uses the job's default.
 
         Returns:
@@ -261,14 +318,14 @@ class Worker(ChannelMixin, CollectivesMixin):
 
         Raises:
             ValueError: The destination is this worker, or the tensor is refused.
-            TypeError: A name or rank has the wrong type.
+            TypeError: A name, rank or ``options`` has the wrong type.
             WorkerError: The worker was not launched in a group.
             p2p_collective.CollectiveError: The transfer failed.
 
         Example:
             >>> self.send_tensor(torch.ones(2, 1), "recv_group", 0)  # doctest: +SKIP
         """
-        group = self._p2p_peer_group(dst_group_name, dst_rank, "dst")
+        group = self._p2p_peer_group(dst_group_name, dst_rank, "dst", options)
         return group.send_tensor(tensor, async_op=async_op, timeout=timeout)
 
     def recv_tensor(
@@ -277,6 +334,7 @@ class Worker(ChannelMixin, CollectivesMixin):
         src_group_name: str,
         src_rank: int | Sequence[int],
         async_op: bool = False,
+        options: CollectiveGroupOptions | None = None,
         *,
         timeout: float | None = None,
     ) -> Any:
@@ -287,6 +345,8 @@ class Worker(ChannelMixin, CollectivesMixin):
             src_group_name: Name of the sender's group.
             src_rank: The sender's rank (or rank path) in that group.
             async_op: Return an ``AsyncWork`` at once instead of waiting.
+            options: RLinf's :class:`CollectiveGroupOptions` (accelerator tuning; the
+                first options between two workers count).
             timeout: Seconds to wait; ``None`` uses the job's default.
 
         Returns:
@@ -294,7 +354,7 @@ class Worker(ChannelMixin, CollectivesMixin):
 
         Raises:
             ValueError: The source is this worker.
-            TypeError: A name or rank has the wrong type.
+            TypeError: A name, rank or ``options`` has the wrong type.
             WorkerError: The worker was not launched in a group.
             p2p_collective.CollectiveError: The transfer failed or timed out.
 
@@ -302,5 +362,5 @@ class Worker(ChannelMixin, CollectivesMixin):
             >>> buf = torch.empty(2, 1)  # doctest: +SKIP
             >>> self.recv_tensor(buf, "send_group", 0)  # doctest: +SKIP
         """
-        group = self._p2p_peer_group(src_group_name, src_rank, "src")
+        group = self._p2p_peer_group(src_group_name, src_rank, "src", options)
         return group.recv_tensor(tensor, async_op=async_op, timeout=timeout)
