@@ -25,6 +25,7 @@ import ray
 import torch
 
 from p2p_worker import (
+    Channel,
     Cluster,
     CollectiveGroupOptions,
     NodePlacementStrategy,
@@ -209,6 +210,28 @@ class SenderWorker(Worker):
     async def broadcast_asyncio(self) -> Any:
         return await broadcast_awaited(self)
 
+    def produce(self, channel: Channel, n: int, async_op: bool = False) -> bool:
+        """Put n items for the next receiver, under its key, with weights 1, 2, 1, 2, ..."""
+        key = f"to{send_peer(self._rank, self._world_size)}"
+        works = [
+            channel.put(item_for(self._rank, i), weight=1 + i % 2, key=key, async_op=async_op)
+            for i in range(n)
+        ]
+        for w in works if async_op else []:
+            w.wait()
+        return True
+
+    async def produce_asyncio(self, channel: Channel, n: int) -> bool:
+        key = f"to{send_peer(self._rank, self._world_size)}"
+        for i in range(n):
+            await channel.put(item_for(self._rank, i), key=key, async_op=True).async_wait()
+        return True
+
+    def create_named_channel(self, name: str) -> int:
+        channel = self.create_channel(channel_name=name, maxsize=4, node_rank=0)
+        channel.put(f"hello from {self._rank}", key="greeting", weight=2)
+        return channel.maxsize
+
 
 class ReceiverWorker(Worker):
     def recv_payload(self, async_op: bool = False) -> Any:
@@ -254,6 +277,27 @@ class ReceiverWorker(Worker):
 
     async def broadcast_asyncio(self) -> Any:
         return await broadcast_awaited(self)
+
+    def consume(self, channel: Channel, n: int, async_op: bool = False) -> list[Any]:
+        key = f"to{self._rank}"
+        if async_op:
+            return [w.wait() for w in [channel.get(key=key, async_op=True) for _ in range(n)]]
+        return [channel.get(key=key) for _ in range(n)]
+
+    def consume_batch(self, channel: Channel, target_weight: int) -> list[Any]:
+        return channel.get_batch(target_weight=target_weight, key=f"to{self._rank}")
+
+    async def consume_asyncio(self, channel: Channel, n: int) -> list[Any]:
+        key = f"to{self._rank}"
+        return [await channel.get(key=key, async_op=True).async_wait() for _ in range(n)]
+
+    def greeting(self, name: str) -> tuple[Any, int]:
+        channel = self.connect_channel(name)
+        return channel.get(key="greeting"), channel.qsize(key="greeting")
+
+
+def item_for(rank: int, i: int) -> Any:
+    return TensorMessage(i, torch.full((2,), float(rank)), f"item {i} of rank {rank}")
 
 
 ALL_GROUPS = [
@@ -443,3 +487,84 @@ def test_rlinf_packed_placement_form(cluster: Cluster) -> None:
         assert [e.info.node_id for e in group.worker_info_list] == [0]
     finally:
         group.shutdown()
+
+
+# --- channels --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def channel(cluster: Cluster, worker_groups: tuple[Any, Any]) -> Iterator[Channel]:
+    """RLinf's recommended practice: create the channel in the driver, pass it to workers."""
+    ch = Channel.create(name="rlinf_channel")
+    yield ch
+    ch.destroy()
+
+
+def check_items(items: list[Any], rank: int, n: int) -> None:
+    src = recv_peer(rank, GROUP_SIZE)
+    assert [m.id for m in items] == list(range(n))  # per-key FIFO
+    for m in items:
+        assert_same(m, item_for(src, m.id))
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async_wait"])
+def test_keyed_channel_between_workers(
+    worker_groups: tuple[Any, Any], channel: Channel, async_op: bool
+) -> None:
+    senders, receivers = worker_groups
+    consumed = receivers.consume(channel, 4, async_op)
+    assert senders.produce(channel, 4, async_op).wait(timeout=120) == [True] * GROUP_SIZE
+    for rank, items in enumerate(consumed.wait(timeout=120)):
+        check_items(items, rank, 4)
+    assert channel.qsize() == 0
+
+
+def test_keyed_channel_asyncio(worker_groups: tuple[Any, Any], channel: Channel) -> None:
+    senders, receivers = worker_groups
+    consumed = receivers.consume_asyncio(channel, 3)
+    assert senders.produce_asyncio(channel, 3).wait(timeout=120) == [True] * GROUP_SIZE
+    for rank, items in enumerate(consumed.wait(timeout=120)):
+        check_items(items, rank, 3)
+
+
+def test_get_batch_fills_to_target_weight(worker_groups: tuple[Any, Any], channel: Channel) -> None:
+    senders, receivers = worker_groups
+    # Weights go 1, 2, 1, 2: a target of 3 takes two items, the next two again.
+    batches = receivers.consume_batch(channel, 3)
+    senders.produce(channel, 4).wait(timeout=120)
+    for rank, items in enumerate(batches.wait(timeout=120)):
+        check_items(items, rank, 2)
+    for rank, items in enumerate(receivers.consume_batch(channel, 3).wait(timeout=120)):
+        assert [m.id for m in items] == [2, 3]
+        assert_same(items[0], item_for(recv_peer(rank, GROUP_SIZE), 2))
+
+
+def test_driver_puts_and_gets_with_keys_and_weights(channel: Channel) -> None:
+    for i in range(5):
+        channel.put({"i": i, "x": torch.arange(3) * i}, weight=2, key=("driver", 7))
+    channel.put("unkeyed")
+    assert channel.qsize(key=("driver", 7)) == 5
+    assert channel.qsize() == 1
+    batch = channel.get_batch(target_weight=4, key=("driver", 7))
+    assert [b["i"] for b in batch] == [0, 1]
+    assert torch.equal(batch[1]["x"], torch.arange(3))
+    assert channel.get(key=("driver", 7), async_op=True).wait(timeout=60)["i"] == 2
+    assert channel.get_batch(max_items=10, key=("driver", 7))[-1]["i"] == 4  # our form
+    assert channel.get() == "unkeyed"
+    assert channel.empty(key=("driver", 7))
+    with pytest.raises(TypeError, match="hashable"):
+        channel.put("x", key=["unhashable"])
+    with pytest.raises(ValueError, match="weight must be >= 0"):
+        channel.put("x", weight=-1)
+    channel.put("still usable", key="after")
+    assert channel.get(key="after") == "still usable"
+
+
+def test_worker_created_channel_and_rlinf_names(worker_groups: tuple[Any, Any]) -> None:
+    senders, receivers = worker_groups
+    assert senders.execute_on(0).create_named_channel("made_by_worker").wait(timeout=60) == [4]
+    got = receivers.execute_on(2).greeting("made_by_worker").wait(timeout=60)
+    assert got == [("hello from 0", 0)]
+    again = Channel.create(name="made_by_worker")  # exists: RLinf connects to it
+    assert again.maxsize == 4
+    again.destroy()

@@ -113,21 +113,68 @@ def create_on(
     return handle
 
 
+def resolve_names(
+    channel_name: str | None,
+    name: str | None,
+    node_rank: int | None,
+    node_id: int | None,
+    distributed: bool = False,
+    local: bool = False,
+    num_nodes: int = 1,
+) -> tuple[str, int]:
+    """Merge RLinf's argument names with p2p-worker's: ``(name, node)`` of a new channel.
+
+    Raises:
+        TypeError: No name given, or ``distributed`` / ``local`` not a bool.
+        ValueError: Both spellings of one argument given, ``local=True``, or
+            ``distributed=True`` on a cluster of more than one node.
+    """
+    if channel_name is not None and name is not None:
+        raise ValueError("give channel_name or name, not both")
+    chosen = channel_name if channel_name is not None else name
+    if chosen is None:
+        raise TypeError("a channel name is required: channel_name=... (or name=...)")
+    if node_rank is not None and node_id is not None and node_rank != node_id:
+        raise ValueError(f"node_rank={node_rank} and node_id={node_id} disagree; give one")
+    node = node_rank if node_rank is not None else (node_id if node_id is not None else 0)
+    for flag, value in (("distributed", distributed), ("local", local)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool, got {value!r}")
+    if local:
+        raise ValueError(
+            "local=True: in-process channels are not supported; a channel lives in its "
+            "own channel worker (use a queue.Queue within one process)"
+        )
+    if distributed and num_nodes > 1:
+        raise ValueError(
+            f"distributed=True on a {num_nodes}-node cluster: one channel worker per node is "
+            f"not supported; the channel lives on node_rank={node}"
+        )
+    return chosen, node
+
+
 def create_channel(
     cluster: Cluster,
-    name: str,
-    node_id: int = 0,
+    name: str | None = None,
+    node_id: int | None = None,
     maxsize: int = 0,
     *,
+    channel_name: str | None = None,
+    node_rank: int | None = None,
     transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
     timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
 ) -> Channel:
     """Create channel ``name`` from the driver; the driver's twin of ``Worker.create_channel``.
 
+    RLinf's ``Channel.create(name, ...)`` does the same without the cluster argument.
+
     Args:
         cluster: The job's :class:`~p2p_worker.Cluster`.
         name: Channel name, unique in the job (letters, digits, ``_ . -``).
-        node_id: Node (``NodeInfo.node_rank``) whose channel worker holds the items.
+        node_id: Node (``NodeInfo.node_rank``) whose channel worker holds the items
+            (default 0).
+        channel_name: RLinf's name for ``name``.
+        node_rank: RLinf's name for ``node_id``.
         maxsize: Most items the channel holds at once, payloads in transit included
             (0: no bound).
         transfer_timeout: Seconds one payload transfer may take (None: no limit).
@@ -147,7 +194,8 @@ def create_channel(
         >>> ch.put({"step": 1}); ch.get()  # doctest: +SKIP
         {'step': 1}
     """
-    return create_on(driver_endpoint(cluster), name, node_id, maxsize, transfer_timeout, timeout)
+    chosen, node = resolve_names(channel_name, name, node_rank, node_id)
+    return create_on(driver_endpoint(cluster), chosen, node, maxsize, transfer_timeout, timeout)
 
 
 def connect_channel(
@@ -187,24 +235,35 @@ class ChannelMixin:
 
     def create_channel(
         self,
-        name: str,
-        node_id: int = 0,
+        channel_name: str | None = None,
         maxsize: int = 0,
+        distributed: bool = False,
+        node_rank: int | None = None,
+        local: bool = False,
         *,
+        name: str | None = None,
+        node_id: int | None = None,
         transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
         timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     ) -> Channel:
-        """Create a FIFO channel named ``name``, held by a channel worker on ``node_id``.
+        """Create a channel named ``channel_name``, held by a channel worker on ``node_rank``.
 
+        RLinf's signature; p2p-worker's ``name=`` / ``node_id=`` keywords still work.
         The channel outlives this worker: it lives until it is destroyed
         (:meth:`Channel.destroy`) or the job ends. Any worker (or the driver) connects
-        to it by name.
+        to it by name. Unlike RLinf, a name already in use raises
+        :class:`ChannelExistsError` instead of connecting.
 
         Args:
-            name: Channel name, unique in the job (letters, digits, ``_ . -``).
-            node_id: Node (``NodeInfo.node_rank``) whose channel worker holds the items.
-            maxsize: Most items the channel holds at once, payloads in transit included
-                (0: no bound).
+            channel_name: Channel name, unique in the job (letters, digits, ``_ . -``).
+            maxsize: Most items the channel holds at once, over all keys, payloads in
+                transit included (0: no bound).
+            distributed: RLinf's one-worker-per-node channel; accepted on one node only.
+            node_rank: Node (``NodeInfo.node_rank``) whose channel worker holds the
+                items (default 0).
+            local: RLinf's in-process channel; not supported (must be False).
+            name: p2p-worker's name for ``channel_name``.
+            node_id: p2p-worker's name for ``node_rank``.
             transfer_timeout: Seconds one payload transfer may take (None: no limit).
             timeout: Seconds to wait for the channel worker to start and connect.
 
@@ -219,19 +278,26 @@ class ChannelMixin:
             WorkerError: This worker was not launched in a group.
 
         Example:
-            >>> self.channel = self.create_channel("rollouts", node_id=0, maxsize=4)  # doctest: +SKIP
+            >>> self.channel = self.create_channel("rollouts", maxsize=4, node_rank=0)  # doctest: +SKIP
         """  # noqa: E501
-        return create_on(
-            self._channel_endpoint(), name, node_id, maxsize, transfer_timeout, timeout
+        endpoint = self._channel_endpoint()
+        chosen, node = resolve_names(
+            channel_name, name, node_rank, node_id, distributed, local, len(endpoint.job.nodes)
         )
+        return create_on(endpoint, chosen, node, maxsize, transfer_timeout, timeout)
 
     def connect_channel(
-        self, name: str, *, timeout: float | None = DEFAULT_CONNECT_TIMEOUT
+        self,
+        channel_name: str | None = None,
+        *,
+        name: str | None = None,
+        timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     ) -> Channel:
-        """Connect to the existing channel ``name`` (created by any worker or the driver).
+        """Connect to the existing channel ``channel_name`` (created by any worker or the driver).
 
         Args:
-            name: The channel's name.
+            channel_name: The channel's name (RLinf's argument name).
+            name: p2p-worker's name for ``channel_name``.
             timeout: Seconds to wait for the channel to exist and answer.
 
         Returns:
@@ -246,4 +312,5 @@ class ChannelMixin:
             >>> channel = self.connect_channel("rollouts")  # doctest: +SKIP
             >>> channel.put({"obs": torch.zeros(4)})  # doctest: +SKIP
         """
-        return connect_on(self._channel_endpoint(), name, timeout)
+        chosen, _ = resolve_names(channel_name, name, None, None)
+        return connect_on(self._channel_endpoint(), chosen, timeout)

@@ -33,6 +33,12 @@ JOB_TOKEN_ENV = "P2P_JOB_TOKEN"
 """Where a Cluster takes the job token from when none is given (p2p-collective reads it too)."""
 
 
+def live_clusters() -> list[Cluster]:
+    """The open :class:`Cluster` objects of this process, oldest first."""
+    with _LOCK:
+        return [c for c in list(_LIVE) if not c._closed]
+
+
 class Cluster:
     """The Ray cluster a job runs on, with the job's configuration and rendezvous store.
 
