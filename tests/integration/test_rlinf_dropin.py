@@ -48,12 +48,6 @@ def accelerator_is_available() -> bool:
     return platform is not None and platform.is_available()
 
 
-def device() -> str:
-    if accelerator_is_available():
-        return f"{Worker.torch_device_type}:{Worker.torch_platform.current_device()}"
-    return "cpu"
-
-
 def send_peer(rank: int, world_size: int) -> int:
     return (rank + 1) % world_size
 
@@ -152,8 +146,8 @@ PAYLOAD_KINDS = [
 class SenderWorker(Worker):
     def __init__(self) -> None:
         super().__init__()
-        if accelerator_is_available():
-            Worker.torch_platform.set_device(int(os.environ["LOCAL_RANK"]))
+        # RLinf's tests pick the device here; these CPU workers read the same names.
+        self.on_accelerator = accelerator_is_available() and bool(self.worker_info.available_gpus)
 
     def send_payload(self, kind: str, async_op: bool = False) -> bool:
         peer = send_peer(self._rank, self._world_size)
@@ -382,6 +376,7 @@ def run_pair(groups: tuple[Any, Any], send: str, recv: str, sargs: tuple, rargs:
 def test_rlinf_names_on_the_driver(cluster: Cluster, worker_groups: tuple[Any, Any]) -> None:
     senders, _ = worker_groups
     assert Worker.torch_device_type in (None, "cuda")
+    assert accelerator_is_available() == (Worker.torch_device_type == "cuda")
     assert (Worker.torch_platform is None) == (Worker.torch_device_type is None)
     assert cluster.num_accelerators == cluster.num_gpus
     entries = senders.worker_info_list
