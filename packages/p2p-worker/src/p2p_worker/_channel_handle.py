@@ -23,6 +23,7 @@ from p2p_worker._channel_endpoint import (
 from p2p_worker._channel_errors import ChannelClosedError
 from p2p_worker._channel_keys import DEFAULT_KEY, check_key, check_weight, wrap
 from p2p_worker._channel_proto import MAX_BATCH, check_channel_name
+from p2p_worker._channel_spawn import resolve_names, spawn_channel_worker
 
 DEFAULT_TRANSFER_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 30.0
@@ -139,7 +140,6 @@ class Channel:
         Example:
             >>> channel = Channel.create(name="rollouts", maxsize=64)  # doctest: +SKIP
         """
-        from p2p_worker._channel import create_on, resolve_names
         from p2p_worker._channel_endpoint import current_endpoint
         from p2p_worker._channel_errors import ChannelExistsError
 
@@ -553,6 +553,28 @@ class Channel:
         finally:
             ray.kill(link.actor, no_restart=True)
             self.close()
+
+
+def create_on(
+    endpoint: Any,
+    name: str,
+    node_id: int,
+    maxsize: int,
+    transfer_timeout: float | None,
+    timeout: float | None,
+) -> Channel:
+    """Start the channel worker of a new channel and connect ``endpoint`` to it."""
+    timeout = check_timeout(timeout)
+    actor = spawn_channel_worker(endpoint, name, node_id, maxsize, transfer_timeout)
+    try:
+        link = connect_link(endpoint, name, timeout)
+    except BaseException:
+        ray.kill(actor, no_restart=True)
+        raise
+    job = endpoint.job
+    handle = Channel(name, (job.store_host, job.store_port), link)
+    remember_handle(endpoint, handle)
+    return handle
 
 
 def connect_on(endpoint: Any, name: str, timeout: float | None) -> Channel:

@@ -59,7 +59,7 @@ from p2p_worker._channel_queue import (
 )
 from p2p_worker._info import WorkerInfo
 from p2p_worker._runtime import JobContext, WorkerRuntime
-from p2p_worker._worker import Worker
+from p2p_worker._worker_base import WorkerBase
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class _Peer:
         self.syncs = keep
 
 
-class ChannelWorker(Worker):
+class ChannelWorker(WorkerBase):
     """The worker that holds one channel's items; one Ray actor per channel.
 
     Created by ``create_channel``; never instantiate it yourself. It runs as a detached

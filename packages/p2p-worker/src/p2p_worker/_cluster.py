@@ -9,7 +9,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 import ray
 
@@ -21,8 +21,17 @@ from p2p_worker._ray_env import discover_nodes, embedded_running, shutdown_ray, 
 from p2p_worker._runtime import JobContext
 from p2p_worker._store import RendezvousStore
 
-if TYPE_CHECKING:
-    from p2p_worker._group import WorkerGroup
+
+class RunningGroup(Protocol):
+    """What a Cluster needs of the worker groups launched on it (``WorkerGroup``)."""
+
+    name: str
+    _placements: list[WorkerPlacement]
+    _ray_node_ids: list[str]
+
+    def shutdown(self, *, timeout: float | None = ...) -> None:
+        """Stop the group's workers."""
+
 
 # Every live Cluster object of this process; Ray is shut down when the last one that
 # started it goes. Reservations of all live groups count against every Cluster object,
@@ -108,7 +117,7 @@ class Cluster:
         self.config: ClusterConfig = parse_cluster_config(_drop_component_placement(config))
         self._job_token = _resolve_job_token(job_token)
         wanted = _resolve_num_nodes(num_nodes, self.config.num_nodes)
-        self._groups: dict[str, WorkerGroup[Any]] = {}
+        self._groups: dict[str, RunningGroup] = {}
         self._closed = False
         with _LOCK:
             self._started_ray = start_or_attach(
@@ -184,7 +193,7 @@ class Cluster:
         return (self._store.host, self._store.port)
 
     @property
-    def groups(self) -> list[WorkerGroup[Any]]:
+    def groups(self) -> list[RunningGroup]:
         """The live worker groups launched on this cluster."""
         return list(self._groups.values())
 
@@ -237,7 +246,7 @@ class Cluster:
                             by_id[node_id].take(p.num_cpus, p.num_gpus)
         return capacity
 
-    def _register(self, group: WorkerGroup[Any]) -> None:
+    def _register(self, group: RunningGroup) -> None:
         with _LOCK:
             self._check_open()
             if group.name in self._groups:
@@ -247,7 +256,7 @@ class Cluster:
                 )
             self._groups[group.name] = group
 
-    def _unregister(self, group: WorkerGroup[Any]) -> None:
+    def _unregister(self, group: RunningGroup) -> None:
         with _LOCK:
             if self._groups.get(group.name) is group:
                 del self._groups[group.name]

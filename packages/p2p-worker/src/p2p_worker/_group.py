@@ -31,12 +31,12 @@ from p2p_worker._errors import PlacementError, WorkerError
 from p2p_worker._handle import GroupCallHandle
 from p2p_worker._info import WorkerInfo
 from p2p_worker._placement import PlacementStrategy, WorkerPlacement, default_placement
-from p2p_worker._worker import Worker
+from p2p_worker._worker_base import WorkerBase
 
 if TYPE_CHECKING:
     from p2p_worker._cluster import Cluster
 
-W = TypeVar("W", bound=Worker)
+W = TypeVar("W", bound=WorkerBase)
 
 # Public Worker members that make no sense as a remote call on every worker.
 _NOT_REMOTE = frozenset({"create_group", "timer", "worker_timer"})
@@ -92,7 +92,7 @@ class WorkerGroup(Generic[W]):
     """
 
     def __init__(self, worker_cls: type[W], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
+        if not (isinstance(worker_cls, type) and issubclass(worker_cls, WorkerBase)):
             raise TypeError(f"worker_cls must be a subclass of Worker, got {worker_cls!r}")
         self.worker_cls = worker_cls
         self._init_args = args
