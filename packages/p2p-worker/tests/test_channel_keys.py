@@ -160,3 +160,17 @@ def test_envelope_and_argument_checks() -> None:
         check_weight(-1)
     with pytest.raises(TypeError, match="target_weight must be an int"):
         check_weight(1.5, "target_weight")
+
+
+def test_a_finished_getter_does_not_hold_back_the_next() -> None:
+    async def run() -> tuple[object, object]:
+        q = ChannelQueue(0)
+        live = asyncio.ensure_future(take(q, "x"))  # a live getter of another key, ahead
+        await asyncio.sleep(0)
+        assert await take(q, "k", timeout=0.01) is None  # timed out, behind the live one
+        put(q, "ready", key="k")
+        got = await take(q, "k", block=False)
+        put(q, "for x", key="x")
+        return got, await live
+
+    assert asyncio.run(run()) == (["ready"], ["for x"])

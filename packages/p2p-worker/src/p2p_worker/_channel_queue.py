@@ -290,7 +290,8 @@ class ChannelQueue:
             peer, token, loop.create_future(), max_items, max_bytes, not block, key, target_weight
         )
         queue = self.queues.get(key)
-        if queue and not any(w.key == key for w in self._getters) and self._serve(waiter):
+        ahead = any(w.key == key and not w.fut.done() for w in self._getters)
+        if queue and not ahead and self._serve(waiter):
             return waiter.fut.result()
         if not block and not self.arriving:
             return waiter.batch or None
