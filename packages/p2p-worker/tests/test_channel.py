@@ -137,7 +137,7 @@ def test_driver_creates_and_workers_use(cluster: Cluster, peers: tuple[Any, Any]
     assert got[1] == "second"
     # Workers to the driver, through the same channel.
     assert a.put_all("from_driver", [1, 2, 3]).wait() == [3]
-    assert ch.get_batch(10) == [1, 2, 3]
+    assert ch.get_batch(max_items=10) == [1, 2, 3]
     assert ch.empty()
     ch.destroy()
 
@@ -173,14 +173,14 @@ def test_nowait_errors_sizes_and_batches_from_the_driver(cluster: Cluster) -> No
         ch.get(timeout=0.2)
     ch.put(0, timeout=5)
     ch.put(1, timeout=5)
-    assert ch.get_batch(5) == [0, 1]
+    assert ch.get_batch(max_items=5) == [0, 1]
     # Batches by bytes: the first item always, further ones while the total fits.
     big = create_channel(cluster, "bytes", maxsize=0)
     for _ in range(4):
         big.put(torch.zeros(256, dtype=torch.uint8))
-    assert len(big.get_batch(10, max_bytes=600)) == 2
-    assert len(big.get_batch(1, max_bytes=1)) == 1
-    assert len(big.get_batch(10)) == 1
+    assert len(big.get_batch(max_items=10, max_bytes=600)) == 2
+    assert len(big.get_batch(max_items=1, max_bytes=1)) == 1
+    assert len(big.get_batch(max_items=10)) == 1
     assert settled(big)["held"] == 0
 
 
@@ -306,9 +306,9 @@ def test_bad_input_is_refused_and_the_channel_stays_usable(
     with pytest.raises(ValueError, match="timeout must be"):
         ch.get(timeout=-1)
     with pytest.raises(ValueError, match="max_items must be in 1"):
-        ch.get_batch(0)
+        ch.get_batch(max_items=0)
     with pytest.raises(TypeError, match="max_bytes must be an int"):
-        ch.get_batch(2, max_bytes=1.5)  # type: ignore[arg-type]
+        ch.get_batch(max_items=2, max_bytes=1.5)  # type: ignore[arg-type]
     # Items the transport refuses: the reserved slot is freed, nothing is queued.
     with pytest.raises(ValueError, match="not contiguous"):
         ch.put(torch.ones(4, 4).t())
@@ -336,7 +336,7 @@ def test_put_credits_go_back_and_never_wedge_a_full_channel(cluster: Cluster) ->
     # Async puts beyond maxsize: some wait for room while credits are out; all get in.
     works = [ch.put(i, async_op=True) for i in range(12)]
     time.sleep(0.3)
-    assert ch.get_batch(2) == ["first", "second"]
+    assert ch.get_batch(max_items=2) == ["first", "second"]
     got = [ch.get(timeout=30) for _ in range(12)]
     assert got == list(range(12))
     for work in works:

@@ -77,7 +77,9 @@ class Consumer(Worker):
         ch = self.connect_channel(name)
         got: list[tuple[int, int]] = []
         while True:
-            items = ch.get_batch(batch, timeout=120) if batch > 1 else [ch.get(timeout=120)]
+            items = (
+                ch.get_batch(max_items=batch, timeout=120) if batch > 1 else [ch.get(timeout=120)]
+            )
             stops = sum(1 for it in items if it == STOP)
             for it in items:
                 if it != STOP:

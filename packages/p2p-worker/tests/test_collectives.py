@@ -24,7 +24,9 @@ class CollWorker(Worker):
             if str(self.worker_address) == "coll_b:1"
             else None
         )
-        got = self.broadcast(obj, ["coll_a", "coll_b"], "coll_b", 1, timeout=60)
+        got = self.broadcast(
+            obj, members=["coll_a", "coll_b"], src_group_name="coll_b", src_rank=1, timeout=60
+        )
         gathered = g.allgather(np.array([g.rank], dtype=np.int64), timeout=60)
         return {
             "rank": g.rank,

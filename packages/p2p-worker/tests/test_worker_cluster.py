@@ -116,7 +116,9 @@ def test_short_resources_fail_fast(cluster: Cluster) -> None:
     with pytest.raises(PlacementError, match="GPUs"):
         Pid.create_group().launch(cluster, PackedPlacementStrategy(1, gpus_per_worker=1))
     with pytest.raises(PlacementError, match=f"only {int(cluster.num_cpus)} fit"):
-        Pid.create_group().launch(cluster, PackedPlacementStrategy(int(cluster.num_cpus) + 1))
+        Pid.create_group().launch(
+            cluster, PackedPlacementStrategy(int(cluster.num_cpus) + 1, cpus_per_worker=1)
+        )
     with pytest.raises(PlacementError, match=r"node rank\(s\) \[1\]"):
         Pid.create_group().launch(cluster, NodePlacementStrategy([1], cpus_per_worker=0))
     assert time.monotonic() - start < 10

@@ -26,7 +26,7 @@ def capacity(ns: list[NodeInfo]) -> list[NodeCapacity]:
 def test_packed_gpu_workers_fill_nodes_in_order() -> None:
     plan = PackedPlacementStrategy(6, gpus_per_worker=1).plan(capacity(nodes((8, 4), (8, 4))))
     assert [p.node_rank for p in plan] == [0, 0, 0, 0, 1, 1]
-    assert plan[0] == WorkerPlacement(0, 0, 1.0, 1.0)
+    assert plan[0] == WorkerPlacement(0, 0, 0.0, 1.0)  # CPUs shared by default
     plan = PackedPlacementStrategy(2, gpus_per_worker=2).plan(capacity(nodes((8, 3), (8, 4))))
     assert [p.node_rank for p in plan] == [0, 1]  # a worker never spans nodes
 
@@ -55,20 +55,21 @@ def test_short_resources_are_clear_errors() -> None:
     with pytest.raises(PlacementError, match="only 0 fit"):
         PackedPlacementStrategy(1, gpus_per_worker=1).plan(capacity(nodes((2, 0))))
     with pytest.raises(PlacementError, match="only 2 fit"):
-        PackedPlacementStrategy(3).plan(capacity(nodes((2, 0))))
+        PackedPlacementStrategy(3, cpus_per_worker=1).plan(capacity(nodes((2, 0))))
     with pytest.raises(PlacementError, match=r"node rank\(s\) \[3\]"):
         NodePlacementStrategy([0, 3], cpus_per_worker=0).plan(capacity(nodes((2, 0))))
     with pytest.raises(PlacementError, match="worker 2 needs 1 CPUs on node 0"):
-        NodePlacementStrategy([0, 0, 0]).plan(capacity(nodes((2, 0))))
+        NodePlacementStrategy([0, 0, 0], cpus_per_worker=1).plan(capacity(nodes((2, 0))))
 
 
 def test_node_strategy_pins_workers() -> None:
     plan = NodePlacementStrategy([1, 0, 1], cpus_per_worker=0.5).plan(
         capacity(nodes((1, 0), (1, 0)))
     )
+    # As in RLinf, the node ranks are sorted: ranks follow node order.
     assert [(p.rank, p.node_rank, p.num_cpus, p.num_gpus) for p in plan] == [
-        (0, 1, 0.5, 0.0),
-        (1, 0, 0.5, 0.0),
+        (0, 0, 0.5, 0.0),
+        (1, 1, 0.5, 0.0),
         (2, 1, 0.5, 0.0),
     ]
 
@@ -76,7 +77,7 @@ def test_node_strategy_pins_workers() -> None:
 def test_plans_consume_capacity() -> None:
     cap = capacity(nodes((4, 2)))
     PackedPlacementStrategy(2, gpus_per_worker=1).plan(cap)
-    assert (cap[0].cpus, cap[0].gpus) == (2.0, 0.0)
+    assert (cap[0].cpus, cap[0].gpus) == (4.0, 0.0)
     with pytest.raises(PlacementError):
         PackedPlacementStrategy(1, gpus_per_worker=1).plan(cap)
 
@@ -85,9 +86,9 @@ def test_default_placement() -> None:
     gpu = default_placement(nodes((8, 4), (8, 4)))
     assert isinstance(gpu, PackedPlacementStrategy)
     assert (gpu.num_workers, gpu.gpus_per_worker) == (8, 1.0)
-    cpu = default_placement(nodes((8, 0)))
-    assert isinstance(cpu, PackedPlacementStrategy)
-    assert (cpu.num_workers, cpu.gpus_per_worker) == (1, 0.0)
+    cpu = default_placement(nodes((8, 0)))  # RLinf's default: NodePlacementStrategy([0])
+    assert isinstance(cpu, NodePlacementStrategy)
+    assert (cpu.node_ranks, cpu.cpus_per_worker) == ((0,), 0.0)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ Example:
     ...         return (self._rank, x)
     >>> with Cluster(num_nodes=1) as cluster:  # doctest: +SKIP
     ...     group = Echo.create_group().launch(
-    ...         cluster, PackedPlacementStrategy(2, cpus_per_worker=0), name="echo"
+    ...         cluster, PackedPlacementStrategy(2), name="echo"
     ...     )
     ...     group.echo("hi").wait()
     [(0, 'hi'), (1, 'hi')]
@@ -31,12 +31,14 @@ from p2p_worker._channel_errors import (
 from p2p_worker._cluster import Cluster
 from p2p_worker._config import ClusterConfig, parse_cluster_config
 from p2p_worker._errors import ClusterError, PlacementError, WorkerError
-from p2p_worker._group import WorkerGroup
+from p2p_worker._group import WorkerGroup, WorkerRank
 from p2p_worker._handle import GroupCallHandle
 from p2p_worker._info import NodeInfo, WorkerInfo
+from p2p_worker._options import CollectiveGroupOptions
+from p2p_worker._packed import PackedPlacementStrategy
 from p2p_worker._placement import (
+    CountPlacementStrategy,
     NodePlacementStrategy,
-    PackedPlacementStrategy,
     PlacementStrategy,
     WorkerPlacement,
 )
@@ -44,18 +46,25 @@ from p2p_worker._worker import Worker
 
 __version__ = "0.1.0"
 
+WorkerGroupFuncResult = GroupCallHandle
+"""RLinf's name for the handle a group call returns (:class:`GroupCallHandle`)."""
+
 __all__ = [
     "Cluster",
     "ClusterConfig",
     "parse_cluster_config",
     "PlacementStrategy",
     "PackedPlacementStrategy",
+    "CountPlacementStrategy",
     "NodePlacementStrategy",
     "WorkerPlacement",
     "NodeInfo",
     "Worker",
     "WorkerGroup",
     "GroupCallHandle",
+    "WorkerGroupFuncResult",
+    "WorkerRank",
+    "CollectiveGroupOptions",
     "WorkerAddress",
     "WorkerInfo",
     "WorkerError",

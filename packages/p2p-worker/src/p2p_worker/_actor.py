@@ -16,7 +16,7 @@ import inspect
 import os
 import socket
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +131,10 @@ def _p2p_setup(self: Any, setup: Setup) -> Reply:
         runtime = WorkerRuntime(setup.job, setup.info.address, setup.info.node_ip)
         self._rank = setup.info.rank
         self._world_size = setup.info.world_size
+        # Attributes RLinf workers read (its tests compare and route with them).
+        self._group_name = setup.info.address.root_group_name
+        self._worker_address = setup.info.address
+        self._worker_name = setup.info.address.get_name()
         self._p2p_info = setup.info
         self._p2p_runtime = runtime
         self._p2p_local_durations = {}
@@ -161,19 +165,57 @@ def _p2p_call(
     return run_method(self, method, args, kwargs)
 
 
+async def _p2p_acall(
+    self: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> Reply:
+    if kwargs is None:
+        args, kwargs = args
+    return await run_coroutine_method(self, method, args, kwargs)
+
+
 def dispatcher_name(method: str) -> str:
     """Name of the actor method that runs worker method ``method`` through the protocol."""
     return f"_p2p__{method}"
 
 
-def _make_dispatcher(method: str) -> Any:
+def _make_dispatcher(method: str, is_async: bool) -> Any:
     # One actor method per worker method: a call then carries only the user's arguments
-    # (every extra Ray argument costs tens of microseconds).
+    # (every extra Ray argument costs tens of microseconds). A coroutine method gets a
+    # coroutine dispatcher, which Ray awaits on the actor's event loop.
+    if is_async:
+
+        async def adispatch(self: Any, *args: Any, **kwargs: Any) -> Reply:
+            return await run_coroutine_method(self, method, args, kwargs)
+
+        adispatch.__name__ = adispatch.__qualname__ = dispatcher_name(method)
+        return adispatch
+
     def dispatch(self: Any, *args: Any, **kwargs: Any) -> Reply:
         return run_method(self, method, args, kwargs)
 
     dispatch.__name__ = dispatch.__qualname__ = dispatcher_name(method)
     return dispatch
+
+
+async def run_coroutine_method(
+    self: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Reply:
+    """Await ``method`` on the running loop; return what :func:`run_method` returns."""
+    with collect_durations() as durations:
+        try:
+            result = getattr(self, method)(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        except BaseException as exc:
+            return (False, make_failure(exc), dict(durations))
+    return (True, result, dict(durations))
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def run_method(self: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply:
@@ -182,6 +224,12 @@ def run_method(self: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, 
         try:
             result = getattr(self, method)(*args, **kwargs)
             if inspect.iscoroutine(result):
+                if _running_loop() is not None:
+                    result.close()
+                    raise TypeError(
+                        f"{method}() returned a coroutine on the actor's event loop; declare "
+                        f"it `async def` so the worker awaits it there"
+                    )
                 result = asyncio.run(result)
         except BaseException as exc:
             return (False, make_failure(exc), dict(durations))
@@ -201,7 +249,12 @@ def _p2p_ping(self: Any) -> int:
 _ACTOR_CLASSES: dict[type, Any] = {}
 
 
-def make_shim_class(worker_cls: type, methods: Iterable[str] = ()) -> type:
+def is_async_method(func: Any) -> bool:
+    """Whether ``func`` is an ``async def`` function (seen through ``functools.wraps``)."""
+    return inspect.iscoroutinefunction(inspect.unwrap(func)) or inspect.iscoroutinefunction(func)
+
+
+def make_shim_class(worker_cls: type, methods: Mapping[str, Any] | Iterable[str] = ()) -> type:
     """Return the class a worker actor instantiates: ``worker_cls`` plus the protocol.
 
     It subclasses ``worker_cls`` under the same name, replaces ``__init__`` by the boot
@@ -220,12 +273,18 @@ def make_shim_class(worker_cls: type, methods: Iterable[str] = ()) -> type:
         "_p2p_shutdown": _p2p_shutdown,
         "_p2p_ping": _p2p_ping,
     }
-    for method in methods:
-        namespace[dispatcher_name(method)] = _make_dispatcher(method)
+    funcs = methods if isinstance(methods, Mapping) else dict.fromkeys(methods)
+    for method, func in funcs.items():
+        namespace[dispatcher_name(method)] = _make_dispatcher(
+            method, func is not None and is_async_method(func)
+        )
+    if any(func is not None and is_async_method(func) for func in funcs.values()):
+        # Only then: one coroutine method makes Ray run the whole actor on an event loop.
+        namespace["_p2p_acall"] = _p2p_acall
     return type(worker_cls.__name__, (worker_cls,), namespace)
 
 
-def make_actor_class(worker_cls: type, methods: Iterable[str] = ()) -> Any:
+def make_actor_class(worker_cls: type, methods: Mapping[str, Any] | Iterable[str] = ()) -> Any:
     """Return the Ray actor class for ``worker_cls`` (one per class, cached).
 
     The actor runs :func:`make_shim_class`'s class and has a control concurrency group,

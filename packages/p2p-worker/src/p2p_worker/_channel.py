@@ -10,28 +10,18 @@ send/recv as the workers do.
 
 from __future__ import annotations
 
-import threading
-import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-from p2p_worker._channel_client import ChannelWork, check_timeout, connect_link
-from p2p_worker._channel_endpoint import driver_endpoint, remember_handle
-from p2p_worker._channel_errors import ChannelExistsError
+from p2p_worker._channel_client import ChannelWork
+from p2p_worker._channel_endpoint import driver_endpoint
 from p2p_worker._channel_handle import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TRANSFER_TIMEOUT,
     Channel,
     connect_on,
+    create_on,
 )
-from p2p_worker._channel_proto import (
-    CHANNEL_NAMESPACE,
-    ChannelSpec,
-    actor_name,
-    check_channel_name,
-)
+from p2p_worker._channel_spawn import resolve_names
 from p2p_worker._errors import WorkerError
 from p2p_worker._runtime import WorkerRuntime
 
@@ -40,94 +30,29 @@ if TYPE_CHECKING:
 
 __all__ = ["Channel", "ChannelMixin", "ChannelWork", "connect_channel", "create_channel"]
 
-MAX_CONCURRENCY = 10_000  # waiting puts and gets a channel worker serves at once
-
-_lock = threading.Lock()
-_actor_cls: Any = None
-
-
-# -- creating and connecting --------------------------------------------------------------------
-
-
-def _check_int(value: object, arg: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{arg} must be an int, got {value!r}")
-    if value < low:
-        raise ValueError(f"{arg} must be >= {low}, got {value}")
-    return value
-
-
-def create_on(
-    endpoint: Any,
-    name: str,
-    node_id: int,
-    maxsize: int,
-    transfer_timeout: float | None,
-    timeout: float | None,
-) -> Channel:
-    """Start the channel worker of a new channel and connect ``endpoint`` to it."""
-    global _actor_cls
-    check_channel_name(name)
-    nodes = endpoint.job.nodes
-    _check_int(node_id, "node_id", 0)
-    if node_id >= len(nodes):
-        raise ValueError(
-            f"node_id={node_id} is out of range: the cluster has {len(nodes)} node(s) "
-            f"(node ids 0..{len(nodes) - 1})"
-        )
-    _check_int(maxsize, "maxsize", 0)
-    transfer_timeout = check_timeout(transfer_timeout, "transfer_timeout")
-    timeout = check_timeout(timeout)
-    job = endpoint.job
-    spec = ChannelSpec(name, uuid.uuid4().hex[:12], maxsize, job, node_id, transfer_timeout)
-    with _lock:
-        if _actor_cls is None:
-            from p2p_worker._channel_server import ChannelWorker  # imports Worker
-
-            _actor_cls = ray.remote(ChannelWorker)
-        actor_cls = _actor_cls
-    try:
-        actor = actor_cls.options(
-            name=actor_name(job.store_host, job.store_port, name),
-            namespace=CHANNEL_NAMESPACE,
-            lifetime="detached",
-            num_cpus=0,
-            max_concurrency=MAX_CONCURRENCY,
-            max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(
-                nodes[node_id].ray_node_id, soft=False
-            ),
-        ).remote(spec)
-    except ValueError as exc:  # ray.exceptions.ActorAlreadyExistsError
-        raise ChannelExistsError(
-            f"a channel named {name!r} already exists in this job; connect to it with "
-            f"connect_channel({name!r}) or pick another name"
-        ) from exc
-    try:
-        link = connect_link(endpoint, name, timeout)
-    except BaseException:
-        ray.kill(actor, no_restart=True)
-        raise
-    handle = Channel(name, (job.store_host, job.store_port), link)
-    remember_handle(endpoint, handle)
-    return handle
-
 
 def create_channel(
     cluster: Cluster,
-    name: str,
-    node_id: int = 0,
+    name: str | None = None,
+    node_id: int | None = None,
     maxsize: int = 0,
     *,
+    channel_name: str | None = None,
+    node_rank: int | None = None,
     transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
     timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
 ) -> Channel:
     """Create channel ``name`` from the driver; the driver's twin of ``Worker.create_channel``.
 
+    RLinf's ``Channel.create(name, ...)`` does the same without the cluster argument.
+
     Args:
         cluster: The job's :class:`~p2p_worker.Cluster`.
         name: Channel name, unique in the job (letters, digits, ``_ . -``).
-        node_id: Node (``NodeInfo.node_rank``) whose channel worker holds the items.
+        node_id: Node (``NodeInfo.node_rank``) whose channel worker holds the items
+            (default 0).
+        channel_name: RLinf's name for ``name``.
+        node_rank: RLinf's name for ``node_id``.
         maxsize: Most items the channel holds at once, payloads in transit included
             (0: no bound).
         transfer_timeout: Seconds one payload transfer may take (None: no limit).
@@ -147,7 +72,8 @@ def create_channel(
         >>> ch.put({"step": 1}); ch.get()  # doctest: +SKIP
         {'step': 1}
     """
-    return create_on(driver_endpoint(cluster), name, node_id, maxsize, transfer_timeout, timeout)
+    chosen, node = resolve_names(channel_name, name, node_rank, node_id)
+    return create_on(driver_endpoint(cluster), chosen, node, maxsize, transfer_timeout, timeout)
 
 
 def connect_channel(
@@ -187,24 +113,35 @@ class ChannelMixin:
 
     def create_channel(
         self,
-        name: str,
-        node_id: int = 0,
+        channel_name: str | None = None,
         maxsize: int = 0,
+        distributed: bool = False,
+        node_rank: int | None = None,
+        local: bool = False,
         *,
+        name: str | None = None,
+        node_id: int | None = None,
         transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
         timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     ) -> Channel:
-        """Create a FIFO channel named ``name``, held by a channel worker on ``node_id``.
+        """Create a channel named ``channel_name``, held by a channel worker on ``node_rank``.
 
+        RLinf's signature; p2p-worker's ``name=`` / ``node_id=`` keywords still work.
         The channel outlives this worker: it lives until it is destroyed
         (:meth:`Channel.destroy`) or the job ends. Any worker (or the driver) connects
-        to it by name.
+        to it by name. Unlike RLinf, a name already in use raises
+        :class:`ChannelExistsError` instead of connecting.
 
         Args:
-            name: Channel name, unique in the job (letters, digits, ``_ . -``).
-            node_id: Node (``NodeInfo.node_rank``) whose channel worker holds the items.
-            maxsize: Most items the channel holds at once, payloads in transit included
-                (0: no bound).
+            channel_name: Channel name, unique in the job (letters, digits, ``_ . -``).
+            maxsize: Most items the channel holds at once, over all keys, payloads in
+                transit included (0: no bound).
+            distributed: RLinf's one-worker-per-node channel; accepted on one node only.
+            node_rank: Node (``NodeInfo.node_rank``) whose channel worker holds the
+                items (default 0).
+            local: RLinf's in-process channel; not supported (must be False).
+            name: p2p-worker's name for ``channel_name``.
+            node_id: p2p-worker's name for ``node_rank``.
             transfer_timeout: Seconds one payload transfer may take (None: no limit).
             timeout: Seconds to wait for the channel worker to start and connect.
 
@@ -219,19 +156,26 @@ class ChannelMixin:
             WorkerError: This worker was not launched in a group.
 
         Example:
-            >>> self.channel = self.create_channel("rollouts", node_id=0, maxsize=4)  # doctest: +SKIP
+            >>> self.channel = self.create_channel("rollouts", maxsize=4, node_rank=0)  # doctest: +SKIP
         """  # noqa: E501
-        return create_on(
-            self._channel_endpoint(), name, node_id, maxsize, transfer_timeout, timeout
+        endpoint = self._channel_endpoint()
+        chosen, node = resolve_names(
+            channel_name, name, node_rank, node_id, distributed, local, len(endpoint.job.nodes)
         )
+        return create_on(endpoint, chosen, node, maxsize, transfer_timeout, timeout)
 
     def connect_channel(
-        self, name: str, *, timeout: float | None = DEFAULT_CONNECT_TIMEOUT
+        self,
+        channel_name: str | None = None,
+        *,
+        name: str | None = None,
+        timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     ) -> Channel:
-        """Connect to the existing channel ``name`` (created by any worker or the driver).
+        """Connect to the existing channel ``channel_name`` (created by any worker or the driver).
 
         Args:
-            name: The channel's name.
+            channel_name: The channel's name (RLinf's argument name).
+            name: p2p-worker's name for ``channel_name``.
             timeout: Seconds to wait for the channel to exist and answer.
 
         Returns:
@@ -246,4 +190,5 @@ class ChannelMixin:
             >>> channel = self.connect_channel("rollouts")  # doctest: +SKIP
             >>> channel.put({"obs": torch.zeros(4)})  # doctest: +SKIP
         """
-        return connect_on(self._channel_endpoint(), name, timeout)
+        chosen, _ = resolve_names(channel_name, name, None, None)
+        return connect_on(self._channel_endpoint(), chosen, timeout)

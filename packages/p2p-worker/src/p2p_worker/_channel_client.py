@@ -29,6 +29,7 @@ from p2p_worker._channel_errors import (
     ChannelFull,
     ChannelNotFoundError,
 )
+from p2p_worker._channel_keys import DEFAULT_KEY
 from p2p_worker._channel_proto import (
     CANCELLED,
     CHANNEL_NAMESPACE,
@@ -113,7 +114,7 @@ class ChannelWork(AsyncChannelWork):
 
 
 class _Op:
-    __slots__ = ("batch", "item", "kind", "seq", "work")
+    __slots__ = ("batch", "item", "key", "kind", "seq", "work")
 
     def __init__(self, seq: int, kind: str, work: ChannelWork, item: Any, batch: bool) -> None:
         self.seq = seq
@@ -121,6 +122,7 @@ class _Op:
         self.work = work
         self.item = item
         self.batch = batch
+        self.key: Any = DEFAULT_KEY  # a get's key: where its orphans belong
 
 
 def _unwrap(exc: BaseException) -> BaseException:
@@ -166,7 +168,7 @@ class ChannelLink:
             "put": deque(),
             "get": deque(),
         }
-        self.orphans: deque[Any] = deque()
+        self.orphans: deque[tuple[Any, Any]] = deque()  # (key, item) of abandoned gets
         self.closed = False
         # Put credits: slots the channel worker lent this process on link generation
         # _gen, each with a receive posted; a put with a credit is a plain send.
@@ -522,7 +524,7 @@ class ChannelLink:
             self._ask_reset(gen)
         if op.work.done() or op.work.abandoned:  # keep the items for the next get
             with self._lock:
-                self.orphans.extend(got)
+                self.orphans.extend((op.key, item) for item in got)
             op.work._finish(exception=WorkCancelledError("the get was cancelled"))
             return
         if got:

@@ -50,6 +50,31 @@ def driver_endpoint(cluster: Cluster) -> WorkerRuntime:
         return endpoint
 
 
+def current_endpoint(cluster: Cluster | None = None) -> WorkerRuntime:
+    """This process's endpoint: the worker's runtime, else the driver's in ``cluster``.
+
+    Without ``cluster`` the driver must have exactly one open Cluster (RLinf's
+    ``Channel.create`` relies on its single Cluster the same way).
+
+    Raises:
+        ChannelError: Outside a worker, no Cluster or several are open.
+    """
+    runtime = current_runtime()
+    if cluster is None and runtime is not None:
+        return runtime
+    if cluster is None:
+        from p2p_worker._cluster import live_clusters
+
+        open_now = live_clusters()
+        if len(open_now) != 1:
+            raise ChannelError(
+                f"this process is not a worker and has {len(open_now)} open Cluster objects; "
+                f"pass cluster=... to say which job the channel belongs to"
+            )
+        cluster = open_now[0]
+    return driver_endpoint(cluster)
+
+
 def endpoint_for_store(store: tuple[str, int]) -> WorkerRuntime:
     """This process's endpoint in the job whose rendezvous store is ``store``.
 
@@ -59,10 +84,10 @@ def endpoint_for_store(store: tuple[str, int]) -> WorkerRuntime:
     runtime = current_runtime()
     if runtime is not None and (runtime.job.store_host, runtime.job.store_port) == store:
         return runtime
-    from p2p_worker import _cluster
+    from p2p_worker._cluster import live_clusters
 
-    for cluster in list(_cluster._LIVE):
-        if not cluster._closed and cluster.store_address == store:
+    for cluster in live_clusters():
+        if cluster.store_address == store:
             return driver_endpoint(cluster)
     raise ChannelError(
         f"this process is neither a worker nor the driver of the job whose store is "

@@ -21,7 +21,9 @@ from p2p_worker._channel_endpoint import (
     remember_handle,
 )
 from p2p_worker._channel_errors import ChannelClosedError
+from p2p_worker._channel_keys import DEFAULT_KEY, check_key, check_weight, wrap
 from p2p_worker._channel_proto import MAX_BATCH, check_channel_name
+from p2p_worker._channel_spawn import resolve_names, spawn_channel_worker
 
 DEFAULT_TRANSFER_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 30.0
@@ -97,6 +99,92 @@ class Channel:
         state = "closed" if link.closed else f"maxsize={link.hello.maxsize}"
         return f"<Channel {self.name!r} {state}>"
 
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        maxsize: int = 0,
+        distributed: bool = False,
+        node_rank: int = 0,
+        local: bool = False,
+        disable_distributed_log: bool = True,
+        *,
+        cluster: Any = None,
+        transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
+        timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+    ) -> Channel:
+        """Create channel ``name`` (RLinf's ``Channel.create``), or connect if it exists.
+
+        In a worker the channel belongs to the worker's job; in the driver to its one
+        open :class:`~p2p_worker.Cluster` (or ``cluster``). As in RLinf, a name already
+        in use connects to that channel instead of failing.
+
+        Args:
+            name: Channel name (letters, digits, ``_ . -``).
+            maxsize: Most items held at once, over all keys (0: no bound).
+            distributed: RLinf's one-worker-per-node channel; accepted on one node only.
+            node_rank: Node whose channel worker holds the items.
+            local: RLinf's in-process channel; not supported (must be False).
+            disable_distributed_log: RLinf's flag; accepted, no effect.
+            cluster: The driver's Cluster, when it has several open.
+            transfer_timeout: Seconds one payload transfer may take (None: no limit).
+            timeout: Seconds to wait for the channel worker to start and connect.
+
+        Returns:
+            This process's :class:`Channel` handle.
+
+        Raises:
+            ValueError: As ``Worker.create_channel``.
+            ChannelError: No job to create it in, or its worker could not be reached.
+
+        Example:
+            >>> channel = Channel.create(name="rollouts", maxsize=64)  # doctest: +SKIP
+        """
+        from p2p_worker._channel_endpoint import current_endpoint
+        from p2p_worker._channel_errors import ChannelExistsError
+
+        del disable_distributed_log
+        endpoint = current_endpoint(cluster)
+        chosen, node = resolve_names(
+            name, None, node_rank, None, distributed, local, len(endpoint.job.nodes)
+        )
+        try:
+            return create_on(endpoint, chosen, node, maxsize, transfer_timeout, timeout)
+        except ChannelExistsError:
+            return connect_on(endpoint, chosen, timeout)
+
+    @classmethod
+    def connect(
+        cls,
+        name: str,
+        current_worker: Any = None,
+        *,
+        cluster: Any = None,
+        timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+    ) -> Channel:
+        """Connect to channel ``name`` (RLinf's ``Channel.connect``).
+
+        Args:
+            name: The channel's name.
+            current_worker: RLinf's argument; the worker's own connection is used when
+                called in a worker, so it may be None.
+            cluster: The driver's Cluster, when it has several open.
+            timeout: Seconds to wait for the channel to exist and answer.
+
+        Returns:
+            This process's :class:`Channel` handle.
+
+        Raises:
+            ChannelNotFoundError: No channel of that name appeared within ``timeout``.
+
+        Example:
+            >>> channel = Channel.connect("rollouts")  # doctest: +SKIP
+        """
+        from p2p_worker._channel_endpoint import current_endpoint
+
+        del current_worker
+        return connect_on(current_endpoint(cluster), name, timeout)
+
     @property
     def maxsize(self) -> int:
         """Most items the channel holds at once (0: no bound)."""
@@ -104,15 +192,27 @@ class Channel:
 
     # -- putting --------------------------------------------------------------------------
 
-    def put(self, item: Any, async_op: bool = False, *, timeout: float | None = None) -> Any:
-        """Append ``item``; wait while the channel is full.
+    def put(
+        self,
+        item: Any,
+        weight: int = 0,
+        key: Any = DEFAULT_KEY,
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """Append ``item`` to ``key``'s FIFO; wait while the channel is full.
 
-        With ``async_op=True`` the returned handle stays pending while the channel is
-        full and completes once the item is in the channel; do not modify the item's
-        tensors before then.
+        RLinf's signature. With ``async_op=True`` the returned handle stays pending
+        while the channel is full and completes once the item is in the channel; do not
+        modify the item's tensors before then. A bool second argument is read as
+        ``async_op`` (p2p-worker's earlier ``put(item, async_op)``).
 
         Args:
             item: Any picklable object; tensors must be dense, contiguous CPU tensors.
+            weight: The item's weight for ``get_batch(target_weight=...)`` (int >= 0).
+            key: The FIFO to append to (hashable, picklable; default: RLinf's
+                ``"default_queue"``). ``maxsize`` bounds the channel, not each key.
             async_op: Return a :class:`ChannelWork` at once instead of waiting.
             timeout: Seconds to wait for room (None: no limit); the payload transfer
                 after it is bounded by the channel's ``transfer_timeout``.
@@ -122,15 +222,19 @@ class Channel:
 
         Raises:
             ChannelFull: No room within ``timeout`` (the item was not added).
-            ValueError: ``timeout`` is negative, or the item cannot be sent (a tensor
-                not on CPU or not contiguous, an unpicklable object).
+            TypeError: ``weight`` is not an int, or ``key`` is unhashable.
+            ValueError: ``timeout`` or ``weight`` is negative, or the item cannot be sent
+                (a tensor not on CPU or not contiguous, an unpicklable object).
             ChannelError: The transfer failed (the item was not added).
             ChannelClosedError: The channel is destroyed or its worker died.
 
         Example:
             >>> channel.put({"step": 3, "obs": torch.zeros(8)})  # doctest: +SKIP
-            >>> channel.put(torch.ones(4), async_op=True).wait()  # doctest: +SKIP
-        """
+            >>> channel.put(torch.ones(4), weight=2, key="env0", async_op=True).wait()  # doctest: +SKIP
+        """  # noqa: E501
+        if isinstance(weight, bool):  # put(item, async_op): the earlier p2p-worker form
+            async_op, weight = weight, 0
+        item = wrap(item, check_key(key), check_weight(weight))
         timeout = check_timeout(timeout)
         link = self._link()
         done = link.credit_put(item, async_op)
@@ -143,8 +247,8 @@ class Channel:
         )
         return link.follow(op) if async_op else link.run(op, link.limit(timeout))
 
-    def put_nowait(self, item: Any) -> None:
-        """Append ``item`` if there is room now; never wait for room.
+    def put_nowait(self, item: Any, weight: int = 0, key: Any = DEFAULT_KEY) -> None:
+        """Append ``item`` (with ``weight``, to ``key``) if there is room now; never wait.
 
         Returns once the item is in the channel (its payload transfer is done).
 
@@ -160,6 +264,7 @@ class Channel:
             ... except ChannelFull:
             ...     pass
         """
+        item = wrap(item, check_key(key), check_weight(weight))
         link = self._link()
         if link.credit_put(item, False) is not NO_CREDIT:
             return
@@ -178,11 +283,16 @@ class Channel:
         timeout: float | None,
         batch: bool,
         async_op: bool,
+        key: Any = DEFAULT_KEY,
+        target_weight: int | None = None,
     ) -> Any:
         link = self._link()
         with link._lock:
-            if link.orphans:  # items a get abandoned after they were granted
-                taken = [link.orphans.popleft() for _ in range(min(max_items, len(link.orphans)))]
+            mine = [i for i, (k, _) in enumerate(link.orphans) if k == key]
+            if mine and target_weight is None:  # items a get abandoned after they were granted
+                taken = [link.orphans[i][1] for i in mine[:max_items]]
+                for i in reversed(mine[:max_items]):
+                    del link.orphans[i]
                 value = taken if batch else taken[0]
                 if not async_op:
                     return value
@@ -192,16 +302,23 @@ class Channel:
         op = link.submit(
             "get",
             lambda t: link.actor.get_begin.remote(
-                link.peer, t, max_items, max_bytes, block, timeout, link.sync()
+                link.peer, t, max_items, max_bytes, block, timeout, link.sync(), key, target_weight
             ),
             batch=batch,
         )
+        op.key = key
         return link.follow(op) if async_op else link.run(op, link.limit(timeout))
 
-    def get(self, async_op: bool = False, *, timeout: float | None = None) -> Any:
-        """Remove and return the oldest item; wait while the channel is empty.
+    def get(
+        self, key: Any = DEFAULT_KEY, async_op: bool = False, *, timeout: float | None = None
+    ) -> Any:
+        """Remove and return the oldest item of ``key``; wait while there is none.
+
+        RLinf's signature; a bool first argument is read as ``async_op``
+        (p2p-worker's earlier ``get(async_op)``).
 
         Args:
+            key: The FIFO to take from (default: RLinf's ``"default_queue"``).
             async_op: Return a :class:`ChannelWork` at once instead of waiting.
             timeout: Seconds to wait for a put (None: no limit); items already arriving
                 when it expires are still waited for, and the payload transfer to this
@@ -221,11 +338,14 @@ class Channel:
             >>> work = channel.get(async_op=True)  # doctest: +SKIP
             >>> item = await work  # doctest: +SKIP
         """
+        if isinstance(key, bool):  # get(async_op): the earlier p2p-worker form
+            key, async_op = DEFAULT_KEY, key
+        check_key(key)
         timeout = check_timeout(timeout)
-        return self._get(1, None, True, timeout, batch=False, async_op=async_op)
+        return self._get(1, None, True, timeout, batch=False, async_op=async_op, key=key)
 
-    def get_nowait(self) -> Any:
-        """Remove and return the oldest item if the channel holds one; never wait for a put.
+    def get_nowait(self, key: Any = DEFAULT_KEY) -> Any:
+        """Remove and return the oldest item of ``key`` if there is one; never wait for a put.
 
         An item whose put was granted but whose payload is still arriving counts as
         held: the call waits for that payload (at most one transfer timeout).
@@ -244,47 +364,67 @@ class Channel:
             ... except ChannelEmpty:
             ...     item = None
         """
-        return self._get(1, None, False, 0.0, batch=False, async_op=False)
+        return self._get(1, None, False, 0.0, batch=False, async_op=False, key=check_key(key))
 
     def get_batch(
         self,
-        max_items: int,
+        target_weight: int = 0,
+        key: Any = DEFAULT_KEY,
         async_op: bool = False,
         *,
+        max_items: int | None = None,
         max_bytes: int | None = None,
         timeout: float | None = None,
     ) -> Any:
-        """Remove and return up to ``max_items`` items, oldest first, in one exchange.
+        """Remove and return a batch of ``key``'s items, oldest first, in one exchange.
 
-        Batching is by count and bytes, not by waiting: the call waits (up to
-        ``timeout``) only for the first item, then also takes the items that are
-        already in the channel, up to ``max_items`` of them and while their tensor
-        bytes (see below) keep the batch's total within ``max_bytes``. The first item
-        is always taken, however large. Tensor bytes count the tensors of an item (a
-        tensor, a list/tuple/dict of tensors, dataclass tensor fields); other parts of
-        an item count as 0.
+        RLinf's form, by weight: items are collected, waiting for more as needed, until
+        their weights reach ``target_weight`` or the next item would exceed it. The
+        first item is always taken, even one heavier than the target; an item of
+        weight 0 counts as 1 (with RLinf's rule, unweighted items would never fill a
+        target above 0). ``get_batch()`` returns one item.
+
+        p2p-worker's form, by count (``max_items=``): waits (up to ``timeout``) only for
+        the first item, then also takes the items already queued, up to ``max_items``
+        and while their tensor bytes keep the total within ``max_bytes`` (tensor bytes
+        count an item's tensors: a tensor, a list/tuple/dict of tensors, dataclass
+        tensor fields).
 
         Args:
-            max_items: Most items to return (>= 1).
+            target_weight: The weight to collect (int >= 0); by-weight form.
+            key: The FIFO to take from (default: RLinf's ``"default_queue"``).
             async_op: Return a :class:`ChannelWork` at once instead of waiting.
-            max_bytes: Bound on the batch's tensor bytes after its first item (None:
-                no bound).
-            timeout: Seconds to wait for the first item (None: no limit).
+            max_items: Most items to return (>= 1); selects the by-count form.
+            max_bytes: By-count form: bound on the batch's tensor bytes after its first
+                item (None: no bound).
+            timeout: Seconds to wait (None: no limit). By weight, a batch that got some
+                items by then returns them.
 
         Returns:
             A non-empty list of items, or a :class:`ChannelWork` whose ``wait()``
             returns it.
 
         Raises:
-            TypeError: ``max_items`` or ``max_bytes`` is not an int.
-            ValueError: ``max_items`` < 1, ``max_bytes`` < 1, or ``timeout`` negative.
+            TypeError: A count, weight or byte bound is not an int; ``key`` unhashable.
+            ValueError: ``max_items`` < 1, ``max_bytes`` < 1, ``target_weight`` < 0,
+                ``timeout`` negative, or ``target_weight`` given with ``max_items``.
             ChannelEmpty: No item within ``timeout``.
             ChannelError: Every transfer failed (the items went back to the head).
             ChannelClosedError: The channel is destroyed or its worker died.
 
         Example:
-            >>> batch = channel.get_batch(32, max_bytes=64 << 20, timeout=5.0)  # doctest: +SKIP
+            >>> batch = channel.get_batch(target_weight=8, key="env0")  # doctest: +SKIP
+            >>> batch = channel.get_batch(max_items=32, max_bytes=64 << 20)  # doctest: +SKIP
         """
+        check_key(key)
+        check_weight(target_weight, "target_weight")
+        timeout = check_timeout(timeout)
+        if max_items is None:
+            if max_bytes is not None:
+                raise ValueError("max_bytes belongs to the by-count form: give max_items too")
+            return self._get(MAX_BATCH, None, True, timeout, True, async_op, key, target_weight)
+        if target_weight:
+            raise ValueError("give target_weight (by weight) or max_items (by count), not both")
         if isinstance(max_items, bool) or not isinstance(max_items, int):
             raise TypeError(f"max_items must be an int, got {max_items!r}")
         if not 1 <= max_items <= MAX_BATCH:
@@ -294,16 +434,17 @@ class Channel:
                 raise TypeError(f"max_bytes must be an int or None, got {max_bytes!r}")
             if max_bytes < 1:
                 raise ValueError(f"max_bytes must be >= 1 or None, got {max_bytes}")
-        timeout = check_timeout(timeout)
-        return self._get(max_items, max_bytes, True, timeout, batch=True, async_op=async_op)
+        return self._get(
+            max_items, max_bytes, True, timeout, batch=True, async_op=async_op, key=key
+        )
 
     # -- state --------------------------------------------------------------------------
 
-    def _query(self, method: str, timeout: float | None) -> Any:
+    def _query(self, method: str, timeout: float | None, *args: Any) -> Any:
         timeout = check_timeout(timeout)
         link = self._link()
         try:
-            ref = getattr(link.actor, method).remote(link.peer, link.sync())
+            ref = getattr(link.actor, method).remote(link.peer, link.sync(), *args)
             return ray.get(ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError as exc:
             raise ChannelClosedError(
@@ -314,11 +455,15 @@ class Channel:
                 f"channel {self.name!r}: its channel worker is gone ({exc})"
             ) from exc
 
-    def qsize(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> int:
-        """Number of items in the channel (a snapshot, like ``queue.Queue``'s).
+    def qsize(
+        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+    ) -> int:
+        """Number of items under ``key`` (a snapshot, like ``queue.Queue``'s).
 
-        Counts the queued items and those whose put was granted and whose payload is on
-        its way in; not the items already taken by a get.
+        Counts the queued items of ``key``, this process's own puts included; for the
+        default key also the items of any producer whose put was granted and whose
+        payload is on its way in (their key is known once they arrive). Not the items
+        already taken by a get. ``stats()["queued"]`` counts every key.
 
         Raises:
             ChannelClosedError: The channel worker is gone or did not answer in time.
@@ -327,22 +472,30 @@ class Channel:
             >>> channel.qsize()  # doctest: +SKIP
             3
         """
-        return int(self._query("qsize", timeout))
+        return int(self._query("qsize", timeout, check_key(key)))
 
-    def empty(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> bool:
-        """Whether the channel holds no item (``qsize() == 0``; a snapshot).
+    def empty(
+        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+    ) -> bool:
+        """Whether ``key`` holds no item (``qsize(key) == 0``; a snapshot).
 
         Raises:
             ChannelClosedError: The channel worker is gone or did not answer in time.
         """
-        return self.qsize(timeout=timeout) == 0
+        return self.qsize(key, timeout=timeout) == 0
 
-    def full(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> bool:
+    def full(
+        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+    ) -> bool:
         """Whether a put would wait now: ``maxsize`` items are held (a snapshot).
 
+        ``key`` is accepted for RLinf's signature; the bound is the channel's, shared
+        by all keys, so the answer is the same for every key.
+
         Raises:
             ChannelClosedError: The channel worker is gone or did not answer in time.
         """
+        check_key(key)
         st = self.stats(timeout=timeout)
         return bool(st["maxsize"] > 0 and st["held"] >= st["maxsize"])
 
@@ -400,6 +553,28 @@ class Channel:
         finally:
             ray.kill(link.actor, no_restart=True)
             self.close()
+
+
+def create_on(
+    endpoint: Any,
+    name: str,
+    node_id: int,
+    maxsize: int,
+    transfer_timeout: float | None,
+    timeout: float | None,
+) -> Channel:
+    """Start the channel worker of a new channel and connect ``endpoint`` to it."""
+    timeout = check_timeout(timeout)
+    actor = spawn_channel_worker(endpoint, name, node_id, maxsize, transfer_timeout)
+    try:
+        link = connect_link(endpoint, name, timeout)
+    except BaseException:
+        ray.kill(actor, no_restart=True)
+        raise
+    job = endpoint.job
+    handle = Channel(name, (job.store_host, job.store_port), link)
+    remember_handle(endpoint, handle)
+    return handle
 
 
 def connect_on(endpoint: Any, name: str, timeout: float | None) -> Channel:

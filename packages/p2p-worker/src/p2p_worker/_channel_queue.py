@@ -13,7 +13,9 @@ channel worker). ``qsize`` counts both, and a get whose wait is over (``get_nowa
 a timeout) still waits for items that are arriving, so a completed put is never missed.
 
 Waiting producers and consumers are served strictly in arrival order; a freed slot or a
-new item is handed straight to the oldest waiter.
+new item is handed straight to the oldest waiter. Items are queued per key (one FIFO
+each, see :mod:`p2p_worker._channel_keys`); a getter waits on its key's FIFO only. The
+slots are shared by all keys: ``maxsize`` bounds the channel, not each key.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from p2p_worker._channel_errors import ChannelClosedError
+from p2p_worker._channel_keys import DEFAULT_KEY, batch_weight
 
 
 class _Signal:
@@ -74,10 +77,12 @@ def payload_nbytes(obj: Any) -> int:
 
 @dataclass
 class Item:
-    """One queued item: the received object and its tensor bytes."""
+    """One queued item: the received object, its tensor bytes, key and weight."""
 
     obj: Any
     nbytes: int
+    key: Any = DEFAULT_KEY
+    weight: int = 0
 
 
 @dataclass
@@ -88,6 +93,9 @@ class _Waiter:
     max_items: int = 1
     max_bytes: int | None = None
     draining: bool = False  # its own wait is over: it waits only for arriving items
+    key: Any = DEFAULT_KEY
+    target_weight: int | None = None  # a weighted batch: collect until this weight
+    batch: list[Item] = field(default_factory=list)  # what a weighted batch holds so far
 
 
 @dataclass
@@ -129,7 +137,7 @@ class ChannelQueue:
         self.held = 0
         self.arriving = 0  # granted reservations whose payload has not arrived yet
         self.credits = 0  # slots lent to producers ahead of their puts (see grant_credits)
-        self.items: deque[Item] = deque()
+        self.queues: dict[Any, deque[Item]] = {}
         self._putters: deque[_Waiter] = deque()
         self._getters: deque[_Waiter] = deque()
         self.closed = False
@@ -184,7 +192,7 @@ class ChannelQueue:
     def credit_arrived(self, item: Item) -> None:
         """A producer used a credit: its item is queued in the slot the credit held."""
         self.credits -= 1
-        self.items.append(item)
+        self._queue_of(item.key).append(item)
         self._dispatch_items()
 
     def credit_returned(self) -> None:
@@ -213,7 +221,7 @@ class ChannelQueue:
     def arrived(self, item: Item) -> None:
         """Append an item whose payload has arrived (it holds the slot it reserved)."""
         self.arriving -= 1
-        self.items.append(item)
+        self._queue_of(item.key).append(item)
         self._dispatch_items()
         self._end_drains()
 
@@ -224,9 +232,26 @@ class ChannelQueue:
         self._end_drains()
 
     def push_front(self, items: list[Item]) -> None:
-        """Put items back at the head, in order (a send to a consumer failed)."""
-        self.items.extendleft(reversed(items))
+        """Put items back at the head of their keys' FIFOs, in order (a send failed)."""
+        for item in reversed(items):
+            self._queue_of(item.key).appendleft(item)
         self._dispatch_items()
+
+    def _queue_of(self, key: Any) -> deque[Item]:
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = deque()
+        return q
+
+    @property
+    def queued(self) -> int:
+        """Items queued under every key."""
+        return sum(len(q) for q in self.queues.values())
+
+    def queued_for(self, key: Any) -> int:
+        """Items queued under ``key``."""
+        q = self.queues.get(key)
+        return len(q) if q else 0
 
     async def take(
         self,
@@ -237,56 +262,107 @@ class ChannelQueue:
         block: bool,
         timeout: float | None,
         token: int = -1,
+        key: Any = DEFAULT_KEY,
+        target_weight: int | None = None,
     ) -> Any:
-        """Remove up to ``max_items`` items from the head for ``peer``.
+        """Remove items from the head of ``key``'s FIFO for ``peer``.
 
-        The first item is always taken; further ones only while they are already queued
-        and their tensor bytes keep the total within ``max_bytes``. The items keep their
-        slots until the caller :meth:`release` s them (after delivering them).
+        By count (``target_weight`` None): the first item is always taken; further ones
+        only while they are already queued, up to ``max_items`` and while their tensor
+        bytes keep the total within ``max_bytes``. By weight: items are collected, also
+        as they arrive, until their weights (see ``batch_weight``) reach
+        ``target_weight`` or the next one would exceed it; the first is always taken.
+        The items keep their slots until the caller :meth:`release` s them.
 
         Returns:
             A non-empty list of items; None when none came: the wait (none when
             ``block`` is false, else ``timeout``) is over and no item is arriving any
-            more; :data:`RESET` or :data:`CANCELLED` (see :meth:`reserve`).
+            more (a weighted batch that got some items by then returns them);
+            :data:`RESET` or :data:`CANCELLED` (see :meth:`reserve`).
 
         Raises:
             ChannelClosedError: The channel is closed (or closes while waiting).
         """
         self._check_open()
         _prune(self._getters)
-        if self.items and not self._getters:
-            return self._pop(max_items, max_bytes)
-        if not block and not self.arriving:
-            return None
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(peer, token, loop.create_future(), max_items, max_bytes, not block)
+        waiter = _Waiter(
+            peer, token, loop.create_future(), max_items, max_bytes, not block, key, target_weight
+        )
+        queue = self.queues.get(key)
+        ahead = any(w.key == key and not w.fut.done() for w in self._getters)
+        if queue and not ahead and self._serve(waiter):
+            return waiter.fut.result()
+        if not block and not self.arriving:
+            return waiter.batch or None
         self._getters.append(waiter)
-        result = await self._await(waiter, None if waiter.draining else timeout, self.push_front)
-        if result is _TIMED_OUT and self.arriving and not waiter.fut.done():
-            waiter.draining = True  # its time is up, but items are on their way in
-            result = await self._await(waiter, None, self.push_front)
+        try:
+            result = await self._await(
+                waiter, None if waiter.draining else timeout, self.push_front
+            )
+            if result is _TIMED_OUT and self.arriving and not waiter.fut.done():
+                waiter.draining = True  # its time is up, but items are on their way in
+                result = await self._await(waiter, None, self.push_front)
+        except asyncio.CancelledError:
+            self._give_back_partial(waiter)
+            raise
         if result is _TIMED_OUT or result is None:
             waiter.fut.cancel()
-            return None
+            partial, waiter.batch = waiter.batch, []
+            return partial or None
+        if result is RESET or result is CANCELLED:
+            self._give_back_partial(waiter)
         return result
 
-    def _pop(self, max_items: int, max_bytes: int | None) -> list[Item]:
-        out = [self.items.popleft()]
+    def _give_back_partial(self, waiter: _Waiter) -> None:
+        partial, waiter.batch = waiter.batch, []
+        if partial:
+            self.push_front(partial)
+
+    def _serve(self, waiter: _Waiter) -> bool:
+        """Give ``waiter`` items of its key; resolve it and return True once it is served."""
+        queue = self.queues.get(waiter.key)
+        if not queue:
+            return False
+        if waiter.target_weight is None:
+            waiter.fut.set_result(self._pop(queue, waiter.max_items, waiter.max_bytes))
+            return True
+        total = sum(batch_weight(i.weight) for i in waiter.batch)
+        while queue:
+            nxt = batch_weight(queue[0].weight)
+            if waiter.batch and total + nxt > waiter.target_weight:
+                break
+            waiter.batch.append(queue.popleft())
+            total += nxt
+            if total >= waiter.target_weight:
+                break
+        full = total >= waiter.target_weight or bool(queue and waiter.batch)
+        if full:
+            batch, waiter.batch = waiter.batch, []
+            waiter.fut.set_result(batch)
+        return full
+
+    def _pop(self, queue: deque[Item], max_items: int, max_bytes: int | None) -> list[Item]:
+        out = [queue.popleft()]
         total = out[0].nbytes
-        while self.items and len(out) < max_items:
-            nxt = self.items[0].nbytes
+        while queue and len(out) < max_items:
+            nxt = queue[0].nbytes
             if max_bytes is not None and total + nxt > max_bytes:
                 break
-            out.append(self.items.popleft())
+            out.append(queue.popleft())
             total += nxt
         return out
 
     def _dispatch_items(self) -> None:
-        while self._getters and self.items:
-            waiter = self._getters.popleft()
-            if waiter.fut.done():
-                continue
-            waiter.fut.set_result(self._pop(waiter.max_items, waiter.max_bytes))
+        """Hand queued items to the oldest getters of their keys."""
+        if not self._getters:
+            return
+        served = False
+        for waiter in self._getters:
+            if not waiter.fut.done() and self.queues.get(waiter.key):
+                served = self._serve(waiter) or served
+        if served:
+            self._getters = deque(w for w in self._getters if not w.fut.done())
 
     def _end_drains(self) -> None:
         """Nothing is arriving any more: getters that only waited for arrivals get None."""
@@ -294,7 +370,8 @@ class ChannelQueue:
             return
         for waiter in self._getters:
             if waiter.draining and not waiter.fut.done():
-                waiter.fut.set_result(None)
+                partial, waiter.batch = waiter.batch, []
+                waiter.fut.set_result(partial or None)
 
     # -- waiting ------------------------------------------------------------------------
 
@@ -364,7 +441,7 @@ class ChannelQueue:
         return QueueState(
             maxsize=self.maxsize,
             held=self.held,
-            queued=len(self.items),
+            queued=self.queued,
             arriving=self.arriving,
             waiting_putters=len(self._putters),
             waiting_getters=len(self._getters),

@@ -38,6 +38,7 @@ from typing import Any
 import ray
 import torch
 
+from p2p_worker._channel_keys import DEFAULT_KEY, unwrap
 from p2p_worker._channel_proto import CANCELLED as CANCELLED_ANSWER
 from p2p_worker._channel_proto import (
     NO_ROOM,
@@ -58,7 +59,7 @@ from p2p_worker._channel_queue import (
 )
 from p2p_worker._info import WorkerInfo
 from p2p_worker._runtime import JobContext, WorkerRuntime
-from p2p_worker._worker import Worker
+from p2p_worker._worker_base import WorkerBase
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class _Peer:
         self.syncs = keep
 
 
-class ChannelWorker(Worker):
+class ChannelWorker(WorkerBase):
     """The worker that holds one channel's items; one Ray actor per channel.
 
     Created by ``create_channel``; never instantiate it yourself. It runs as a detached
@@ -293,7 +294,7 @@ class ChannelWorker(Worker):
             self._queue.credit_returned()
         else:
             self._counts["puts"] += 1
-            self._queue.credit_arrived(Item(obj, payload_nbytes(obj)))
+            self._queue.credit_arrived(_item(obj))
         self._seen(peer, group)
 
     def _seen(self, peer: _Peer, group: Any) -> None:
@@ -327,7 +328,7 @@ class ChannelWorker(Worker):
             self._queue.arrival_failed()
         else:
             self._counts["puts"] += 1
-            self._queue.arrived(Item(obj, payload_nbytes(obj)))
+            self._queue.arrived(_item(obj))
         self._seen(peer, group)
 
     async def get_begin(
@@ -339,11 +340,15 @@ class ChannelWorker(Worker):
         block: bool,
         timeout: float | None,
         sync: tuple[int, int] = (0, 0),
+        key: Any = DEFAULT_KEY,
+        target_weight: int | None = None,
     ) -> int:
-        """Take up to ``max_items`` items from the head and post their sends.
+        """Take items from the head of ``key``'s FIFO and post their sends.
 
-        ``sync`` is the caller's ``(gen, payloads sent)``: its own puts are
-        waited for first, so a process always gets what it put before.
+        Up to ``max_items`` (and ``max_bytes``), or, with ``target_weight``, until their
+        weights reach it (see ``ChannelQueue.take``). ``sync`` is the caller's ``(gen,
+        payloads sent)``: its own puts are waited for first, so a process always gets
+        what it put before.
         """
         await self._sync(peer_name, *sync)
         peer = self._peer(peer_name)
@@ -352,7 +357,14 @@ class ChannelWorker(Worker):
             return CANCELLED_ANSWER
         try:
             items = await self._queue.take(
-                peer_name, max_items, max_bytes, block=block, timeout=timeout, token=token
+                peer_name,
+                max_items,
+                max_bytes,
+                block=block,
+                timeout=timeout,
+                token=token,
+                key=key,
+                target_weight=target_weight,
             )
         finally:
             tokens.finish(token)
@@ -412,10 +424,17 @@ class ChannelWorker(Worker):
         if peer is not None and peer.gen == gen and peer.group is not None:
             self._reset(peer, peer.group, RuntimeError("the peer reported a failed transfer"))
 
-    async def qsize(self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0)) -> int:
-        """Items in the channel: queued, or granted and arriving (after the caller's puts)."""
+    async def qsize(
+        self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0), key: Any = DEFAULT_KEY
+    ) -> int:
+        """Items under ``key``, after the caller's puts.
+
+        The default key also counts arriving items (granted, payload on its way, key not
+        known yet).
+        """
         await self._sync(peer_name, *sync)
-        return len(self._queue.items) + self._queue.arriving
+        arriving = self._queue.arriving if key == DEFAULT_KEY else 0
+        return self._queue.queued_for(key) + arriving
 
     async def state(
         self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0)
@@ -432,6 +451,7 @@ class ChannelWorker(Worker):
             "waiting_putters": st.waiting_putters,
             "waiting_getters": st.waiting_getters,
             "credits": st.credits,
+            "keys": {repr(k): len(q) for k, q in self._queue.queues.items() if q},
             "closed": st.closed,
             "peers": {p.name: p.gen for p in self._peers.values()},
             **self._counts,
@@ -445,6 +465,12 @@ class ChannelWorker(Worker):
                 peer.group.close(timeout=0.0)
                 peer.group = None
         self._stop.set()
+
+
+def _item(obj: Any) -> Item:
+    """A received object as a queue item (a :class:`Keyed` envelope is opened)."""
+    item, key, weight = unwrap(obj)
+    return Item(item, payload_nbytes(item), key, weight)
 
 
 def _watch_store(job: JobContext, stop: threading.Event) -> None:

@@ -7,9 +7,9 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 import ray
 
@@ -21,8 +21,17 @@ from p2p_worker._ray_env import discover_nodes, embedded_running, shutdown_ray, 
 from p2p_worker._runtime import JobContext
 from p2p_worker._store import RendezvousStore
 
-if TYPE_CHECKING:
-    from p2p_worker._group import WorkerGroup
+
+class RunningGroup(Protocol):
+    """What a Cluster needs of the worker groups launched on it (``WorkerGroup``)."""
+
+    name: str
+    _placements: list[WorkerPlacement]
+    _ray_node_ids: list[str]
+
+    def shutdown(self, *, timeout: float | None = ...) -> None:
+        """Stop the group's workers."""
+
 
 # Every live Cluster object of this process; Ray is shut down when the last one that
 # started it goes. Reservations of all live groups count against every Cluster object,
@@ -31,6 +40,12 @@ _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _LOCK = threading.RLock()
 JOB_TOKEN_ENV = "P2P_JOB_TOKEN"
 """Where a Cluster takes the job token from when none is given (p2p-collective reads it too)."""
+
+
+def live_clusters() -> list[Cluster]:
+    """The open :class:`Cluster` objects of this process, oldest first."""
+    with _LOCK:
+        return [c for c in list(_LIVE) if not c._closed]
 
 
 class Cluster:
@@ -58,6 +73,9 @@ class Cluster:
         num_gpus: GPUs an embedded cluster offers (default: the machine's).
         object_store_memory: Bytes of an embedded cluster's object store.
         timeout: Seconds to wait for ``num_nodes`` nodes.
+        cluster_cfg: RLinf's name for ``config`` (give one of them). An empty
+            ``component_placement`` key, which RLinf configs carry, is accepted and
+            ignored; a non-empty one is refused (use placement strategies).
         job_token: The job's secret. Every worker (and the driver's own channel
             endpoint) gets it with the store address, and their ``Collective`` s prove
             to each other at rendezvous that they hold it, so a process outside the job
@@ -90,11 +108,16 @@ class Cluster:
         object_store_memory: int | None = None,
         timeout: float | None = 60.0,
         job_token: str | None = None,
+        cluster_cfg: ConfigSource = None,
     ) -> None:
-        self.config: ClusterConfig = parse_cluster_config(config)
+        if cluster_cfg is not None:
+            if config is not None:
+                raise ValueError("give config or its RLinf name cluster_cfg, not both")
+            config = cluster_cfg
+        self.config: ClusterConfig = parse_cluster_config(_drop_component_placement(config))
         self._job_token = _resolve_job_token(job_token)
         wanted = _resolve_num_nodes(num_nodes, self.config.num_nodes)
-        self._groups: dict[str, WorkerGroup[Any]] = {}
+        self._groups: dict[str, RunningGroup] = {}
         self._closed = False
         with _LOCK:
             self._started_ray = start_or_attach(
@@ -155,6 +178,11 @@ class Cluster:
         return sum(n.num_gpus for n in self.nodes)
 
     @property
+    def num_accelerators(self) -> int:
+        """RLinf's name for :attr:`num_gpus`: accelerators of the nodes this cluster uses."""
+        return self.num_gpus
+
+    @property
     def is_embedded(self) -> bool:
         """Whether the cluster is an embedded local one that this process started."""
         return self._embedded
@@ -165,7 +193,7 @@ class Cluster:
         return (self._store.host, self._store.port)
 
     @property
-    def groups(self) -> list[WorkerGroup[Any]]:
+    def groups(self) -> list[RunningGroup]:
         """The live worker groups launched on this cluster."""
         return list(self._groups.values())
 
@@ -218,7 +246,7 @@ class Cluster:
                             by_id[node_id].take(p.num_cpus, p.num_gpus)
         return capacity
 
-    def _register(self, group: WorkerGroup[Any]) -> None:
+    def _register(self, group: RunningGroup) -> None:
         with _LOCK:
             self._check_open()
             if group.name in self._groups:
@@ -228,7 +256,7 @@ class Cluster:
                 )
             self._groups[group.name] = group
 
-    def _unregister(self, group: WorkerGroup[Any]) -> None:
+    def _unregister(self, group: RunningGroup) -> None:
         with _LOCK:
             if self._groups.get(group.name) is group:
                 del self._groups[group.name]
@@ -276,6 +304,29 @@ class Cluster:
         tb: TracebackType | None,
     ) -> None:
         self.shutdown()
+
+
+def _drop_component_placement(config: ConfigSource) -> ConfigSource:
+    """Drop RLinf's empty ``component_placement`` key from a mapping config.
+
+    Raises:
+        ValueError: The key holds a placement (not supported: use placement strategies).
+    """
+    if not isinstance(config, Mapping):
+        return config
+    inner = config.get("cluster", config)
+    if not isinstance(inner, Mapping) or "component_placement" not in inner:
+        return config
+    if inner["component_placement"]:
+        raise ValueError(
+            "cluster.component_placement: RLinf's component placement is not supported; "
+            "place each group with a PlacementStrategy at launch (see the RLinf migration "
+            "guide), or leave the key empty"
+        )
+    trimmed = {k: v for k, v in inner.items() if k != "component_placement"}
+    if inner is config:
+        return trimmed
+    return {**{k: v for k, v in config.items()}, "cluster": trimmed}
 
 
 def _resolve_num_nodes(arg: int | None, configured: int | None) -> int | None:

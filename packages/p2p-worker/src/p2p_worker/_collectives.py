@@ -32,7 +32,10 @@ def _members(
             out += [WorkerAddress(item, r) for r in range(size)]
         elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
             name, ranks = item
-            ranks = [ranks] if isinstance(ranks, int) else list(ranks)
+            # As in RLinf: an int or a tuple (a rank path) is one worker, a list is several.
+            ranks = list(ranks) if isinstance(ranks, list) else [ranks]
+            if not ranks:
+                raise ValueError(f"members[{i}]: {item!r} lists no rank")
             out += [WorkerAddress(name, r) for r in ranks]
         else:
             raise TypeError(
@@ -111,41 +114,93 @@ class CollectivesMixin:
     def broadcast(
         self,
         object: Any = None,
+        groups: Any = None,
+        src: tuple[str, int | tuple[int, ...]] | None = None,
+        async_op: bool = False,
+        options: Any = None,
+        *,
         members: Any = None,
         src_group_name: str | None = None,
-        src_rank: int = 0,
-        async_op: bool = False,
-        *,
+        src_rank: int | None = None,
         timeout: float | None = None,
     ) -> Any:
-        """Broadcast ``object`` from worker ``src_group_name:src_rank`` to all ``members``.
+        """Broadcast ``object`` from one worker to every worker of ``groups``.
+
+        Every member calls it with the same ``groups`` (and source). Two forms:
+
+        - RLinf's: ``broadcast(obj, groups=[(group_name, ranks), ...], src=(name, rank))``.
+          ``ranks`` is an int (one worker), a list of ints (several), a tuple (one
+          worker's rank path) or a list of tuples. Without ``src`` the source is the
+          first worker of the expanded list.
+        - p2p-worker's: ``broadcast(obj, members=..., src_group_name=..., src_rank=...)``
+          with members as for :meth:`create_collective` (group names in full, pairs,
+          addresses); the source defaults to rank 0 of this worker's group.
 
         Like :meth:`send`: tensors and containers of tensors travel as raw bytes, other
         objects pickled; never compressed.
 
         Args:
-            object: The payload on the source worker (ignored elsewhere).
-            members: As for :meth:`create_collective` (must include the source).
-            src_group_name: The source's group (default: this worker's group).
-            src_rank: The source's rank in that group.
+            object: The payload on the source worker (ignored elsewhere; pass None).
+            groups: RLinf's list of ``(group_name, ranks)`` pairs.
+            src: RLinf's ``(group_name, rank)`` of the source.
             async_op: Return an ``AsyncWork`` instead of waiting.
+            options: RLinf's :class:`~p2p_worker.CollectiveGroupOptions`, validated.
+            members: p2p-worker's members (instead of ``groups``).
+            src_group_name: p2p-worker's source group (instead of ``src``).
+            src_rank: p2p-worker's source rank (instead of ``src``).
             timeout: Seconds the broadcast may take (None: the job's default).
 
         Returns:
-            The object on every member, or an ``AsyncWork``.
+            The object on every member, or an ``AsyncWork`` whose ``wait()`` returns it.
 
         Raises:
-            ValueError: The source is not a member. Others as :meth:`create_collective`.
+            TypeError: ``groups``, ``src`` or ``options`` has the wrong shape or type.
+            ValueError: Neither or both of ``groups`` and ``members``; the source or
+                this worker is not a member. Others as :meth:`create_collective`.
 
         Example:
-            >>> w = self.broadcast(weights, ["trainer", "rollout"], "trainer", 0)  # doctest: +SKIP
+            >>> w = self.broadcast(weights, groups=[("trainer", 0), ("rollout", [0, 1])],
+            ...                    src=("trainer", 0))  # doctest: +SKIP
         """
-        if members is None:
-            raise ValueError("members: got None; allowed: group names / (name, ranks) / addresses")
+        from p2p_worker._options import check_options
+
+        check_options(options)
+        if (groups is None) == (members is None):
+            raise ValueError(
+                "broadcast: give groups=[(group_name, ranks), ...] (RLinf) or members= "
+                "(p2p-worker), exactly one of them"
+            )
+        if groups is not None:
+            if not isinstance(groups, list) or not groups:
+                raise TypeError(
+                    f"groups must be a non-empty list of (group_name, ranks) tuples, got {groups!r}"
+                )
+            for entry in groups:
+                if not (isinstance(entry, tuple) and len(entry) == 2):
+                    raise TypeError(
+                        f"groups: each entry must be a (group_name, ranks) tuple, got {entry!r}"
+                    )
+            members = groups
+        if src is not None:
+            if src_group_name is not None or src_rank is not None:
+                raise ValueError("give src=(group_name, rank) or src_group_name/src_rank")
+            if not (isinstance(src, tuple) and len(src) == 2 and isinstance(src[0], str)):
+                raise TypeError(
+                    f"src must be a (group_name, rank) tuple, got {src!r}; for p2p-worker's "
+                    f"form use src_group_name= and src_rank="
+                )
+            src_addr = WorkerAddress(src[0], src[1])
+        elif src_group_name is not None or src_rank is not None or groups is None:
+            own = self.worker_address.root_group_name
+            src_addr = WorkerAddress(src_group_name or own, 0 if src_rank is None else src_rank)
+        else:
+            src_addr = _members(groups, self.worker_address, self._world_size, None, None)[0]
         group = self.create_collective(members)
-        src = WorkerAddress(src_group_name or self.worker_address.root_group_name, src_rank)
-        if src.get_name() not in group.member_names:
-            raise ValueError(f"src: {src} is not among the members {group.member_names}")
+        if src_addr.get_name() not in group.member_names:
+            raise ValueError(f"src: {src_addr} is not among the members {group.member_names}")
         return group.broadcast(
-            object, src=group.member_names.index(src.get_name()), async_op=async_op, timeout=timeout
+            object,
+            src=group.member_names.index(src_addr.get_name()),
+            async_op=async_op,
+            timeout=timeout,
         )

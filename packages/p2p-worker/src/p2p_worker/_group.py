@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -21,6 +22,7 @@ from p2p_worker._actor import (
     Probe,
     Setup,
     dispatcher_name,
+    is_async_method,
     make_actor_class,
 )
 from p2p_worker._address import WorkerAddress, check_group_name
@@ -29,15 +31,30 @@ from p2p_worker._errors import PlacementError, WorkerError
 from p2p_worker._handle import GroupCallHandle
 from p2p_worker._info import WorkerInfo
 from p2p_worker._placement import PlacementStrategy, WorkerPlacement, default_placement
-from p2p_worker._worker import Worker
+from p2p_worker._worker_base import WorkerBase
 
 if TYPE_CHECKING:
     from p2p_worker._cluster import Cluster
 
-W = TypeVar("W", bound=Worker)
+W = TypeVar("W", bound=WorkerBase)
 
 # Public Worker members that make no sense as a remote call on every worker.
 _NOT_REMOTE = frozenset({"create_group", "timer", "worker_timer"})
+
+
+@dataclass(frozen=True)
+class WorkerRank:
+    """One worker of a group, as RLinf's ``WorkerGroup.worker_info_list`` lists it.
+
+    Attributes:
+        worker: The worker's Ray actor handle.
+        rank: Its rank in the group.
+        info: Its :class:`WorkerInfo`.
+    """
+
+    worker: Any
+    rank: int
+    info: WorkerInfo
 
 
 def public_methods(cls: type) -> dict[str, Callable[..., Any]]:
@@ -75,7 +92,7 @@ class WorkerGroup(Generic[W]):
     """
 
     def __init__(self, worker_cls: type[W], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
+        if not (isinstance(worker_cls, type) and issubclass(worker_cls, WorkerBase)):
             raise TypeError(f"worker_cls must be a subclass of Worker, got {worker_cls!r}")
         self.worker_cls = worker_cls
         self._init_args = args
@@ -105,8 +122,11 @@ class WorkerGroup(Generic[W]):
         cluster: Cluster,
         placement_strategy: PlacementStrategy | None = None,
         name: str | None = None,
+        max_concurrency: int | None = None,
+        isolate_gpu: bool = True,
+        catch_system_failure: bool | None = None,
+        disable_distributed_log: bool = False,
         *,
-        max_concurrency: int = 1,
         runtime_env: dict[str, Any] | None = None,
         timeout: float | None = 120.0,
     ) -> WorkerGroup[W]:
@@ -123,9 +143,19 @@ class WorkerGroup(Generic[W]):
                 the cluster, or one CPU-only worker on a cluster without GPUs.
             name: Group name (letters, digits, ``_ . -``); default
                 ``"Worker_group_<ClassName>"``.
-            max_concurrency: Methods one worker may run at once. 1 (default) runs them
-                one at a time in call order; more lets them overlap in threads, in no
-                guaranteed order.
+            max_concurrency: Methods one worker may run at once; ``None`` (default)
+                takes Ray's default, as RLinf does: 1 for a class without ``async def``
+                methods (one at a time, in call order) and 1000 coroutines on the event
+                loop for one with them. More than 1 lets sync methods overlap in
+                threads, in no guaranteed order.
+            isolate_gpu: RLinf's flag, accepted for compatibility: a GPU worker here
+                always sees the GPUs of its group on its node (see
+                ``WorkerInfo.available_gpus``).
+            catch_system_failure: RLinf's flag, accepted for compatibility; a worker's
+                exception (``SystemExit`` included) always comes back as a
+                :class:`WorkerError` with its traceback.
+            disable_distributed_log: RLinf's flag, accepted for compatibility; worker
+                output goes where Ray sends it.
             runtime_env: A Ray runtime environment for the workers (``env_vars``,
                 ``pip``, ...); note that workers with one start in fresh processes.
             timeout: Seconds for the whole launch (reservation, start, ``__init__``).
@@ -152,10 +182,19 @@ class WorkerGroup(Generic[W]):
             raise ValueError(f"this group was already launched as {self.name!r}")
         if not isinstance(cluster, Cluster):
             raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
-        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
-            raise TypeError(f"max_concurrency must be an int, got {max_concurrency!r}")
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        for flag, value in (
+            ("isolate_gpu", isolate_gpu),
+            ("disable_distributed_log", disable_distributed_log),
+            ("catch_system_failure", catch_system_failure),
+        ):
+            optional = flag == "catch_system_failure" and value is None
+            if not isinstance(value, bool) and not optional:
+                raise TypeError(f"{flag} must be a bool, got {value!r}")
+        if max_concurrency is not None:
+            if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
+                raise TypeError(f"max_concurrency must be an int or None, got {max_concurrency!r}")
+            if max_concurrency < 1:
+                raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
         group_name = check_group_name(
             f"Worker_group_{self.worker_cls.__name__}" if name is None else name
         )
@@ -194,7 +233,7 @@ class WorkerGroup(Generic[W]):
         self,
         cluster: Cluster,
         strategy: PlacementStrategy,
-        max_concurrency: int,
+        max_concurrency: int | None,
         runtime_env: dict[str, Any] | None,
         deadline: float | None,
         timeout: float | None,
@@ -232,12 +271,13 @@ class WorkerGroup(Generic[W]):
                 "name": address,
                 "num_cpus": p.num_cpus,
                 "num_gpus": p.num_gpus,
-                "max_concurrency": max_concurrency,
                 "max_restarts": 0,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     self._pg, placement_group_bundle_index=p.rank
                 ),
             }
+            if max_concurrency is not None:
+                options["max_concurrency"] = max_concurrency
             if runtime_env is not None:
                 options["runtime_env"] = runtime_env
             try:
@@ -331,6 +371,25 @@ class WorkerGroup(Generic[W]):
         return list(self._infos)
 
     @property
+    def worker_info_list(self) -> list[WorkerRank]:
+        """One :class:`WorkerRank` per worker, by rank: RLinf's ``worker_info_list``.
+
+        Each entry has ``worker`` (the Ray actor handle, as RLinf gives) and ``rank``,
+        plus ``info`` (the :class:`WorkerInfo`). The actor's own methods can be called
+        with plain Ray (``entry.worker.method.remote()``) and return the raw result.
+
+        Example:
+            >>> [w.rank for w in group.worker_info_list]  # doctest: +SKIP
+            [0, 1]
+        """
+        return [WorkerRank(a, i.rank, i) for a, i in zip(self._actors, self._infos, strict=True)]
+
+    @property
+    def worker_group_name(self) -> str:
+        """RLinf's name for :attr:`name`."""
+        return self.name
+
+    @property
     def actors(self) -> list[Any]:
         """The Ray actor handles of the workers, by rank (for plain Ray calls)."""
         return list(self._actors)
@@ -414,7 +473,8 @@ class WorkerGroup(Generic[W]):
             self._next_ranks = None
         if len(ranks) > 1 and looks_large(args, kwargs):
             packed = ray.put((args, kwargs))
-            refs = [self._actors[r]._p2p_call.remote(method, packed) for r in ranks]
+            call = "_p2p_acall" if is_async_method(self._methods[method]) else "_p2p_call"
+            refs = [getattr(self._actors[r], call).remote(method, packed) for r in ranks]
         else:
             name = dispatcher_name(method)
             refs = [getattr(self._actors[r], name).remote(*args, **kwargs) for r in ranks]

@@ -88,8 +88,13 @@ class PlacementStrategy(ABC):
         """
 
 
-class PackedPlacementStrategy(PlacementStrategy):
+class CountPlacementStrategy(PlacementStrategy):
     """``num_workers`` workers packed onto the nodes in order, filling each before the next.
+
+    This is p2p-worker's own packing by count. The top-level name
+    :class:`~p2p_worker.PackedPlacementStrategy` is RLinf's packing by hardware rank;
+    calling it with one argument (``PackedPlacementStrategy(4, cpus_per_worker=0)``)
+    still builds this class.
 
     Each worker reserves ``gpus_per_worker`` GPUs (0: a CPU-only worker) and
     ``cpus_per_worker`` CPUs on one node; a worker never spans nodes. Rank 0 goes to the
@@ -100,7 +105,8 @@ class PackedPlacementStrategy(PlacementStrategy):
         num_workers: Number of workers (>= 1).
         gpus_per_worker: GPUs per worker: a whole number, or a fraction in (0, 1) to share
             a GPU with workers of other groups.
-        cpus_per_worker: CPUs per worker; 0 lets workers oversubscribe the CPUs.
+        cpus_per_worker: CPUs reserved per worker for its lifetime. 0 (default) shares
+            the node's cores, as Ray actors do while they run.
         nodes: Node ranks to use, in order; ``None`` uses every node of the cluster.
 
     Raises:
@@ -108,9 +114,9 @@ class PackedPlacementStrategy(PlacementStrategy):
         ValueError: An argument is out of range.
 
     Example:
-        >>> strategy = PackedPlacementStrategy(4, cpus_per_worker=0)
-        >>> strategy.num_workers
-        4
+        >>> strategy = CountPlacementStrategy(4)
+        >>> strategy.num_workers, strategy.cpus_per_worker
+        (4, 0.0)
     """
 
     def __init__(
@@ -118,7 +124,7 @@ class PackedPlacementStrategy(PlacementStrategy):
         num_workers: int,
         *,
         gpus_per_worker: float = 0,
-        cpus_per_worker: float = 1.0,
+        cpus_per_worker: float = 0.0,
         nodes: Sequence[int] | None = None,
     ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int):
@@ -146,7 +152,7 @@ class PackedPlacementStrategy(PlacementStrategy):
                     f"{self!r} does not fit: it needs {self.num_workers} x ({cpus:g} CPUs, "
                     f"{gpus:g} GPUs) but only {rank} fit on the nodes it may use "
                     f"[{_describe(used)}]; use fewer workers, fewer resources per worker "
-                    f"(cpus_per_worker=0 oversubscribes CPUs), or a bigger cluster"
+                    f"(cpus_per_worker=0 shares the cores), or a bigger cluster"
                 )
             node = capacity[order[pos]]
             node.take(cpus, gpus)
@@ -156,32 +162,49 @@ class PackedPlacementStrategy(PlacementStrategy):
     def __repr__(self) -> str:
         nodes = "" if self.nodes is None else f", nodes={list(self.nodes)}"
         return (
-            f"PackedPlacementStrategy({self.num_workers}, gpus_per_worker="
+            f"CountPlacementStrategy({self.num_workers}, gpus_per_worker="
             f"{self.gpus_per_worker:g}, cpus_per_worker={self.cpus_per_worker:g}{nodes})"
         )
 
 
 class NodePlacementStrategy(PlacementStrategy):
-    """CPU-only workers pinned to given nodes: worker ``i`` runs on ``node_ranks[i]``.
+    """CPU-only workers pinned to nodes (RLinf's signature and order).
 
     Repeat a node rank to put several workers on it: ``[0, 0, 1]`` places ranks 0 and 1
-    on node 0 and rank 2 on node 1.
+    on node 0 and rank 2 on node 1. As in RLinf, the node ranks are sorted, so ranks
+    follow node order. By default the workers share the node's cores (no CPU is
+    reserved), as Ray actors do while they run: ``NodePlacementStrategy([0] * 8)``
+    twice fits a 2-core machine.
 
     Args:
-        node_ranks: Node rank of each worker, in rank order (non-empty).
-        cpus_per_worker: CPUs reserved per worker; 0 lets workers oversubscribe the CPUs.
+        node_ranks: Node rank of each worker (non-empty).
+        node_group_label: RLinf's node-group selector; only ``None`` (all nodes) is
+            supported.
+        cpus_per_worker: CPUs reserved per worker for its lifetime (default 0).
 
     Raises:
         TypeError: An argument has the wrong type.
-        ValueError: ``node_ranks`` is empty or holds a negative rank.
+        ValueError: ``node_ranks`` is empty or holds a negative rank, or
+            ``node_group_label`` is not ``None``.
 
     Example:
-        >>> NodePlacementStrategy([0, 0], cpus_per_worker=0).node_ranks
-        (0, 0)
+        >>> NodePlacementStrategy([1, 0, 0]).node_ranks
+        (0, 0, 1)
     """
 
-    def __init__(self, node_ranks: Sequence[int], *, cpus_per_worker: float = 1.0) -> None:
-        self.node_ranks = _check_node_ranks(node_ranks, "node_ranks")
+    def __init__(
+        self,
+        node_ranks: Sequence[int],
+        node_group_label: str | Sequence[str] | None = None,
+        *,
+        cpus_per_worker: float = 0.0,
+    ) -> None:
+        self.node_ranks = tuple(sorted(_check_node_ranks(node_ranks, "node_ranks")))
+        if node_group_label is not None:
+            raise ValueError(
+                f"node_group_label={node_group_label!r}: node groups are not supported; "
+                f"allowed: None (node ranks count over all nodes of the cluster)"
+            )
         self.cpus_per_worker = _check_amount(cpus_per_worker, "cpus_per_worker")
 
     def plan(self, capacity: Sequence[NodeCapacity]) -> list[WorkerPlacement]:
@@ -194,7 +217,7 @@ class NodePlacementStrategy(PlacementStrategy):
                 raise PlacementError(
                     f"{self!r} does not fit: worker {rank} needs {self.cpus_per_worker:g} "
                     f"CPUs on node {node_rank} [{_describe([node])}]; lower cpus_per_worker "
-                    f"(0 oversubscribes CPUs) or spread the workers over more nodes"
+                    f"(0 shares the cores) or spread the workers over more nodes"
                 )
             node.take(self.cpus_per_worker, 0.0)
             out.append(WorkerPlacement(rank, node_rank, self.cpus_per_worker, 0.0))
@@ -211,8 +234,8 @@ def default_placement(nodes: Sequence[NodeInfo]) -> PlacementStrategy:
     """One worker per GPU of the cluster; one CPU-only worker when it has no GPU."""
     total_gpus = sum(n.num_gpus for n in nodes)
     if total_gpus > 0:
-        return PackedPlacementStrategy(total_gpus, gpus_per_worker=1)
-    return PackedPlacementStrategy(1)
+        return CountPlacementStrategy(total_gpus, gpus_per_worker=1)
+    return NodePlacementStrategy([0])
 
 
 def _check_node_ranks(values: Sequence[int], arg: str) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,6 +120,28 @@ def _loopback_resolution(embedded: bool) -> Iterator[None]:
             setattr(constants, "ENABLE_RAY_CLUSTER", saved)  # noqa: B010
 
 
+def driver_code_paths() -> list[str]:
+    """The driver's own code directories on ``sys.path``, for the workers' ``sys.path``.
+
+    Ray adds the driver's script directory and working directory to every worker's
+    path; this adds the rest of what the driver imports from outside its Python
+    installation (a directory pytest put on the path, a ``sys.path.insert`` of the
+    program), so a class defined there and pickled by reference (a dataclass sent
+    between workers) resolves in the workers too. Directories under the interpreter's
+    prefixes are left out: workers run the same installation.
+    """
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    out: list[str] = []
+    for entry in sys.path:
+        path = os.path.realpath(entry or os.curdir)
+        if not os.path.isdir(path) or path in out:
+            continue
+        if any(path == p or path.startswith(p + os.sep) for p in prefixes):
+            continue
+        out.append(path)
+    return out
+
+
 def start_or_attach(
     address: str | None,
     *,
@@ -138,7 +161,15 @@ def start_or_attach(
     if ray.is_initialized():
         return False
     target = resolve_address(address)
-    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "include_dashboard": False}
+    kwargs: dict[str, Any] = {
+        "logging_level": logging.WARNING,
+        "include_dashboard": False,
+    }
+    paths = driver_code_paths()
+    if paths:  # the job's workers start with the driver's code directories importable
+        existing = os.environ.get("PYTHONPATH")
+        pythonpath = os.pathsep.join(paths + ([existing] if existing else []))
+        kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": pythonpath}}
     if target is None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         tmp = ray_temp_dir()
