@@ -100,7 +100,7 @@ class Consumer(Worker):
         ok = 0
         left = n
         while left:
-            items = ch.get_batch(min(WINDOW, left)) if method == "p2p batch" else [get()]
+            items = ch.get_batch(max_items=min(WINDOW, left)) if method == "p2p batch" else [get()]
             left -= len(items)
             for item in items:
                 if kind == "small":
