@@ -16,12 +16,12 @@ from p2p_collective._compression import (
     Outgoing,
     WireCodec,
     WireStats,
+    check_entries,
     check_peer_wire_config,
     compress_frame,
     transmit,
     wire_fingerprint,
 )
-from p2p_collective._decoding import check_entries
 from p2p_collective._framing import FIXED, parse_fixed, parse_meta
 from p2p_collective._jobs import Job
 from p2p_collective._payload import encode

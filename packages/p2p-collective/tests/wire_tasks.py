@@ -273,21 +273,21 @@ def t_first_op(ctx: PeerContext, tag: str, cluster: dict[str, Any], op: str) -> 
 
 def t_send_corrupted(ctx: PeerContext, tag: str, cluster: dict[str, Any], index: int) -> str:
     """Send a list whose compressed tensor ``index`` is garbled after compression."""
-    from p2p_collective import _compression
+    from p2p_collective._compression import _schedule
 
     g = group(ctx, tag, cluster)
-    original = _compression.compress_frame
+    original = _schedule.compress_frame
 
     def corrupt(codec: Any, frame: Any) -> Any:
         packed = original(codec, frame)
         packed.frame.payloads[index].fill_(0xFF)  # a pooled buffer, not the user's tensor
         return packed
 
-    _compression.compress_frame = corrupt  # type: ignore[assignment]
+    _schedule.compress_frame = corrupt  # type: ignore[assignment]
     try:
         g.send([compressible(256 * KiB, seed=i) for i in range(3)], timeout=60)
     finally:
-        _compression.compress_frame = original  # type: ignore[assignment]
+        _schedule.compress_frame = original  # type: ignore[assignment]
     ctx.barrier(tag + "/corrupt")
     # a second group of the same two Collectives is unaffected
     other = collective(ctx, tag, cluster).create_collective_group(

@@ -226,7 +226,7 @@ class CollectiveGroup:
         self._send = _Side(self, "send")
         self._recv = _Side(self, "recv")
         if wire is None and config.compression is not None:
-            wire = WireCodec(config.compression, config.buffer_pool)
+            wire = WireCodec(config.compression, config.buffer_pool, config.compression_pipeline)
         self._wire = wire  # shared by the Collective's groups: pool, codec provider, threads
         # Frames up to this size travel inline (one message); with compression configured
         # only up to 64 KiB, so larger tensors keep the compression rules.

@@ -14,8 +14,7 @@ from functools import partial
 
 import torch
 
-from p2p_collective._compression import WireCodec, WireStats
-from p2p_collective._decoding import FrameDecoder, check_entries
+from p2p_collective._compression import FrameDecoder, WireCodec, WireStats, check_entries
 from p2p_collective._emulation import ArrivalGate
 from p2p_collective._errors import FramingError
 from p2p_collective._framing import (

@@ -1,0 +1,55 @@
+"""When a frame is compressed: now, on a compressor thread, or by its direction thread."""
+
+from __future__ import annotations
+
+import time
+
+from p2p_collective._compression._pack import Packed, compress_frame
+from p2p_collective._compression._state import WireCodec
+from p2p_collective._jobs import Job
+from p2p_collective._payload import OutFrame
+
+
+class Outgoing:
+    """One queued send: its frame, compressed now or by the compressor thread."""
+
+    __slots__ = ("_job", "_packed", "submitted")
+
+    def __init__(self, packed: Packed | None, job: Job[Packed] | None) -> None:
+        self._packed = packed
+        self._job = job
+        self.submitted = time.monotonic()
+
+    @classmethod
+    def prepare(cls, codec: WireCodec | None, frame: OutFrame, async_op: bool) -> Outgoing:
+        """Compress ``frame`` now (synchronous send), later (asynchronous) or not at all.
+
+        Raises:
+            CompressionError: A codec failed (synchronous sends only).
+        """
+        if codec is None or not frame.payloads:
+            # Without payload messages the tensors (if any) ride inline in the header.
+            return cls(Packed(frame, None, "disabled" if codec is None else "inline", 0.0), None)
+        if not async_op:
+            return cls(compress_frame(codec, frame), None)
+        job: Job[Packed] = Job(lambda: compress_frame(codec, frame))
+        if codec.pipeline.overlap:
+            codec.compressor.put(job)
+        # else the direction thread compresses it right before sending it
+        return cls(None, job)
+
+    def resolve(self, deadline: float | None) -> Packed:
+        """The packed frame (compressing it here if the compressor has not started it).
+
+        Raises:
+            CompressionError: A codec failed.
+            CollectiveTimeoutError: The compressor did not finish before ``deadline``.
+        """
+        packed = self._packed
+        if packed is None:
+            assert self._job is not None
+            packed = self._packed = self._job.result(deadline)
+            self._job = None
+        if not packed.ready:
+            packed.ready = self.submitted
+        return packed
