@@ -69,7 +69,7 @@ def test_a_compressed_frame_parses_back_to_its_patched_metadata() -> None:
 
 def test_a_frame_dropped_unsent_gives_its_buffers_back() -> None:
     wire = codec({"codec": "lz4"})
-    out = Outgoing.prepare(wire, encode(wt.compressible(512 * KiB)), async_op=True)
+    out = Outgoing.prepare(wire, encode(wt.token_ids(512 * KiB)), async_op=True)
     assert out.resolve(None).plan is not None
     assert wire.pool.stats()["active_bytes"] > 0
     del out  # its direction broke or closed before sending it

@@ -58,9 +58,6 @@ HEADER_MAX = 1 << 17
 loopback gloo moves a 64 KiB tensor at 0.6-0.9x a raw gloo message's rate, where a
 header plus a payload message (and the "ready" notification the payload waits for)
 reached 0.3-0.6x."""
-COMPRESSIBLE_INLINE_MAX = 1 << 16
-"""With compression configured, frames inline only up to this size (64 KiB): larger
-tensors stay payload messages that the compression rules apply to."""
 
 FIXED = struct.Struct("<4sBBHQIIQQQII")
 SEQ_OFFSET = 8  # byte offset of ``seq`` inside FIXED, patched just before sending
@@ -298,6 +295,16 @@ def patch_entry_codec(buf: memoryview, offset: int, codec_id: int, wire_bytes: i
 def patch_wire_total(buf: memoryview, total: int) -> None:
     """Rewrite ``wire_total`` in a packed fixed header."""
     _SEQ.pack_into(buf, _WIRE_TOTAL, total)
+
+
+_FLAGS = struct.Struct("<H")
+_FLAGS_OFFSET = struct.calcsize("<4sBB")  # offset of flags inside FIXED
+
+
+def patch_flags(buf: memoryview, set_bits: int) -> None:
+    """Set ``set_bits`` in the ``flags`` of a packed fixed header (others are kept)."""
+    (flags,) = _FLAGS.unpack_from(buf, _FLAGS_OFFSET)
+    _FLAGS.pack_into(buf, _FLAGS_OFFSET, flags | set_bits)
 
 
 def looks_like_header(buf: memoryview, expected_seq: int) -> bool:

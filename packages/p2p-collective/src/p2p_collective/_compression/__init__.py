@@ -1,12 +1,12 @@
 """Tensor compression on the wire (seed 000, "Tensor 压缩"): sender, receiver, shared state.
 
 Scope: the CPU tensors of a generic ``send`` frame (a tensor, a list/tuple, an all-tensor
-dict, a dataclass's tensor fields) that travel as payload messages of their own. A frame
-small enough to ride inline in the header message is never compressed: the inline
-rule is decided first, on raw sizes (with compression configured a frame is inline up
-to :data:`~p2p_collective._framing.COMPRESSIBLE_INLINE_MAX`, 64 KiB), and a frame that
-is inline costs one message already. Pickled objects, ``send_tensor`` / ``recv_tensor`` and
-accelerator tensors are never compressed.
+dict, a dataclass's tensor fields). One rule decides, whatever the frame's size: a tensor
+with at least ``min_bytes`` bytes and a dtype not in ``excluded_dtypes`` is compressed
+when that makes it smaller. A frame whose header part and (compressed) bytes fit the
+header message travels as one message with the bytes inline; larger ones send each
+tensor as a payload message of its own. Pickled objects, ``send_tensor`` /
+``recv_tensor`` and accelerator tensors are never compressed.
 
 Per :class:`~p2p_collective.Collective` (one per process): one
 :class:`~p2p_compress.TensorBufferPool`, created empty with the Collective, and one

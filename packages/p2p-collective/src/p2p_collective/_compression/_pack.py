@@ -1,4 +1,12 @@
-"""The sender's decision for one frame: which payload tensors to compress, into what."""
+"""The sender's decision for one frame: which tensors to compress, and how the frame travels.
+
+One rule for every size: a tensor with bytes is compressed when it has at least
+``min_bytes`` bytes and a dtype not in ``excluded_dtypes`` (and the result is smaller),
+whether its frame rides inline in the header message or not. A frame whose header part
+and (compressed) tensor bytes fit :data:`~p2p_collective._framing.HEADER_MAX` travels as
+one message with the bytes inline; the receiver decodes compressed entries of an inline
+frame straight from the header message.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +14,20 @@ import time
 import weakref
 from dataclasses import replace
 
+import torch
+
 from p2p_collective._compression._state import WireCodec
-from p2p_collective._framing import FIXED, entry_size, patch_entry_codec, patch_wire_total
-from p2p_collective._payload import OutFrame
-from p2p_compress import CompressionPlan, plan_compression
+from p2p_collective._framing import (
+    FIXED,
+    HEADER_MAX,
+    Flag,
+    entry_size,
+    patch_entry_codec,
+    patch_flags,
+    patch_wire_total,
+)
+from p2p_collective._payload import OutFrame, flat_bytes
+from p2p_compress import CompressionPlan, WireEntry, plan_compression
 
 
 class Packed:
@@ -17,7 +35,8 @@ class Packed:
 
     Attributes:
         frame: The frame, its metadata patched for the compressed tensors.
-        plan: The compression plan holding the buffer leases, or None when all are raw.
+        plan: The compression plan holding the buffer leases of compressed payload
+            messages, or None when there are none (all raw, or all inline).
         reasons: Per tensor with bytes, "" when compressed or why it stayed raw; or one
             reason for all of them.
         ready: ``time.monotonic()`` at which the frame was ready to go (0: unknown).
@@ -41,27 +60,41 @@ class Packed:
         self.codec_seconds = codec_seconds
 
 
+def _inline(frame: OutFrame, head_len: int, entries: list[WireEntry]) -> OutFrame:
+    """The frame as one header message: its header part, then every tensor's wire bytes."""
+    total = head_len + sum(e.wire_bytes for e in entries)
+    buffer = torch.empty(total, dtype=torch.uint8)
+    buffer[:head_len].copy_(frame.buffer[:head_len])
+    off = head_len
+    for e in entries:
+        if e.wire_bytes:
+            src = e.payload if e.compressed else flat_bytes(e.payload)
+            buffer[off : off + e.wire_bytes].copy_(src)
+            off += e.wire_bytes
+    view = buffer.numpy().data
+    patch_flags(view, Flag.INLINE)
+    return replace(frame, view=view, buffer=buffer, ext=False, payloads=[])
+
+
 def compress_frame(codec: WireCodec, frame: OutFrame) -> Packed:
-    """Decide per payload tensor, compress the ones that shrink, patch the frame's metadata.
+    """Decide per tensor, compress the ones that shrink, patch the frame's metadata.
+
+    An inline frame stays inline (its compressed bytes are smaller); a frame of payload
+    messages becomes inline when its compressed bytes fit the header message.
 
     Raises:
         CompressionError: A codec failed (the leases taken are returned first).
     """
-    cfg = codec.config
     with_bytes = [(i, m) for i, m in enumerate(frame.metas) if m.raw_bytes]
     # Cheap pre-check, so a frame without candidates never creates the provider.
-    eligible = any(
-        m.raw_bytes >= cfg.min_bytes and m.dtype not in cfg.excluded_dtypes for _, m in with_bytes
-    )
-    if not eligible:
-        reasons = [
-            "below_min_bytes" if m.raw_bytes < cfg.min_bytes else "excluded_dtype"
-            for _, m in with_bytes
-        ]
-        return Packed(frame, None, reasons, time.monotonic())
-    sources = [p.view(m.dtype) for p, (_, m) in zip(frame.payloads, with_bytes, strict=True)]
+    if not any(codec.eligible(m) for _, m in with_bytes):
+        return Packed(frame, None, [codec.raw_reason(m) for _, m in with_bytes], time.monotonic())
+    if frame.payloads:
+        sources = [p.view(m.dtype) for p, (_, m) in zip(frame.payloads, with_bytes, strict=True)]
+    else:  # inline: the tensors' bytes sit in the header message
+        sources = [flat_bytes(frame.tensors[i]).view(m.dtype) for i, m in with_bytes]
     t0 = time.perf_counter()
-    plan = plan_compression(sources, cfg, codec.provider(), codec.pool)
+    plan = plan_compression(sources, codec.config, codec.provider(), codec.pool)
     spent = time.perf_counter() - t0
     entries = plan.entries
     reasons = [e.reason for e in entries]
@@ -79,8 +112,16 @@ def compress_frame(codec: WireCodec, frame: OutFrame) -> Packed:
         if e.compressed:
             metas[i] = m._replace(codec_id=e.codec_id, wire_bytes=e.wire_bytes)
             patch_entry_codec(view, offsets[i], e.codec_id, e.wire_bytes)
-            payloads[j] = e.payload
+            if payloads:
+                payloads[j] = e.payload
     patch_wire_total(view, sum(m.wire_bytes for m in metas))
+    head_len = len(view) - (0 if frame.payloads else sum(m.raw_bytes for _, m in with_bytes))
+    if not frame.ext and head_len + plan.wire_bytes <= HEADER_MAX:
+        try:
+            small = _inline(replace(frame, metas=metas), head_len, entries)
+        finally:
+            plan.release_all()  # the bytes were copied into the header message
+        return Packed(small, None, reasons, time.monotonic(), spent)
     packed = Packed(replace(frame, metas=metas, payloads=payloads), plan, reasons, 0.0, spent)
     # A frame dropped unsent (its direction broke or closed) gives its buffers back.
     weakref.finalize(packed, plan.release_all)

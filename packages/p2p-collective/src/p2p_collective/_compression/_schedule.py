@@ -27,9 +27,11 @@ class Outgoing:
         Raises:
             CompressionError: A codec failed (synchronous sends only).
         """
-        if codec is None or not frame.payloads:
-            # Without payload messages the tensors (if any) ride inline in the header.
-            return cls(Packed(frame, None, "disabled" if codec is None else "inline", 0.0), None)
+        if codec is None:
+            return cls(Packed(frame, None, "disabled", 0.0), None)
+        if not any(m.raw_bytes and codec.eligible(m) for m in frame.metas):
+            reasons = [codec.raw_reason(m) for m in frame.metas if m.raw_bytes]
+            return cls(Packed(frame, None, reasons, 0.0), None)
         if not async_op:
             return cls(compress_frame(codec, frame), None)
         job: Job[Packed] = Job(lambda: compress_frame(codec, frame))

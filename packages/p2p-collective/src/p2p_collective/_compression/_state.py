@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from p2p_collective._compression._settings import CompressionPipelineConfig
+from p2p_collective._framing import TensorMeta
 from p2p_collective._jobs import Worker
 from p2p_compress import (
     TensorBufferPool,
@@ -42,6 +43,19 @@ class WireCodec:
         cpus = os.cpu_count() or 1
         self.compressor = Worker("p2p-compress", min(threads, cpus, inflight))
         self.decoder = Worker("p2p-decompress", min(pipeline.decoder_threads, cpus))
+
+    def eligible(self, meta: TensorMeta) -> bool:
+        """Whether a tensor is a compression candidate: ``min_bytes`` and a dtype not excluded.
+
+        The same rule for every frame, inline or not (seed 000: ``min_bytes`` skips tensors
+        whose raw byte count is below it, nothing else does).
+        """
+        cfg = self.config
+        return meta.raw_bytes >= cfg.min_bytes and meta.dtype not in cfg.excluded_dtypes
+
+    def raw_reason(self, meta: TensorMeta) -> str:
+        """Why a tensor that is not :meth:`eligible` stays raw (seed 000's check order)."""
+        return "below_min_bytes" if meta.raw_bytes < self.config.min_bytes else "excluded_dtype"
 
     def provider(self) -> TensorCodecProvider:
         """The codec provider, created at the first call (the first eligible tensor)."""
