@@ -360,6 +360,30 @@ class LinkPacer:
             patch_arrival(header, max(int(first * 1e9), 1), hold, self.byte_ps)
         return slept
 
+    def schedule(self, nbytes: int, ready: float, deadline: float | None) -> tuple[int, int, float]:
+        """Schedule one message of a chunked frame; wait until the sender may send it.
+
+        Like :meth:`release` for a frame of one message, but returns when the message's
+        *last* byte arrives, for the receiver to hold it until then.
+
+        Returns:
+            ``(arrive_ns, hold_us, slept)``: the arrival (ns of ``CLOCK_MONOTONIC``),
+            the same as microseconds from now, and the seconds waited.
+
+        Raises:
+            CollectiveTimeoutError, GroupClosedError: As :meth:`release`.
+        """
+        now = time.monotonic()
+        start = max(ready, self._free_at, now - self._credit_s)
+        self._free_at = start + nbytes * self._byte_s
+        end = self._free_at + self._delay_s
+        slept = _hold(
+            self._closed, self._free_at - self._window_s, deadline, f"emulated link {self.name}"
+        )
+        self.slept_seconds += slept
+        hold = min(max(math.ceil((end - time.monotonic()) * 1e6), 0), (1 << 32) - 1)
+        return max(int(end * 1e9), 1), hold, slept
+
     def close(self) -> None:
         """Wake a pacing sender; it fails with :class:`GroupClosedError`."""
         self._closed.set()

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import torch
 
+from p2p_collective._compression._chunks import ChunkStream
 from p2p_collective._compression._state import WireCodec
 from p2p_collective._framing import (
     FIXED,
@@ -41,9 +42,10 @@ class Packed:
             reason for all of them.
         ready: ``time.monotonic()`` at which the frame was ready to go (0: unknown).
         codec_seconds: Time spent compressing.
+        chunks: A chunked frame's chunk stream (compressed as it is sent), else None.
     """
 
-    __slots__ = ("__weakref__", "codec_seconds", "frame", "plan", "ready", "reasons")
+    __slots__ = ("__weakref__", "chunks", "codec_seconds", "frame", "plan", "ready", "reasons")
 
     def __init__(
         self,
@@ -52,7 +54,9 @@ class Packed:
         reasons: list[str] | str,
         ready: float,
         codec_seconds: float = 0.0,
+        chunks: ChunkStream | None = None,
     ) -> None:
+        self.chunks = chunks
         self.frame = frame
         self.plan = plan
         self.reasons = reasons

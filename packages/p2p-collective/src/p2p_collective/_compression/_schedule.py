@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+import weakref
 
+from p2p_collective._compression._chunks import chunk_frame
 from p2p_collective._compression._pack import Packed, compress_frame
 from p2p_collective._compression._state import WireCodec
 from p2p_collective._jobs import Job
@@ -32,6 +34,11 @@ class Outgoing:
         if not any(m.raw_bytes and codec.eligible(m) for m in frame.metas):
             reasons = [codec.raw_reason(m) for m in frame.metas if m.raw_bytes]
             return cls(Packed(frame, None, reasons, 0.0), None)
+        stream = chunk_frame(codec, frame)
+        if stream is not None:  # compressed chunk by chunk, a window ahead of the wire
+            packed = Packed(frame, None, [], 0.0, chunks=stream)
+            weakref.finalize(packed, stream.abandon)  # dropped unsent: buffers go back
+            return cls(packed, None)
         if not async_op:
             return cls(compress_frame(codec, frame), None)
         job: Job[Packed] = Job(lambda: compress_frame(codec, frame))

@@ -18,12 +18,24 @@ from p2p_collective._validate import mapping as _mapping
 DEFAULT_COMPRESSOR_THREADS: Final = 1
 DEFAULT_DECODER_THREADS: Final = 1
 MAX_THREADS: Final = 64
-_KEYS: Final = ("overlap", "compressor_threads", "decoder_threads")
+DEFAULT_CHUNK_BYTES: Final = 1 << 20
+MIN_CHUNK_BYTES: Final = 1 << 16
+MAX_CHUNK_BYTES: Final = 1 << 30
+_KEYS: Final = ("overlap", "compressor_threads", "decoder_threads", "chunk_bytes")
 
 
 def _threads(value: object, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
         raise _fail(path, value, f"an integer from 1 to {MAX_THREADS}")
+    return int(value)
+
+
+def _chunk_bytes(value: object, path: str) -> int:
+    allowed = f"0 (no chunks) or an integer from {MIN_CHUNK_BYTES} to {MAX_CHUNK_BYTES}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(path, value, allowed)
+    if value != 0 and not MIN_CHUNK_BYTES <= value <= MAX_CHUNK_BYTES:
+        raise _fail(path, value, allowed)
     return int(value)
 
 
@@ -47,6 +59,12 @@ class CompressionPipelineConfig:
             next frames compressed while one is on the wire; every sending direction
             thread also compresses its own frame when no compressor has started it.
         decoder_threads: Decoder threads per Collective, 1 to 64. Default 1.
+        chunk_bytes: Chunked frames: when a frame's eligible tensors hold at least twice
+            this many bytes, they are compressed in chunks of this size that go on the
+            wire as each is ready (compressed on the compressor threads, in parallel,
+            while earlier chunks travel), and the receiver decodes chunk *k* while chunk
+            *k* + 1 arrives. Keep-if-smaller and raw reasons apply per chunk. 0 turns
+            chunking off; else 65536 to 1 GiB. Default 1 MiB.
 
     Example:
         >>> CompressionPipelineConfig().compressor_threads
@@ -60,11 +78,13 @@ class CompressionPipelineConfig:
     overlap: bool = True
     compressor_threads: int = DEFAULT_COMPRESSOR_THREADS
     decoder_threads: int = DEFAULT_DECODER_THREADS
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
     def __post_init__(self) -> None:
         _flag(self.overlap, "overlap")
         _threads(self.compressor_threads, "compressor_threads")
         _threads(self.decoder_threads, "decoder_threads")
+        _chunk_bytes(self.chunk_bytes, "chunk_bytes")
 
     def to_dict(self) -> dict[str, Any]:
         """The section as a plain dict that :func:`parse_compression_pipeline` accepts."""
@@ -72,6 +92,7 @@ class CompressionPipelineConfig:
             "overlap": self.overlap,
             "compressor_threads": self.compressor_threads,
             "decoder_threads": self.decoder_threads,
+            "chunk_bytes": self.chunk_bytes,
         }
 
 
@@ -98,5 +119,8 @@ def parse_compression_pipeline(
         ),
         decoder_threads=_threads(
             sec.get("decoder_threads", DEFAULT_DECODER_THREADS), f"{path}.decoder_threads"
+        ),
+        chunk_bytes=_chunk_bytes(
+            sec.get("chunk_bytes", DEFAULT_CHUNK_BYTES), f"{path}.chunk_bytes"
         ),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 from typing import Any
 
 from p2p_collective._compression._settings import CompressionPipelineConfig
@@ -41,7 +42,10 @@ class WireCodec:
         threads = pipeline.compressor_threads
         inflight = getattr(config.codec, "max_inflight", threads)
         cpus = os.cpu_count() or 1
-        self.compressor = Worker("p2p-compress", min(threads, cpus, inflight))
+        self.compressor_threads = min(threads, cpus, inflight)
+        self.compressor = Worker("p2p-compress", self.compressor_threads)
+        # Chunks of a tensor already found eligible: no size or dtype rule per chunk.
+        self.chunk_config = replace(config, min_bytes=0, excluded_dtypes=())
         self.decoder = Worker("p2p-decompress", min(pipeline.decoder_threads, cpus))
 
     def eligible(self, meta: TensorMeta) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,9 @@ class WireStats:
     tensor_wire_bytes: int = 0
     codec_seconds: float = 0.0
     emulated_seconds: float = 0.0
+    chunks: int = 0
+    compressed_chunks: int = 0
+    chunk_raw_reasons: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(
@@ -63,6 +67,14 @@ class WireStats:
                 assert isinstance(reasons, str)
                 counts[reasons] = counts.get(reasons, 0) + n - comp
 
+    def count_chunks(self, chunks: int, compressed: int, reasons: Mapping[str, int]) -> None:
+        """Count the chunks of a chunked frame (sender: with why raw chunks stayed raw)."""
+        with self.lock:
+            self.chunks += chunks
+            self.compressed_chunks += compressed
+            for r, n in reasons.items():
+                self.chunk_raw_reasons[r] = self.chunk_raw_reasons.get(r, 0) + n
+
     def add_seconds(self, codec: float = 0.0, emulated: float = 0.0) -> None:
         """Add codec or pacing time spent outside a counted frame."""
         with self.lock:
@@ -79,4 +91,7 @@ class WireStats:
                 "tensor_wire_bytes": self.tensor_wire_bytes,
                 "codec_seconds": self.codec_seconds,
                 "emulated_seconds": self.emulated_seconds,
+                "chunks": self.chunks,
+                "compressed_chunks": self.compressed_chunks,
+                "chunk_raw_reasons": dict(self.chunk_raw_reasons),
             }

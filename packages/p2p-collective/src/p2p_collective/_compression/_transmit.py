@@ -6,6 +6,12 @@ from collections.abc import Callable
 
 import torch
 
+from p2p_collective._compression._chunks import (
+    DESCRIPTOR,
+    ChunkStream,
+    actual_metas,
+    pack_descriptor,
+)
 from p2p_collective._compression._pack import Packed
 from p2p_collective._compression._stats import WireStats
 from p2p_collective._emulation import LinkPacer
@@ -26,6 +32,8 @@ def transmit(
     failure the buffers not yet sent are discarded, not cached: the transport may still
     hold them.
     """
+    if packed.chunks is not None:
+        return _transmit_chunked(send, packed, packed.chunks, pacer, stats, deadline)
     frame, plan = packed.frame, packed.plan
     headers = frame.header_messages()
     payloads = frame.payloads
@@ -56,3 +64,58 @@ def transmit(
         raise
     stats.count(frame.metas, packed.reasons, packed.codec_seconds, paced)
     return len(headers) + len(payloads)
+
+
+def _transmit_chunked(
+    send: Callable[[torch.Tensor, float | None, bool], None],
+    packed: Packed,
+    stream: ChunkStream,
+    pacer: LinkPacer | None,
+    stats: WireStats,
+    deadline: float | None,
+) -> int:
+    """A chunked frame: its header now, then each chunk as soon as it is ready.
+
+    On an emulated link the header is scheduled as a frame of its own and each chunk as
+    a message of its own, from the moment it was ready; its descriptor tells the
+    receiver when its last byte arrives.
+    """
+    frame = packed.frame
+    headers = frame.header_messages()
+    paced = 0.0
+    wire = 0
+    try:
+        if pacer is not None:
+            sizes = [int(m.numel()) for m in headers]
+            paced = pacer.release(sizes, packed.ready, deadline, frame.view)
+        for k, msg in enumerate(headers):
+            send(msg, deadline, k == 0)
+            wire += int(msg.numel())
+        for index in range(len(stream.chunks)):
+            chunk = stream.take(index, deadline, packed.ready)
+            assert chunk.payload is not None
+            n = chunk.wire_len
+            arrive_ns = hold_us = 0
+            if pacer is not None:
+                arrive_ns, hold_us, slept = pacer.schedule(
+                    DESCRIPTOR.size + n, chunk.ready, deadline
+                )
+                paced += slept
+            desc = pack_descriptor(chunk.codec_id, int(chunk.source.numel()), n, arrive_ns, hold_us)
+            send(torch.frombuffer(bytearray(desc), dtype=torch.uint8), deadline, False)
+            send(chunk.payload, deadline, False)
+            wire += DESCRIPTOR.size + n
+            if chunk.lease is not None:
+                chunk.lease.release()  # this chunk's send completed
+                chunk.lease = None
+    except BaseException:
+        stream.abandon()
+        stats.add_seconds(codec=sum(c.seconds for c in stream.chunks), emulated=paced)
+        raise
+    frame.sent_wire_bytes = wire
+    tensor_reasons, chunk_reasons = stream.reasons()
+    compressed = sum(1 for c in stream.chunks if not c.reason)
+    codec_seconds = sum(c.seconds for c in stream.chunks)
+    stats.count(actual_metas(frame.metas, stream), tensor_reasons, codec_seconds, paced)
+    stats.count_chunks(len(stream.chunks), compressed, chunk_reasons)
+    return len(headers) + 2 * len(stream.chunks)
