@@ -47,8 +47,8 @@ COMPRESSION_SECTIONS: dict[str, dict[str, Any]] = {
 }
 """``tensor_compression`` per codec. ``excluded_dtypes: []`` lets the float32 fields of the
 tensor_dict and dataclass payloads take part (the default ``[float32]`` would skip them)."""
-COMPRESSION_SECTIONS["lz4-whole"] = COMPRESSION_SECTIONS["lz4"]
-COMPRESSION_SECTIONS["zstd-whole"] = COMPRESSION_SECTIONS["zstd"]
+COMPRESSION_SECTIONS["lz4_whole"] = COMPRESSION_SECTIONS["lz4"]
+COMPRESSION_SECTIONS["zstd_whole"] = COMPRESSION_SECTIONS["zstd"]
 
 
 def net_emulation_section(link: LinkProfile) -> dict[str, Any] | None:
@@ -67,7 +67,7 @@ def job_config(codec: str, link: LinkProfile) -> dict[str, Any]:
     cluster: dict[str, Any] = {"collective": {"init_timeout": 120.0}}
     if codec != "raw":
         cluster["collective"]["tensor_compression"] = dict(COMPRESSION_SECTIONS[codec])
-        if codec.endswith("-whole"):  # the per-tensor design: no chunked frames
+        if codec.endswith("_whole"):  # the per-tensor design: no chunked frames
             cluster["collective"]["compression_pipeline"] = {"chunk_bytes": 0}
     net = net_emulation_section(link)
     if net is not None:
