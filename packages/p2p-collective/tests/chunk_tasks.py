@@ -109,3 +109,31 @@ def t_recv_corrupt_chunk(ctx: PeerContext, tag: str, cluster: dict[str, Any]) ->
     g.send("thanks", timeout=60)
     close(tag)
     return out
+
+
+def t_send_adaptive(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int) -> list[Any]:
+    """Send ``n`` frames per phase while the emulated link goes slow, fast, slow again."""
+    g = group(ctx, tag, cluster)
+    pacer = g._pacer
+    assert pacer is not None
+    phases: list[Any] = []
+    for i, mbps in enumerate((50.0, 100_000.0, 50.0)):
+        pacer.set_bandwidth(mbps)
+        for k in range(n):
+            g.send(token_ids(512 * KiB, seed=10 * i + k), timeout=60)
+        st = g.stats()["send"]
+        phases.append({"adaptive": st["adaptive"], "raw_reasons": dict(st["raw_reasons"])})
+    assert g.recv(timeout=60) == "done"
+    close(tag)
+    return phases
+
+
+def t_recv_adaptive(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int) -> bool:
+    g = group(ctx, tag, cluster)
+    ok = True
+    for i in range(3):
+        for k in range(n):
+            ok = ok and bool(torch.equal(g.recv(timeout=60), token_ids(512 * KiB, seed=10 * i + k)))
+    g.send("done", timeout=60)
+    close(tag)
+    return ok

@@ -206,3 +206,59 @@ def test_an_emulated_link_charges_each_chunk_its_wire_bytes_as_it_goes(
     assert sent["tensor_wire_bytes"] < 0.6 * ids.numel() * 8  # charged compressed
     assert best is not None
     assert best <= 1.15 * want + 0.05, (best, want)
+
+
+# -- adaptive compression ---------------------------------------------------------------
+
+
+@TRANSPORTS
+def test_adaptive_switches_both_ways_when_the_emulated_rate_changes(
+    peers: PeerPair, gname: str, shm: bool
+) -> None:
+    cl = cluster("lz4", shm)
+    cl["collective"]["compression_pipeline"] = {"adaptive": True}
+    cl["net_emulation"] = {"bandwidth_mbps": 50, "delay_ms": 0}
+    n = 4
+    phases, ok = peers.run(ck.t_send_adaptive, (gname, cl, n), ck.t_recv_adaptive, (gname, cl, n))
+    assert ok
+    slow, fast, slow_again = (p["adaptive"] for p in phases)
+    assert slow["decision"] == "compressed", slow
+    assert slow["reason"].startswith("compressed: the codec keeps ahead of the link"), slow
+    assert slow["emulated_mbps"] == 50
+    assert fast["decision"] == "raw", fast
+    assert "the link is faster than the codec" in fast["reason"]
+    assert fast["emulated_mbps"] == 100_000
+    assert phases[1]["raw_reasons"].get("adaptive", 0) >= n - 2  # the first is decided before
+    assert slow_again["decision"] == "compressed", slow_again
+    assert slow_again["switches"] >= 2
+    assert slow_again["ratio"] > 1.5  # lz4 on token ids
+
+
+def test_the_advisor_learns_then_decides_and_probes_while_raw() -> None:
+    from p2p_collective._compression._adaptive import PROBE_EVERY, LinkAdvisor
+
+    adv = LinkAdvisor(threads=1)
+    assert adv.decide() is True  # nothing known yet: learn from a compressed frame
+    assert adv.reason == "learning"
+    adv.observe_codec(1 << 20, 1 << 19, 0.001)  # 1 GB/s, ratio 2
+    adv.observe_link(1 << 20, 0.1, None)  # 10 MB/s delivered
+    assert adv.decide() is True
+    assert adv.reason.startswith("compressed:")
+    adv.observe_link(1 << 20, 1e-4, None)  # a fast link now: EWMA follows within a few
+    for _ in range(10):
+        adv.observe_link(1 << 20, 1e-4, None)
+    decisions = [adv.decide() for _ in range(2 * PROBE_EVERY)]
+    assert adv.reason.startswith("raw: the link is faster than the codec")
+    assert decisions.count(True) == 2  # one probe every PROBE_EVERY frames
+    adv.observe_link(1 << 20, 1.0, 1e6)  # an emulated 8 Mbit/s link: judged by that rate
+    adv.observe_codec(1 << 20, (1 << 20) - 10, 0.001)  # random data now: no shrink
+    for _ in range(10):
+        adv.observe_codec(1 << 20, (1 << 20) - 10, 0.001)
+    assert adv.decide() is False
+    assert adv.reason.startswith("raw: the data does not shrink")
+    assert adv.as_dict()["emulated_mbps"] == 8.0
+
+
+def test_adaptive_is_validated() -> None:
+    with pytest.raises(ConfigError, match=r"compression_pipeline\.adaptive: got 'yes'"):
+        parse_collective_config({"compression_pipeline": {"adaptive": "yes"}})

@@ -21,6 +21,8 @@ def test_defaults_round_trip_and_reach_the_codec_state() -> None:
         "overlap": True,
         "compressor_threads": 1,
         "decoder_threads": 1,
+        "chunk_bytes": 1 << 20,
+        "adaptive": False,
     }
     custom = parse_collective_config(
         {
@@ -29,6 +31,8 @@ def test_defaults_round_trip_and_reach_the_codec_state() -> None:
                 "overlap": False,
                 "compressor_threads": 2,
                 "decoder_threads": 3,
+                "chunk_bytes": 0,
+                "adaptive": True,
             },
         }
     )

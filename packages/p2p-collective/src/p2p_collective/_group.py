@@ -321,7 +321,7 @@ class CollectiveGroup:
             obj, pickled=None if small is None else small.data, inline_max=self._inline_max
         )
         try:
-            out = Outgoing.prepare(self._wire, frame, async_op)
+            out = Outgoing.prepare(self._wire, frame, async_op, self._send.wire_stats)
         except CompressionError as exc:
             raise CollectiveError(
                 f"p2p[{self.name}]: compressing the payload failed: {exc}"

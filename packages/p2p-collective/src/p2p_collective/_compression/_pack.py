@@ -45,7 +45,16 @@ class Packed:
         chunks: A chunked frame's chunk stream (compressed as it is sent), else None.
     """
 
-    __slots__ = ("__weakref__", "chunks", "codec_seconds", "frame", "plan", "ready", "reasons")
+    __slots__ = (
+        "__weakref__",
+        "chunks",
+        "codec_sample",
+        "codec_seconds",
+        "frame",
+        "plan",
+        "ready",
+        "reasons",
+    )
 
     def __init__(
         self,
@@ -57,6 +66,7 @@ class Packed:
         chunks: ChunkStream | None = None,
     ) -> None:
         self.chunks = chunks
+        self.codec_sample = (0, 0)  # (raw, wire) bytes the codec was tried on
         self.frame = frame
         self.plan = plan
         self.reasons = reasons
@@ -102,8 +112,12 @@ def compress_frame(codec: WireCodec, frame: OutFrame) -> Packed:
     spent = time.perf_counter() - t0
     entries = plan.entries
     reasons = [e.reason for e in entries]
+    tried = [e for e in entries if e.reason in ("", "not_smaller")]
+    sample = (sum(e.raw_bytes for e in tried), sum(e.wire_bytes for e in tried))
     if not any(e.compressed for e in entries):
-        return Packed(frame, None, reasons, time.monotonic(), spent)
+        packed = Packed(frame, None, reasons, time.monotonic(), spent)
+        packed.codec_sample = sample
+        return packed
     metas = list(frame.metas)
     payloads = list(frame.payloads)
     view = frame.view
@@ -125,8 +139,11 @@ def compress_frame(codec: WireCodec, frame: OutFrame) -> Packed:
             small = _inline(replace(frame, metas=metas), head_len, entries)
         finally:
             plan.release_all()  # the bytes were copied into the header message
-        return Packed(small, None, reasons, time.monotonic(), spent)
+        packed = Packed(small, None, reasons, time.monotonic(), spent)
+        packed.codec_sample = sample
+        return packed
     packed = Packed(replace(frame, metas=metas, payloads=payloads), plan, reasons, 0.0, spent)
+    packed.codec_sample = sample
     # A frame dropped unsent (its direction broke or closed) gives its buffers back.
     weakref.finalize(packed, plan.release_all)
     packed.ready = time.monotonic()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 import weakref
 
+from p2p_collective._compression._adaptive import LinkAdvisor
 from p2p_collective._compression._chunks import chunk_frame
 from p2p_collective._compression._pack import Packed, compress_frame
 from p2p_collective._compression._state import WireCodec
+from p2p_collective._compression._stats import WireStats
 from p2p_collective._jobs import Job
 from p2p_collective._payload import OutFrame
 
@@ -23,8 +25,17 @@ class Outgoing:
         self.submitted = time.monotonic()
 
     @classmethod
-    def prepare(cls, codec: WireCodec | None, frame: OutFrame, async_op: bool) -> Outgoing:
+    def prepare(
+        cls,
+        codec: WireCodec | None,
+        frame: OutFrame,
+        async_op: bool,
+        stats: WireStats | None = None,
+    ) -> Outgoing:
         """Compress ``frame`` now (synchronous send), later (asynchronous) or not at all.
+
+        ``stats`` are the sending direction's counters; with ``adaptive`` they hold the
+        link's :class:`LinkAdvisor`, which may send the eligible tensors raw.
 
         Raises:
             CompressionError: A codec failed (synchronous sends only).
@@ -34,6 +45,16 @@ class Outgoing:
         if not any(m.raw_bytes and codec.eligible(m) for m in frame.metas):
             reasons = [codec.raw_reason(m) for m in frame.metas if m.raw_bytes]
             return cls(Packed(frame, None, reasons, 0.0), None)
+        if codec.pipeline.adaptive and stats is not None:
+            if stats.advisor is None:
+                stats.advisor = LinkAdvisor(codec.compressor_threads)
+            if not stats.advisor.decide():  # compression would not pay on this link
+                reasons = [
+                    "adaptive" if codec.eligible(m) else codec.raw_reason(m)
+                    for m in frame.metas
+                    if m.raw_bytes
+                ]
+                return cls(Packed(frame, None, reasons, 0.0), None)
         stream = chunk_frame(codec, frame)
         if stream is not None:  # compressed chunk by chunk, a window ahead of the wire
             packed = Packed(frame, None, [], 0.0, chunks=stream)

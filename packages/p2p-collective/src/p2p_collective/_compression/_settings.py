@@ -21,7 +21,7 @@ MAX_THREADS: Final = 64
 DEFAULT_CHUNK_BYTES: Final = 1 << 20
 MIN_CHUNK_BYTES: Final = 1 << 16
 MAX_CHUNK_BYTES: Final = 1 << 30
-_KEYS: Final = ("overlap", "compressor_threads", "decoder_threads", "chunk_bytes")
+_KEYS: Final = ("overlap", "compressor_threads", "decoder_threads", "chunk_bytes", "adaptive")
 
 
 def _threads(value: object, path: str) -> int:
@@ -65,6 +65,12 @@ class CompressionPipelineConfig:
             while earlier chunks travel), and the receiver decodes chunk *k* while chunk
             *k* + 1 arrives. Keep-if-smaller and raw reasons apply per chunk. 0 turns
             chunking off; else 65536 to 1 GiB. Default 1 MiB.
+        adaptive: Per link, send compressed only where it pays: each sending direction
+            learns its link's delivered rate (an emulated link: its emulated bandwidth)
+            and the codec's throughput and ratio from its own traffic, and sends the
+            eligible tensors raw (reason ``adaptive``) where the codec would not keep
+            ahead of the link or the data does not shrink. The decision and its reason
+            are in the group's ``stats()`` under ``adaptive``. Default false.
 
     Example:
         >>> CompressionPipelineConfig().compressor_threads
@@ -79,12 +85,14 @@ class CompressionPipelineConfig:
     compressor_threads: int = DEFAULT_COMPRESSOR_THREADS
     decoder_threads: int = DEFAULT_DECODER_THREADS
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         _flag(self.overlap, "overlap")
         _threads(self.compressor_threads, "compressor_threads")
         _threads(self.decoder_threads, "decoder_threads")
         _chunk_bytes(self.chunk_bytes, "chunk_bytes")
+        _flag(self.adaptive, "adaptive")
 
     def to_dict(self) -> dict[str, Any]:
         """The section as a plain dict that :func:`parse_compression_pipeline` accepts."""
@@ -93,6 +101,7 @@ class CompressionPipelineConfig:
             "compressor_threads": self.compressor_threads,
             "decoder_threads": self.decoder_threads,
             "chunk_bytes": self.chunk_bytes,
+            "adaptive": self.adaptive,
         }
 
 
@@ -114,6 +123,7 @@ def parse_compression_pipeline(
     sec = _mapping(section, path, _KEYS, "a mapping of keys to values (or omit the section)")
     return CompressionPipelineConfig(
         overlap=_flag(sec.get("overlap", True), f"{path}.overlap"),
+        adaptive=_flag(sec.get("adaptive", False), f"{path}.adaptive"),
         compressor_threads=_threads(
             sec.get("compressor_threads", DEFAULT_COMPRESSOR_THREADS), f"{path}.compressor_threads"
         ),

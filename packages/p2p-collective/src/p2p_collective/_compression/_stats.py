@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2p_collective._compression._adaptive import LinkAdvisor
 from p2p_collective._framing import TensorMeta
 from p2p_compress import CODEC_RAW
 
@@ -25,6 +26,7 @@ class WireStats:
     chunks: int = 0
     compressed_chunks: int = 0
     chunk_raw_reasons: dict[str, int] = field(default_factory=dict)
+    advisor: LinkAdvisor | None = None  # compression_pipeline.adaptive: this link's choice
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(
@@ -82,8 +84,11 @@ class WireStats:
             self.emulated_seconds += emulated
 
     def as_dict(self) -> dict[str, Any]:
+        """The counters (and, when adaptive, ``adaptive``: the link's decision) as a dict."""
+        advisor = self.advisor
+        extra = {} if advisor is None else {"adaptive": advisor.as_dict()}
         with self.lock:
-            return {
+            return extra | {
                 "compressed_tensors": self.compressed_tensors,
                 "raw_tensors": self.raw_tensors,
                 "raw_reasons": dict(self.raw_reasons),

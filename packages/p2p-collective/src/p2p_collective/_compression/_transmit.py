@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -17,7 +18,57 @@ from p2p_collective._compression._stats import WireStats
 from p2p_collective._emulation import LinkPacer
 
 
+class _TimedSend:
+    """A link's send, counting the bytes and the seconds spent in it."""
+
+    __slots__ = ("nbytes", "seconds", "send")
+
+    def __init__(self, send: Callable[[torch.Tensor, float | None, bool], None]) -> None:
+        self.send = send
+        self.nbytes = 0
+        self.seconds = 0.0
+
+    def __call__(self, msg: torch.Tensor, deadline: float | None, header: bool) -> None:
+        t0 = time.perf_counter()
+        self.send(msg, deadline, header)
+        self.seconds += time.perf_counter() - t0
+        self.nbytes += int(msg.numel())
+
+
 def transmit(
+    send: Callable[[torch.Tensor, float | None, bool], None],
+    packed: Packed,
+    pacer: LinkPacer | None,
+    stats: WireStats,
+    deadline: float | None,
+) -> int:
+    """Put a packed frame on the wire, message by message; return the message count.
+
+    With an adaptive link (``stats.advisor``) the link's delivered rate and the codec's
+    figures of this frame are handed to the advisor.
+    """
+    advisor = stats.advisor
+    if advisor is None:
+        return _transmit(send, packed, pacer, stats, deadline)
+    timed = _TimedSend(send)
+    paced = stats.emulated_seconds
+    sent = _transmit(timed, packed, pacer, stats, deadline)
+    paced = stats.emulated_seconds - paced
+    emulated = None
+    if pacer is not None and pacer.bandwidth_mbps is not None:
+        emulated = pacer.bandwidth_mbps * 1e6 / 8
+    advisor.observe_link(timed.nbytes, timed.seconds + paced, emulated)
+    if packed.chunks is not None:
+        for c in packed.chunks.chunks:
+            if c.seconds:
+                advisor.observe_codec(int(c.source.numel()), c.wire_len, c.seconds)
+    elif packed.codec_seconds:
+        raw, wire = packed.codec_sample
+        advisor.observe_codec(raw, wire, packed.codec_seconds)
+    return sent
+
+
+def _transmit(
     send: Callable[[torch.Tensor, float | None, bool], None],
     packed: Packed,
     pacer: LinkPacer | None,
