@@ -18,10 +18,12 @@ KINDS: Final = ("tensor", "tensor_list", "tensor_dict", "dataclass", "object")
 TENSOR_KINDS: Final = ("tensor", "tensor_list", "tensor_dict", "dataclass")
 """Kinds whose size follows the ladder; ``object`` is a small control message of fixed size."""
 
-CODECS: Final = ("raw", "lz4", "zstd", "lz4_whole", "zstd_whole")
+CODECS: Final = ("raw", "lz4", "zstd", "lz4_whole", "zstd_whole", "lz4_auto", "zstd_auto")
 """Modes of the p2p method. ``lz4`` / ``zstd`` are the job defaults (large frames go in
 compressed chunks, pipelined with the wire); ``*_whole`` turn chunking off
-(``compression_pipeline.chunk_bytes: 0``: each tensor compressed whole before it is sent)."""
+(``compression_pipeline.chunk_bytes: 0``: each tensor compressed whole before it is sent);
+``*_auto`` are adaptive (``compression_pipeline.adaptive: true``: raw where compression
+would not pay on the link)."""
 
 DEFAULT_CODECS: Final = ("raw", "lz4", "zstd")
 """What ``--codecs`` runs when not given."""
