@@ -234,29 +234,37 @@ def test_adaptive_switches_both_ways_when_the_emulated_rate_changes(
     assert slow_again["ratio"] > 1.5  # lz4 on token ids
 
 
-def test_the_advisor_learns_then_decides_and_probes_while_raw() -> None:
+def test_the_advisor_learns_then_decides_and_probes_both_ways() -> None:
     from p2p_collective._compression._adaptive import PROBE_EVERY, LinkAdvisor
 
     adv = LinkAdvisor(threads=1)
-    assert adv.decide() is True  # nothing known yet: learn from a compressed frame
-    assert adv.reason == "learning"
+    assert adv.decide() == "probe_link"  # nothing known: a raw frame measures the link
+    assert adv.reason == "learning the link"
+    adv.observe_link(1 << 20, 0.1, None)  # 10 MB/s delivered, raw
+    assert adv.decide() == "compress"  # then a compressed one measures the codec
+    assert adv.reason == "learning the codec"
     adv.observe_codec(1 << 20, 1 << 19, 0.001)  # 1 GB/s, ratio 2
-    adv.observe_link(1 << 20, 0.1, None)  # 10 MB/s delivered
-    assert adv.decide() is True
-    assert adv.reason.startswith("compressed:")
-    adv.observe_link(1 << 20, 1e-4, None)  # a fast link now: EWMA follows within a few
+    adv.observe_link(1 << 19, 1e-5, None, raw=False)  # compressed frames do not count
+    modes = [adv.decide() for _ in range(2 * PROBE_EVERY)]
+    assert adv.reason.startswith("compressed: the codec keeps ahead of the link")
+    assert modes.count("probe_link") == 2  # a real link: a raw frame every PROBE_EVERY
+    assert set(modes) == {"compress", "probe_link"}
     for _ in range(10):
-        adv.observe_link(1 << 20, 1e-4, None)
-    decisions = [adv.decide() for _ in range(2 * PROBE_EVERY)]
+        adv.observe_link(1 << 20, 1e-4, None)  # the link got fast (10 GB/s)
+    modes = [adv.decide() for _ in range(2 * PROBE_EVERY)]
     assert adv.reason.startswith("raw: the link is faster than the codec")
-    assert decisions.count(True) == 2  # one probe every PROBE_EVERY frames
+    assert modes.count("probe_codec") == 2  # one chunk compressed every PROBE_EVERY
+    assert adv.switches == 2  # raw while learning the link, compressed, raw
     adv.observe_link(1 << 20, 1.0, 1e6)  # an emulated 8 Mbit/s link: judged by that rate
-    adv.observe_codec(1 << 20, (1 << 20) - 10, 0.001)  # random data now: no shrink
     for _ in range(10):
-        adv.observe_codec(1 << 20, (1 << 20) - 10, 0.001)
-    assert adv.decide() is False
+        adv.observe_codec(1 << 20, (1 << 20) - 10, 0.001)  # random data now: no shrink
+    assert adv.decide() in ("raw", "probe_codec")
     assert adv.reason.startswith("raw: the data does not shrink")
     assert adv.as_dict()["emulated_mbps"] == 8.0
+    for _ in range(10):
+        adv.observe_codec(1 << 20, 1 << 18, 0.001)  # it shrinks again
+    assert adv.decide() == "compress"  # emulated: no raw link probes needed
+    assert adv.as_dict()["decision"] == "compressed"
 
 
 def test_adaptive_is_validated() -> None:

@@ -3,18 +3,23 @@
 With ``compression_pipeline.adaptive: true`` each sending direction (one link) keeps a
 :class:`LinkAdvisor`. It learns, from the frames it sends:
 
-* the link's delivered rate: wire bytes over the time spent putting them on the link
-  (the transport's send calls and, on an emulated link, pacing); an emulated link is
-  judged by its emulated bandwidth instead, which is what it stands for;
+* the link's delivered rate: bytes over the time spent putting them on the link (the
+  transport's send calls and, on an emulated link, pacing), from frames sent raw only
+  (a compressed stream is slowed by the receiver's decoding, which is not the link);
+  an emulated link is judged by its emulated bandwidth instead, which is what it
+  stands for;
 * the codec's throughput (raw bytes per second of compressing, per compressor thread,
   times the threads that compress chunks in parallel) and its ratio on this link's data.
 
 A frame goes compressed when the codec keeps ahead of the link and shrinks the data:
 ``ratio >= MIN_RATIO`` and ``codec rate >= MARGIN * link rate`` (with chunked frames the
 codec and the wire overlap, so the slower of the two sets the pace). Otherwise its
-eligible tensors go raw with the reason ``adaptive``. While sending raw, every
-``PROBE_EVERY``-th frame with eligible tensors is compressed anyway, so a change of data
-or link is noticed both ways. The decision and its reason are in ``stats()``.
+eligible tensors go raw with the reason ``adaptive``. The first frame goes raw (learning
+the link), the next compressed (learning the codec). Every ``PROBE_EVERY``-th frame
+probes the other way: while sending raw, one chunk (or a frame too small for chunks) is
+compressed to refresh the codec's figures; while compressing over a real (not emulated)
+link, one frame goes raw to refresh the link's rate. So a change of data or link is
+noticed both ways. The decision and its reason are in ``stats()``.
 """
 
 from __future__ import annotations
@@ -49,16 +54,21 @@ class LinkAdvisor:
         self.emulated_bps: float | None = None  # the emulated link's bandwidth, if any
         self.codec_bps: float | None = None  # raw bytes per second, one thread
         self.ratio: float | None = None  # raw / wire
-        self.compress = True
-        self.reason = "learning"
-        self._raw_frames = 0
+        self.compress = False
+        self.reason = "learning the link"
+        self._frames = 0
         self.switches = 0
 
-    def observe_link(self, nbytes: int, seconds: float, emulated_bps: float | None) -> None:
-        """A frame's wire bytes took ``seconds`` on the link (sends and pacing)."""
+    def observe_link(
+        self, nbytes: int, seconds: float, emulated_bps: float | None, raw: bool = True
+    ) -> None:
+        """A frame's wire bytes took ``seconds`` on the link (sends and pacing).
+
+        Only raw frames (``raw``) update the delivered rate.
+        """
         with self._lock:
             self.emulated_bps = emulated_bps
-            if nbytes >= MIN_OBSERVED_BYTES and seconds > 0:
+            if raw and nbytes >= MIN_OBSERVED_BYTES and seconds > 0:
                 self.link_bps = _blend(self.link_bps, nbytes / seconds)
 
     def observe_codec(self, raw: int, wire: int, seconds: float) -> None:
@@ -69,26 +79,40 @@ class LinkAdvisor:
             self.codec_bps = _blend(self.codec_bps, raw / seconds)
             self.ratio = _blend(self.ratio, raw / wire)
 
-    def decide(self) -> bool:
-        """Whether the next frame with eligible tensors goes compressed."""
+    def decide(self) -> str:
+        """How the next frame with eligible tensors goes.
+
+        Returns:
+            ``"compress"``, ``"raw"``, ``"probe_codec"`` (mostly raw, but compress a
+            little to refresh the codec's figures) or ``"probe_link"`` (raw, to refresh
+            the link's rate).
+        """
         with self._lock:
             compress, reason = self._judge()
             if compress != self.compress:
                 self.switches += 1
+                self._frames = 0
             self.compress, self.reason = compress, reason
+            self._frames += 1
+            probe = self._frames % PROBE_EVERY == 0
             if compress:
-                self._raw_frames = 0
-                return True
-            self._raw_frames += 1
-            if self._raw_frames >= PROBE_EVERY:  # refresh the codec's figures
-                self._raw_frames = 0
-                return True
-            return False
+                if self.link_bps is None and self.emulated_bps is None:
+                    return "probe_link"
+                if probe and self.emulated_bps is None:
+                    return "probe_link"
+                return "compress"
+            if self.link_bps is None and self.emulated_bps is None:
+                return "probe_link"
+            if self.codec_bps is None or probe:
+                return "probe_codec"
+            return "raw"
 
     def _judge(self) -> tuple[bool, str]:
         link = self.emulated_bps if self.emulated_bps is not None else self.link_bps
-        if link is None or self.codec_bps is None or self.ratio is None:
-            return True, "learning"
+        if link is None:
+            return False, "learning the link"
+        if self.codec_bps is None or self.ratio is None:
+            return True, "learning the codec"
         codec = self.codec_bps * self._threads
         figures = (
             f"link {link * 8 / 1e6:.0f} Mbit/s, codec {codec * 8 / 1e6:.0f} Mbit/s,"

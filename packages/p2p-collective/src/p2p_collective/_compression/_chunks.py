@@ -146,11 +146,13 @@ class ChunkStream:
         return tensors, Counter(c.reason for c in self.chunks if c.reason)
 
 
-def chunk_frame(codec: WireCodec, frame: OutFrame) -> ChunkStream | None:
+def chunk_frame(codec: WireCodec, frame: OutFrame, probe: bool = False) -> ChunkStream | None:
     """The chunk stream of ``frame`` when it is large enough to be chunked, else None.
 
     Marks the frame's header ``Flag.CHUNKED`` (its entries stay raw) and queues the
-    compression of the first chunks (a window ahead).
+    compression of the first chunks (a window ahead). With ``probe`` only the first
+    eligible chunk is compressed (an adaptive link sending raw, refreshing the codec's
+    figures); the others go raw with the reason ``adaptive``.
     """
     size = codec.pipeline.chunk_bytes
     if not size or not frame.payloads:
@@ -160,11 +162,16 @@ def chunk_frame(codec: WireCodec, frame: OutFrame) -> ChunkStream | None:
     if sum(m.raw_bytes for m, ok in zip(with_bytes, eligible, strict=True) if ok) < 2 * size:
         return None
     chunks: list[Chunk] = []
+    tried = False  # probe: the one chunk to compress is taken
     for i, (payload, meta, ok) in enumerate(zip(frame.payloads, with_bytes, eligible, strict=True)):
         step = size if ok else meta.raw_bytes
         for off in range(0, meta.raw_bytes, step):
             reason = "" if ok else codec.raw_reason(meta)
-            chunks.append(Chunk(i, payload[off : off + step], ok, reason))
+            try_it = ok and not (probe and tried)
+            tried = tried or try_it
+            if ok and not try_it:
+                reason = "adaptive"
+            chunks.append(Chunk(i, payload[off : off + step], try_it, reason))
     patch_flags(frame.view, Flag.CHUNKED)
     stream = ChunkStream(codec, chunks, window=max(2, 2 * codec.compressor_threads))
     stream.start(stream.window)

@@ -48,13 +48,20 @@ class Outgoing:
         if codec.pipeline.adaptive and stats is not None:
             if stats.advisor is None:
                 stats.advisor = LinkAdvisor(codec.compressor_threads)
-            if not stats.advisor.decide():  # compression would not pay on this link
+            mode = stats.advisor.decide()
+            if mode in ("raw", "probe_link"):  # compression would not pay on this link
                 reasons = [
                     "adaptive" if codec.eligible(m) else codec.raw_reason(m)
                     for m in frame.metas
                     if m.raw_bytes
                 ]
                 return cls(Packed(frame, None, reasons, 0.0), None)
+            if mode == "probe_codec":  # one chunk is enough to refresh the codec's figures
+                stream = chunk_frame(codec, frame, probe=True)
+                if stream is not None:
+                    packed = Packed(frame, None, [], 0.0, chunks=stream)
+                    weakref.finalize(packed, stream.abandon)
+                    return cls(packed, None)
         stream = chunk_frame(codec, frame)
         if stream is not None:  # compressed chunk by chunk, a window ahead of the wire
             packed = Packed(frame, None, [], 0.0, chunks=stream)

@@ -57,7 +57,11 @@ def transmit(
     emulated = None
     if pacer is not None and pacer.bandwidth_mbps is not None:
         emulated = pacer.bandwidth_mbps * 1e6 / 8
-    advisor.observe_link(timed.nbytes, timed.seconds + paced, emulated)
+    if packed.chunks is not None:
+        sent_raw = not any(c.codec_id for c in packed.chunks.chunks)
+    else:
+        sent_raw = not any(m.codec_id for m in packed.frame.metas)
+    advisor.observe_link(timed.nbytes, timed.seconds + paced, emulated, sent_raw)
     if packed.chunks is not None:
         for c in packed.chunks.chunks:
             if c.seconds:
