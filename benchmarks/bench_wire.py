@@ -46,10 +46,14 @@ OVERLAP_KINDS = ("int64_token_ids", "sparse_float32")
 TIMEOUT = 600.0
 
 
-def _cluster(link: str, codec: str) -> dict[str, Any]:
+def _cluster(link: str, codec: str, overlap: bool = True, threads: int = 0) -> dict[str, Any]:
     cluster: dict[str, Any] = {"collective": {}}
     if CODECS[codec] is not None:
         cluster["collective"]["tensor_compression"] = CODECS[codec]
+        pipeline: dict[str, Any] = {"overlap": overlap}
+        if threads:
+            pipeline["compressor_threads"] = threads
+        cluster["collective"]["compression_pipeline"] = pipeline
     if LINKS[link] is not None:
         cluster["net_emulation"] = {"bandwidth_mbps": LINKS[link], "delay_ms": 0}
     return cluster
@@ -88,34 +92,28 @@ def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    from p2p_collective import (
-        Collective,
-        _compression,
-        parse_collective_config,
-        parse_net_emulation,
-    )
+    from p2p_collective import Collective, parse_collective_config, parse_net_emulation
     from p2p_compress import make_synthetic_tensor
 
     torch.set_num_threads(1)
-    if args["compressor_threads"]:
-        _compression.COMPRESSOR_THREADS = args["compressor_threads"]
     store = dist.TCPStore(
         "127.0.0.1", store_port, is_master=False, timeout=datetime.timedelta(seconds=TIMEOUT)
     )
     me, peer = ("tx", "rx") if role == "tx" else ("rx", "tx")
-    colls: dict[tuple[str, str], Any] = {}
-    groups: dict[tuple[str, str], Any] = {}
+    colls: dict[tuple[str, str, bool], Any] = {}
+    groups: dict[tuple[str, str, bool], Any] = {}
 
-    def group(link: str, codec: str) -> Any:
-        key = (link, codec)
+    def group(link: str, codec: str, overlap: bool) -> Any:
+        key = (link, codec, overlap)
         if key not in groups:
-            cluster = _cluster(link, codec)
+            cluster = _cluster(link, codec, overlap, args["compressor_threads"])
             cfg = parse_collective_config(cluster["collective"], "cluster.collective")
             net = parse_net_emulation(cluster.get("net_emulation"), "cluster.net_emulation")
             cfg = dataclasses.replace(cfg, net_emulation=net)
-            name = f"{me}/{link}/{codec}"
+            name = f"{me}/{link}/{codec}/{'ov' if overlap else 'inline'}"
             colls[key] = Collective(name, store, config=cfg, timeout=TIMEOUT)
-            groups[key] = colls[key].create_collective_group([name, f"{peer}/{link}/{codec}"])
+            peer_name = f"{peer}/{link}/{codec}/{'ov' if overlap else 'inline'}"
+            groups[key] = colls[key].create_collective_group([name, peer_name])
         return groups[key]
 
     size, count = args["size"], args["messages"]
@@ -130,8 +128,7 @@ def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
         store.wait([f"bw/{key}/tx", f"bw/{key}/rx"], datetime.timedelta(seconds=TIMEOUT))
 
     def run_cell(cell: dict[str, Any], key: str, n: int) -> dict[str, Any] | None:
-        _compression.OVERLAP = cell["overlap"]
-        g = group(cell["link"], cell["codec"])
+        g = group(cell["link"], cell["codec"], cell["overlap"])
         if role == "rx":
             works = [g.recv(async_op=True, timeout=TIMEOUT) for _ in range(n)]
             barrier(key)

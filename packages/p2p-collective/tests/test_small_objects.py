@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from p2p_collective import Collective, CollectiveGroup, FramingError, parse_collective_config
-from p2p_collective._framing import COMPRESSIBLE_INLINE_MAX, FIXED, HEADER_MAX, Kind, parse_fixed
+from p2p_collective._framing import FIXED, HEADER_MAX, Flag, Kind, parse_fixed
 from p2p_collective._payload import SMALL_OBJECT_MAX, encode, encode_small, encode_small_tensor
 
 
@@ -250,34 +250,101 @@ def test_a_small_tensor_is_copied_when_send_is_called(
     assert torch.equal(group.recv(), torch.ones(2))
 
 
-# -- how large a frame travels inline ------------------------------------------------------
+# -- how large a frame travels inline, and min_bytes inside it --------------------------------
 
 ZSTD = parse_collective_config({"tensor_compression": {"codec": "zstd", "excluded_dtypes": []}})
+LZ4_DEFAULT = parse_collective_config({"tensor_compression": {"codec": "lz4"}})
 
 
 @pytest.mark.parametrize(
-    ("looped", "messages", "reason"),
-    [(None, 1, "disabled"), (ZSTD, 2, None)],
+    ("looped", "reason"),
+    [(None, "disabled"), (ZSTD, None)],
     ids=["no-compression", "zstd"],
     indirect=["looped"],
 )
-def test_a_100_kib_tensor_is_inline_unless_compression_applies_to_it(
-    looped: tuple[CollectiveGroup, LoopLink], messages: int, reason: str | None
+def test_a_100_kib_tensor_is_one_message_and_compressed_inside_it_when_configured(
+    looped: tuple[CollectiveGroup, LoopLink], reason: str | None
 ) -> None:
-    # Frames up to HEADER_MAX (128 KiB) are one message; with compression configured only
-    # up to COMPRESSIBLE_INLINE_MAX (64 KiB), so a 100 KiB tensor is still compressed.
+    # Frames up to HEADER_MAX (128 KiB) are one message, with or without compression;
+    # with compression the eligible tensor's bytes ride there compressed.
     group, link = looped
     t = torch.zeros(100 * 1024 // 8, dtype=torch.int64)
-    assert COMPRESSIBLE_INLINE_MAX < t.numel() * 8 + FIXED.size + 64 < HEADER_MAX
+    assert t.numel() * 8 + FIXED.size + 64 < HEADER_MAX
     group.send({"ids": t})
-    assert len(link.sent) == messages
+    assert len(link.sent) == 1
     first = link.sent[0].numel()
     got = group.recv()
     assert torch.equal(got["ids"], t)
     stats = group.stats()["send"]
     if reason is None:
         assert stats["compressed_tensors"] == 1
-        assert stats["wire_bytes"] < t.numel()  # zeros: zstd shrinks them to almost nothing
+        assert stats["wire_bytes"] == first < t.numel()  # zstd shrinks zeros to almost nothing
     else:
         assert stats["raw_reasons"] == {reason: 1}
         assert stats["wire_bytes"] == first > t.numel() * 8
+
+
+@pytest.mark.parametrize("kib", [16, 32, 60, 127])
+@pytest.mark.parametrize("as_dict", [False, True], ids=["tensor", "dict"])
+@pytest.mark.parametrize("looped", [LZ4_DEFAULT], ids=["lz4-defaults"], indirect=True)
+def test_min_bytes_is_the_only_size_rule_for_small_frames(
+    looped: tuple[CollectiveGroup, LoopLink], kib: int, as_dict: bool
+) -> None:
+    # Issue 21: a 32 KiB all-zero int64 tensor used to go raw ("inline") at the default
+    # min_bytes of 16 KiB; every tensor of at least min_bytes is now a candidate.
+    group, link = looped
+    t = torch.zeros(kib * 1024 // 8, dtype=torch.int64)
+    payload: Any = {"ids": t} if as_dict else t
+    group.send(payload)
+    assert len(link.sent) == 1  # still one message: the compressed bytes ride inline
+    hdr = parse_fixed(link.sent[0].numpy().data, 0, "b")
+    assert hdr.flags & Flag.INLINE
+    got = group.recv()
+    assert torch.equal(got["ids"] if as_dict else got, t)
+    stats = group.stats()["send"]
+    assert (stats["compressed_tensors"], stats["raw_reasons"]) == (1, {})
+    assert stats["tensor_wire_bytes"] * 50 < t.numel() * 8
+    assert group.stats()["recv"]["compressed_tensors"] == 1
+
+
+@pytest.mark.parametrize("looped", [LZ4_DEFAULT], ids=["lz4-defaults"], indirect=True)
+def test_below_min_bytes_excluded_and_incompressible_small_tensors_say_why(
+    looped: tuple[CollectiveGroup, LoopLink],
+) -> None:
+    group, link = looped
+    gen = torch.Generator().manual_seed(3)
+    payloads = [
+        torch.zeros(16 * 1024 // 8 - 1, dtype=torch.int64),  # 8 bytes under min_bytes
+        torch.zeros(8 * 1024, dtype=torch.float32),  # 32 KiB, float32 excluded by default
+        torch.randint(0, 256, (40 * 1024,), dtype=torch.uint8, generator=gen),  # random
+        [torch.zeros(4096, dtype=torch.int64), torch.zeros(1000, dtype=torch.int64)],
+    ]
+    for p in payloads:
+        group.send(p)
+        got = group.recv()
+        if isinstance(p, list):
+            assert all(torch.equal(a, b) for a, b in zip(got, p, strict=True))
+        else:
+            assert torch.equal(got, p)
+    assert len(link.sent) == 0
+    stats = group.stats()["send"]
+    assert stats["raw_reasons"] == {"below_min_bytes": 2, "excluded_dtype": 1, "not_smaller": 1}
+    assert stats["compressed_tensors"] == 1  # the 32 KiB zeros of the list
+    assert "inline" not in stats["raw_reasons"]
+
+
+@pytest.mark.parametrize("looped", [ZSTD], ids=["zstd"], indirect=True)
+def test_payload_frames_that_compress_into_the_header_become_one_message(
+    looped: tuple[CollectiveGroup, LoopLink],
+) -> None:
+    group, link = looped
+    # 1.5 MiB of zeros (below two chunks: compressed whole): a few hundred bytes in zstd
+    t = torch.zeros(3 << 16, dtype=torch.int64)
+    group.send([t, torch.arange(10)])
+    assert len(link.sent) == 1
+    got = group.recv()
+    assert torch.equal(got[0], t)
+    assert torch.equal(got[1], torch.arange(10))
+    pool = group._wire.pool.stats() if group._wire is not None else None
+    assert pool is not None
+    assert pool["active_bytes"] == 0

@@ -16,12 +16,12 @@ from p2p_collective._compression import (
     Outgoing,
     WireCodec,
     WireStats,
+    check_entries,
     check_peer_wire_config,
     compress_frame,
     transmit,
     wire_fingerprint,
 )
-from p2p_collective._decoding import check_entries
 from p2p_collective._framing import FIXED, parse_fixed, parse_meta
 from p2p_collective._jobs import Job
 from p2p_collective._payload import encode
@@ -69,7 +69,7 @@ def test_a_compressed_frame_parses_back_to_its_patched_metadata() -> None:
 
 def test_a_frame_dropped_unsent_gives_its_buffers_back() -> None:
     wire = codec({"codec": "lz4"})
-    out = Outgoing.prepare(wire, encode(wt.compressible(512 * KiB)), async_op=True)
+    out = Outgoing.prepare(wire, encode(wt.token_ids(512 * KiB)), async_op=True)
     assert out.resolve(None).plan is not None
     assert wire.pool.stats()["active_bytes"] > 0
     del out  # its direction broke or closed before sending it
@@ -103,16 +103,17 @@ def test_the_fingerprint_covers_the_frame_version_and_the_compression_section_on
     c = parse_tensor_compression({"codec": "zstd", "level": 3})
     assert wire_fingerprint(a) == wire_fingerprint(b)
     assert wire_fingerprint(a) != wire_fingerprint(c)
-    assert wire_fingerprint(None) == '{"frame_version":4,"tensor_compression":null}'
+    assert wire_fingerprint(None) == '{"frame_version":5,"tensor_compression":null}'
 
 
 @pytest.mark.parametrize(
     ("theirs", "says"),
     [
-        ('{"frame_version":3,"tensor_compression":null}', "frame version 4 here, 3 at 'b'"),
-        ('{"tensor_compression":null}', "frame version 4 here, older than 4 at 'b'"),
+        ('{"frame_version":4,"tensor_compression":null}', "frame version 5 here, 4 at 'b'"),
+        ('{"frame_version":3,"tensor_compression":null}', "frame version 5 here, 3 at 'b'"),
+        ('{"tensor_compression":null}', "frame version 5 here, older than 4 at 'b'"),
     ],
-    ids=["v3", "before-versions"],
+    ids=["v4-before-chunked-frames", "v3", "before-versions"],
 )
 def test_a_peer_on_another_wire_protocol_is_named_at_setup(theirs: str, says: str) -> None:
     store = dist.HashStore()

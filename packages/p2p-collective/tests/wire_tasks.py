@@ -67,6 +67,13 @@ def compressible(n: int, dtype: torch.dtype = torch.int64, seed: int = 0) -> tor
     return flat.view(dtype)
 
 
+def token_ids(n: int, seed: int = 0) -> torch.Tensor:
+    """``n`` bytes of int64 token ids: lz4 shrinks them about 2x, zstd about 4x."""
+    from p2p_compress import make_synthetic_tensor
+
+    return make_synthetic_tensor("int64_token_ids", n, seed=seed)
+
+
 def random_bytes(n: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8)
@@ -273,21 +280,22 @@ def t_first_op(ctx: PeerContext, tag: str, cluster: dict[str, Any], op: str) -> 
 
 def t_send_corrupted(ctx: PeerContext, tag: str, cluster: dict[str, Any], index: int) -> str:
     """Send a list whose compressed tensor ``index`` is garbled after compression."""
-    from p2p_collective import _compression
+    from p2p_collective._compression import _schedule
 
     g = group(ctx, tag, cluster)
-    original = _compression.compress_frame
+    original = _schedule.compress_frame
 
     def corrupt(codec: Any, frame: Any) -> Any:
         packed = original(codec, frame)
         packed.frame.payloads[index].fill_(0xFF)  # a pooled buffer, not the user's tensor
         return packed
 
-    _compression.compress_frame = corrupt  # type: ignore[assignment]
+    _schedule.compress_frame = corrupt  # type: ignore[assignment]
     try:
-        g.send([compressible(256 * KiB, seed=i) for i in range(3)], timeout=60)
+        # about 2x in lz4: three of them stay payload messages (not inline)
+        g.send([token_ids(256 * KiB, seed=i) for i in range(3)], timeout=60)
     finally:
-        _compression.compress_frame = original  # type: ignore[assignment]
+        _schedule.compress_frame = original  # type: ignore[assignment]
     ctx.barrier(tag + "/corrupt")
     # a second group of the same two Collectives is unaffected
     other = collective(ctx, tag, cluster).create_collective_group(

@@ -14,6 +14,7 @@ Example:
 """
 
 from p2p_collective._collective import Collective
+from p2p_collective._compression import CompressionPipelineConfig
 from p2p_collective._config import (
     DEFAULT_INIT_TIMEOUT,
     DEFAULT_OP_TIMEOUT,
@@ -50,6 +51,7 @@ __all__ = [
     "Store",
     "CollectiveConfig",
     "NetEmulationConfig",
+    "CompressionPipelineConfig",
     "LinkEmulation",
     "EMULATED_WINDOW_BYTES",
     "parse_collective_config",

@@ -152,7 +152,9 @@ class Collective:
             # A missing codec library fails here, when the job's config is loaded; native
             # contexts come with the first eligible tensor, the pool starts empty.
             probe_codec_library(compression.codec_name)
-            self._wire = WireCodec(compression, self.config.buffer_pool)
+            self._wire = WireCodec(
+                compression, self.config.buffer_pool, self.config.compression_pipeline
+            )
         self._links = LinkFactory(
             host,
             self.name,

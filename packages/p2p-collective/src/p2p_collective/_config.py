@@ -13,6 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2p_collective._compression._settings import (
+    CompressionPipelineConfig,
+    parse_compression_pipeline,
+)
 from p2p_collective._emulation import NetEmulationConfig as NetEmulationConfig
 from p2p_collective._emulation import parse_net_emulation as parse_net_emulation
 from p2p_collective._plain import parse_allowlist_entry
@@ -101,6 +105,8 @@ class CollectiveConfig:
     Attributes:
         compression: Tensor compression on the wire, or None for raw.
         buffer_pool: Bound on the pooled compression buffers of one process.
+        compression_pipeline: Threads and overlap of the codec work (used only with
+            ``compression``).
         net_emulation: Link emulation, paced at each sender, or None.
         init_timeout: Seconds the first operation of each direction waits for the peer
             to join that direction (None: no limit). Default 60.
@@ -126,6 +132,9 @@ class CollectiveConfig:
 
     compression: TensorCompressionConfig | None = None
     buffer_pool: TensorBufferPoolConfig = field(default_factory=TensorBufferPoolConfig)
+    compression_pipeline: CompressionPipelineConfig = field(
+        default_factory=CompressionPipelineConfig
+    )
     net_emulation: NetEmulationConfig | None = None
     init_timeout: float | None = DEFAULT_INIT_TIMEOUT
     op_timeout: float | None = DEFAULT_OP_TIMEOUT
@@ -135,6 +144,10 @@ class CollectiveConfig:
     object_allowlist: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.compression_pipeline, CompressionPipelineConfig):
+            raise _fail(
+                "compression_pipeline", self.compression_pipeline, "a CompressionPipelineConfig"
+            )
         _timeout(self.init_timeout, "init_timeout")
         _timeout(self.op_timeout, "op_timeout")
         _nonneg_int(self.recv_buffer_cache_bytes, "recv_buffer_cache_bytes")
@@ -149,6 +162,7 @@ class CollectiveConfig:
         """The ``cluster.collective`` section as a plain dict (net_emulation is separate)."""
         out: dict[str, Any] = {
             "tensor_buffer_pool": self.buffer_pool.to_dict(),
+            "compression_pipeline": self.compression_pipeline.to_dict(),
             "init_timeout": self.init_timeout,
             "op_timeout": self.op_timeout,
             "recv_buffer_cache_bytes": self.recv_buffer_cache_bytes,
@@ -167,7 +181,9 @@ def parse_collective_config(
     """Parse the ``cluster.collective`` section.
 
     Keys: ``tensor_compression`` and ``tensor_buffer_pool`` (seed 000, parsed by
-    p2p-compress), ``init_timeout`` and ``op_timeout`` (seconds or null),
+    p2p-compress), ``compression_pipeline`` (``overlap``, ``compressor_threads``,
+    ``decoder_threads``: how codec work is scheduled), ``init_timeout`` and
+    ``op_timeout`` (seconds or null),
     ``recv_buffer_cache_bytes`` (integer >= 0), ``shared_memory`` (true/false),
     ``object_policy`` (``pickle`` or ``plain``) and ``object_allowlist`` (a list of
     ``"package.module:ClassName"`` dataclasses that ``plain`` also accepts).
@@ -194,6 +210,7 @@ def parse_collective_config(
     keys = (
         "tensor_compression",
         "tensor_buffer_pool",
+        "compression_pipeline",
         "init_timeout",
         "op_timeout",
         "recv_buffer_cache_bytes",
@@ -211,6 +228,9 @@ def parse_collective_config(
         ),
         buffer_pool=parse_tensor_buffer_pool(
             sec.get("tensor_buffer_pool"), f"{path}.tensor_buffer_pool"
+        ),
+        compression_pipeline=parse_compression_pipeline(
+            sec.get("compression_pipeline"), f"{path}.compression_pipeline"
         ),
         init_timeout=_timeout(
             sec.get("init_timeout", DEFAULT_INIT_TIMEOUT), f"{path}.init_timeout"

@@ -302,6 +302,7 @@ class LinkPacer:
         self.byte_ps = round(self._byte_s * 1e12)
         """Picoseconds per byte, as the frame header carries it (0: unlimited)."""
         self._delay_s = link.delay_ms / 1000.0
+        self._window_bytes = window_bytes
         self._window_s = window_bytes * self._byte_s
         self._credit_s = self._delay_s + self._window_s
         self._free_at = 0.0
@@ -359,6 +360,43 @@ class LinkPacer:
             hold = max(math.ceil((first - time.monotonic()) * 1e6), 0)
             patch_arrival(header, max(int(first * 1e9), 1), hold, self.byte_ps)
         return slept
+
+    def set_bandwidth(self, mbps: float | None) -> None:
+        """Change the link's bandwidth from the next frame on (None: unlimited).
+
+        Raises:
+            ConfigError: ``mbps`` is not a number > 0 or None.
+        """
+        _bandwidth(mbps, "bandwidth_mbps")
+        self.bandwidth_mbps = mbps
+        self._byte_s = 0.0 if mbps is None else 8.0 / (mbps * 1e6)
+        self.byte_ps = round(self._byte_s * 1e12)
+        self._window_s = self._window_bytes * self._byte_s
+        self._credit_s = self._delay_s + self._window_s
+
+    def schedule(self, nbytes: int, ready: float, deadline: float | None) -> tuple[int, int, float]:
+        """Schedule one message of a chunked frame; wait until the sender may send it.
+
+        Like :meth:`release` for a frame of one message, but returns when the message's
+        *last* byte arrives, for the receiver to hold it until then.
+
+        Returns:
+            ``(arrive_ns, hold_us, slept)``: the arrival (ns of ``CLOCK_MONOTONIC``),
+            the same as microseconds from now, and the seconds waited.
+
+        Raises:
+            CollectiveTimeoutError, GroupClosedError: As :meth:`release`.
+        """
+        now = time.monotonic()
+        start = max(ready, self._free_at, now - self._credit_s)
+        self._free_at = start + nbytes * self._byte_s
+        end = self._free_at + self._delay_s
+        slept = _hold(
+            self._closed, self._free_at - self._window_s, deadline, f"emulated link {self.name}"
+        )
+        self.slept_seconds += slept
+        hold = min(max(math.ceil((end - time.monotonic()) * 1e6), 0), (1 << 32) - 1)
+        return max(int(end * 1e9), 1), hold, slept
 
     def close(self) -> None:
         """Wake a pacing sender; it fails with :class:`GroupClosedError`."""

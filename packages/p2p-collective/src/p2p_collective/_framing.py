@@ -20,7 +20,10 @@ Wire layout of one frame (all integers little-endian)::
       then, unless Flag.EXT: metadata (meta_len bytes), then object (obj_len bytes)
       then, with Flag.INLINE: every tensor's wire bytes, in metadata order
     extension message (only with Flag.EXT): metadata + object, meta_len + obj_len bytes
-    unless Flag.INLINE: one payload message per tensor whose wire_bytes > 0, in order
+    unless Flag.INLINE: one payload message per tensor whose wire_bytes > 0, in order;
+      with Flag.CHUNKED instead, per such tensor its chunks, each a 32-byte chunk
+      descriptor message (codec, raw and wire size, emulated arrival) then, unless
+      empty, the chunk's wire bytes; entries then read raw (codec 0, wire = raw bytes)
 
 A frame whose parts all fit in HEADER_MAX bytes is therefore one gloo message.
 
@@ -48,9 +51,10 @@ MAGIC = b"P2PF"
 NO_MAGIC = bytes(4)
 """Written over a receive buffer's magic before it is posted: a short stray message
 must not leave an old header there."""
-FRAME_VERSION = 4
-"""4: header messages travel under their own gloo tag and may be 128 KiB (3: one tag,
-64 KiB). The bytes of a frame are laid out as in 3."""
+FRAME_VERSION = 5
+"""5: chunked frames (``Flag.CHUNKED``: each tensor's bytes travel as chunks, each after a
+32-byte chunk descriptor; see ``p2p_collective._compression._chunks``). 4: header messages
+travel under their own gloo tag and may be 128 KiB (3: one tag, 64 KiB)."""
 HEADER_MAX = 1 << 17
 """Bytes the receiver posts for every header message; a header message never exceeds it.
 
@@ -58,9 +62,6 @@ HEADER_MAX = 1 << 17
 loopback gloo moves a 64 KiB tensor at 0.6-0.9x a raw gloo message's rate, where a
 header plus a payload message (and the "ready" notification the payload waits for)
 reached 0.3-0.6x."""
-COMPRESSIBLE_INLINE_MAX = 1 << 16
-"""With compression configured, frames inline only up to this size (64 KiB): larger
-tensors stay payload messages that the compression rules apply to."""
 
 FIXED = struct.Struct("<4sBBHQIIQQQII")
 SEQ_OFFSET = 8  # byte offset of ``seq`` inside FIXED, patched just before sending
@@ -108,9 +109,10 @@ class Flag:
     NAMES = 0x2  # a names section follows the tensor entries
     ORDERED = 0x4  # the dict is a collections.OrderedDict
     INLINE = 0x8  # the tensors' bytes follow the object inside the header message
+    CHUNKED = 0x10  # each tensor's bytes travel as chunks, each after a chunk descriptor
 
 
-_KNOWN_FLAGS = Flag.EXT | Flag.NAMES | Flag.ORDERED | Flag.INLINE
+_KNOWN_FLAGS = Flag.EXT | Flag.NAMES | Flag.ORDERED | Flag.INLINE | Flag.CHUNKED
 
 
 class Device:
@@ -300,6 +302,16 @@ def patch_wire_total(buf: memoryview, total: int) -> None:
     _SEQ.pack_into(buf, _WIRE_TOTAL, total)
 
 
+_FLAGS = struct.Struct("<H")
+_FLAGS_OFFSET = struct.calcsize("<4sBB")  # offset of flags inside FIXED
+
+
+def patch_flags(buf: memoryview, set_bits: int) -> None:
+    """Set ``set_bits`` in the ``flags`` of a packed fixed header (others are kept)."""
+    (flags,) = _FLAGS.unpack_from(buf, _FLAGS_OFFSET)
+    _FLAGS.pack_into(buf, _FLAGS_OFFSET, flags | set_bits)
+
+
 def looks_like_header(buf: memoryview, expected_seq: int) -> bool:
     """Whether ``buf`` starts with a frame header for ``expected_seq`` (desync probe)."""
     if len(buf) < FIXED.size or bytes(buf[:4]) != MAGIC:
@@ -342,7 +354,7 @@ def parse_fixed(buf: memoryview, expected_seq: int, peer: str) -> FixedHeader:
         )
     if kind not in KIND_NAMES:
         raise FramingError(f"frame from {peer!r} has unknown payload kind {kind}")
-    if flags & ~_KNOWN_FLAGS or (flags & Flag.EXT and flags & Flag.INLINE):
+    if flags & ~_KNOWN_FLAGS or (flags & Flag.INLINE and flags & (Flag.EXT | Flag.CHUNKED)):
         raise FramingError(f"frame from {peer!r} has unknown or conflicting flags {flags:#x}")
     if n_tensors > MAX_TENSORS or meta_len > MAX_META or obj_len > MAX_BYTES:
         raise FramingError(

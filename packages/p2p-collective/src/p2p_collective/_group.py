@@ -30,7 +30,6 @@ from p2p_collective._errors import (
     ObjectRefusedError,
 )
 from p2p_collective._framing import (
-    COMPRESSIBLE_INLINE_MAX,
     FIXED,
     HEADER_MAX,
     KIND_NAMES,
@@ -226,11 +225,11 @@ class CollectiveGroup:
         self._send = _Side(self, "send")
         self._recv = _Side(self, "recv")
         if wire is None and config.compression is not None:
-            wire = WireCodec(config.compression, config.buffer_pool)
+            wire = WireCodec(config.compression, config.buffer_pool, config.compression_pipeline)
         self._wire = wire  # shared by the Collective's groups: pool, codec provider, threads
-        # Frames up to this size travel inline (one message); with compression configured
-        # only up to 64 KiB, so larger tensors keep the compression rules.
-        self._inline_max = HEADER_MAX if wire is None else COMPRESSIBLE_INLINE_MAX
+        # Frames up to this size travel inline (one message); eligible tensors are
+        # compressed inside them too (min_bytes is the only size rule).
+        self._inline_max = HEADER_MAX
         self.wire_fingerprint = wire_fingerprint(config.compression)
         # Link emulation paces this side's sends: the directed link self -> peer.
         self._pacer = LinkPacer.create(config.net_emulation, self_name, peer_name)
@@ -310,7 +309,8 @@ class CollectiveGroup:
             )
         if small is None and isinstance(obj, torch.Tensor) and self._pacer is None:
             lean = encode_small_tensor(obj, inline_max=self._inline_max)
-            if lean is not None:  # one tensor that fits the header message: one copy, one message
+            if lean is not None and (self._wire is None or not self._wire.eligible(lean.meta)):
+                # one tensor that fits the header message: one copy, one message
                 return self._send.direction.submit(
                     lambda dl: self._do_send_small(lean, dl),
                     label="send(tensor)",
@@ -321,7 +321,7 @@ class CollectiveGroup:
             obj, pickled=None if small is None else small.data, inline_max=self._inline_max
         )
         try:
-            out = Outgoing.prepare(self._wire, frame, async_op)
+            out = Outgoing.prepare(self._wire, frame, async_op, self._send.wire_stats)
         except CompressionError as exc:
             raise CollectiveError(
                 f"p2p[{self.name}]: compressing the payload failed: {exc}"
@@ -490,7 +490,7 @@ class CollectiveGroup:
         st.wire_bytes += n
         if isinstance(small, SmallTensor):  # counted as encode() + transmit() count it
             st.payload_bytes += small.meta.raw_bytes
-            reason = "disabled" if self._wire is None else "inline"
+            reason = "disabled" if self._wire is None else self._wire.raw_reason(small.meta)
             side.wire_stats.count([small.meta], reason)
         else:
             st.payload_bytes += n - FIXED.size
@@ -623,7 +623,7 @@ class CollectiveGroup:
             executing operations), ``failures``, ``queued`` and ``broken``; and, for
             the tensors (with at least one byte) of ``send`` / ``recv`` frames,
             ``compressed_tensors``, ``raw_tensors``, ``raw_reasons`` (sender only: why
-            each raw tensor stayed raw, e.g. ``{"excluded_dtype": 2, "inline": 1}``),
+            each raw tensor stayed raw, e.g. ``{"excluded_dtype": 2, "below_min_bytes": 1}``),
             ``tensor_raw_bytes`` and ``tensor_wire_bytes`` (their bytes before and on
             the wire), ``codec_seconds`` (compressing / decoding) and
             ``emulated_seconds`` (link emulation: time the sender waited for its

@@ -51,6 +51,7 @@ class OutFrame:
     metas: list[TensorMeta]
     payloads: list[torch.Tensor]  # flat uint8 views of the tensors with bytes, frame order
     obj_len: int
+    sent_wire_bytes: int | None = None  # a chunked frame: what really went on the wire
 
     def header_messages(self) -> list[torch.Tensor]:
         """The header message and, with EXT, the extension message."""
@@ -66,6 +67,8 @@ class OutFrame:
     @property
     def wire_bytes(self) -> int:
         """Every byte this frame puts on the wire, header included."""
+        if self.sent_wire_bytes is not None:
+            return self.sent_wire_bytes
         return int(self.buffer.numel()) + sum(int(p.numel()) for p in self.payloads)
 
 

@@ -14,8 +14,8 @@ from functools import partial
 
 import torch
 
-from p2p_collective._compression import WireCodec, WireStats
-from p2p_collective._decoding import FrameDecoder, check_entries
+from p2p_collective._compression import FrameDecoder, WireCodec, WireStats, check_entries
+from p2p_collective._compression._chunk_recv import receive_chunks
 from p2p_collective._emulation import ArrivalGate
 from p2p_collective._errors import FramingError
 from p2p_collective._framing import (
@@ -191,7 +191,15 @@ def read_frame(
     if compressed:
         assert codec is not None  # check_entries refuses compressed entries without one
         decoder = FrameDecoder(codec, stats if stats is not None else WireStats(), peer)
-    if hdr.flags & Flag.INLINE:
+    if hdr.flags & Flag.CHUNKED:  # each tensor as chunks, each after its descriptor
+        if hold is not None:
+            hold(0)
+        metas, n, w = receive_chunks(
+            link.recv, metas, tensors, codec, stats, peer, deadline, gate if hold else None
+        )
+        messages += n
+        wire += w
+    elif hdr.flags & Flag.INLINE:
         if hold is not None:
             hold(0)
         off = FIXED.size + hdr.meta_len + hdr.obj_len

@@ -81,7 +81,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "--zstd-levels", type=_int_list(1, ZSTD_MAX_LEVEL), default=[1, 3, 9], metavar="L,M"
     )
     adv.add_argument("--link-gbps", type=float, default=10.0, help="link bandwidth, Gbit/s")
-    adv.add_argument("--min-bytes", type=parse_size, default=DEFAULT_MIN_BYTES)
+    adv.add_argument(
+        "--min-bytes",
+        type=parse_size,
+        default=DEFAULT_MIN_BYTES,
+        help="tensors below this stay raw and are not measured, as on the wire (the only"
+        " size rule: small frames are compressed too); default 16384",
+    )
     adv.add_argument("--max-tensors", type=int, default=32, help="measure the N largest")
     adv.add_argument("--repeat", type=int, default=3, help="timed runs per direction (best)")
     adv.add_argument("--json", action="store_true", help="print JSON instead of tables")

@@ -31,6 +31,7 @@ from p2p_worker.bench._results import Sample, summarize_ratios
 from p2p_worker.bench._runner import Options, run_matrix
 from p2p_worker.bench._spec import (
     CODECS,
+    DEFAULT_CODECS,
     DEFAULT_LINKS,
     DEFAULT_REPS,
     DEFAULT_SIZES,
@@ -77,8 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--codecs",
-        default="all",
-        help=f"codecs of the p2p method: {', '.join(CODECS)} [default: all]",
+        default=",".join(DEFAULT_CODECS),
+        help=f"codec modes of the p2p method: {', '.join(CODECS)} (lz4/zstd send large"
+        " frames in pipelined compressed chunks; *_whole compress each tensor whole; *_auto"
+        " are adaptive per link), or all"
+        f" [default: {','.join(DEFAULT_CODECS)}]",
     )
     parser.add_argument(
         "--link",

@@ -23,6 +23,10 @@ STYLE: dict[str, dict[str, Any]] = {
     series_name("p2p", "raw"): {"color": "#1f6fb4", "linestyle": "-", "marker": "o"},
     series_name("p2p", "lz4"): {"color": "#e8761a", "linestyle": "-", "marker": "^"},
     series_name("p2p", "zstd"): {"color": "#2a9d3a", "linestyle": "-", "marker": "v"},
+    series_name("p2p", "lz4_whole"): {"color": "#e8761a", "linestyle": ":", "marker": "^"},
+    series_name("p2p", "zstd_whole"): {"color": "#2a9d3a", "linestyle": ":", "marker": "v"},
+    series_name("p2p", "lz4_auto"): {"color": "#b5179e", "linestyle": "-.", "marker": "^"},
+    series_name("p2p", "zstd_auto"): {"color": "#7209b7", "linestyle": "-.", "marker": "v"},
 }
 _SHORT_DATA = {
     "tensor": "int64 token ids",

@@ -47,6 +47,10 @@ COMPRESSION_SECTIONS: dict[str, dict[str, Any]] = {
 }
 """``tensor_compression`` per codec. ``excluded_dtypes: []`` lets the float32 fields of the
 tensor_dict and dataclass payloads take part (the default ``[float32]`` would skip them)."""
+COMPRESSION_SECTIONS["lz4_whole"] = COMPRESSION_SECTIONS["lz4"]
+COMPRESSION_SECTIONS["zstd_whole"] = COMPRESSION_SECTIONS["zstd"]
+COMPRESSION_SECTIONS["lz4_auto"] = COMPRESSION_SECTIONS["lz4"]
+COMPRESSION_SECTIONS["zstd_auto"] = COMPRESSION_SECTIONS["zstd"]
 
 
 def net_emulation_section(link: LinkProfile) -> dict[str, Any] | None:
@@ -65,6 +69,10 @@ def job_config(codec: str, link: LinkProfile) -> dict[str, Any]:
     cluster: dict[str, Any] = {"collective": {"init_timeout": 120.0}}
     if codec != "raw":
         cluster["collective"]["tensor_compression"] = dict(COMPRESSION_SECTIONS[codec])
+        if codec.endswith("_whole"):  # the per-tensor design: no chunked frames
+            cluster["collective"]["compression_pipeline"] = {"chunk_bytes": 0}
+        if codec.endswith("_auto"):  # raw where compression would not pay
+            cluster["collective"]["compression_pipeline"] = {"adaptive": True}
     net = net_emulation_section(link)
     if net is not None:
         cluster["net_emulation"] = net

@@ -18,7 +18,15 @@ KINDS: Final = ("tensor", "tensor_list", "tensor_dict", "dataclass", "object")
 TENSOR_KINDS: Final = ("tensor", "tensor_list", "tensor_dict", "dataclass")
 """Kinds whose size follows the ladder; ``object`` is a small control message of fixed size."""
 
-CODECS: Final = ("raw", "lz4", "zstd")
+CODECS: Final = ("raw", "lz4", "zstd", "lz4_whole", "zstd_whole", "lz4_auto", "zstd_auto")
+"""Modes of the p2p method. ``lz4`` / ``zstd`` are the job defaults (large frames go in
+compressed chunks, pipelined with the wire); ``*_whole`` turn chunking off
+(``compression_pipeline.chunk_bytes: 0``: each tensor compressed whole before it is sent);
+``*_auto`` are adaptive (``compression_pipeline.adaptive: true``: raw where compression
+would not pay on the link)."""
+
+DEFAULT_CODECS: Final = ("raw", "lz4", "zstd")
+"""What ``--codecs`` runs when not given."""
 
 METHODS: Final = ("p2p", "gloo", "ray", "raycoll")
 """``p2p``: Worker.send/recv; ``gloo``: plain torch.distributed; ``ray``: Ray object store;
@@ -196,7 +204,7 @@ def parse_kinds(text: str | Sequence[str]) -> list[str]:
 
 
 def parse_codecs(text: str | Sequence[str]) -> list[str]:
-    """Parse ``--codecs`` (``raw``, ``lz4``, ``zstd``; ``all`` for all three).
+    """Parse ``--codecs`` (names from :data:`CODECS`; ``all`` for every one).
 
     Raises:
         ValueError: an unknown codec.

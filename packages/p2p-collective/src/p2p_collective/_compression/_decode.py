@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from p2p_collective import _compression
-from p2p_collective._compression import WireCodec, WireStats
+from p2p_collective._compression._state import WireCodec
+from p2p_collective._compression._stats import WireStats
 from p2p_collective._errors import CollectiveTimeoutError, FramingError
 from p2p_collective._framing import TensorMeta
 from p2p_collective._jobs import Job
@@ -124,7 +124,7 @@ class FrameDecoder:
             raise
         job = self._job(meta, src, target, lease, deadline)
         pending = _Pending(index, meta, job, lease)
-        if more and _compression.OVERLAP:
+        if more and self._codec.pipeline.overlap:
             self._pending.append(pending)
             self._codec.decoder.put(job)
         else:

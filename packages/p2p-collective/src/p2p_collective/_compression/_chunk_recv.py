@@ -1,0 +1,225 @@
+"""Chunked frames, receiving side: each chunk checked, received, and decoded while the next arrives.
+
+Every chunk descriptor is validated before its data is posted (the data message is
+never longer than the chunk's raw size, and never longer than the receive posted for
+it). A raw chunk is received straight into its place in the target tensor; a compressed
+one into a pooled buffer of exactly its wire size (a plain allocation when the budget is
+spent), then decoded into its place on a decoder thread while the direction thread
+receives the next chunk. A chunk that does not decode is reported once the whole frame
+is off the wire, so the direction stays in step and usable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from p2p_collective._compression._chunks import CHUNK_MAGIC, DESCRIPTOR
+from p2p_collective._compression._state import WireCodec
+from p2p_collective._compression._stats import WireStats
+from p2p_collective._direction import CleanFailure
+from p2p_collective._emulation import ArrivalGate
+from p2p_collective._errors import CollectiveTimeoutError, FramingError
+from p2p_collective._framing import TensorMeta
+from p2p_collective._jobs import Job
+from p2p_collective._payload import flat_bytes
+from p2p_collective._transport import remaining
+from p2p_compress import (
+    CODEC_NAMES,
+    CODEC_RAW,
+    BufferLease,
+    CompressionError,
+    CompressionTimeoutError,
+    decompress_into_tensor,
+)
+
+
+class _Decode:
+    __slots__ = ("chunk", "job", "lease", "tensor")
+
+    def __init__(self, tensor: int, chunk: int, job: Job[float], lease: BufferLease | None):
+        self.tensor = tensor
+        self.chunk = chunk
+        self.job = job
+        self.lease = lease
+
+
+def _descriptor(
+    view: memoryview, codec: WireCodec | None, peer: str, where: str, left: int
+) -> tuple[int, int, int, int, int]:
+    magic, codec_id, raw_len, wire_len, arrive_ns, hold_us = DESCRIPTOR.unpack_from(view, 0)
+    if magic != CHUNK_MAGIC:
+        raise FramingError(
+            f"frame from {peer!r}: expected the descriptor of {where} but got bytes starting"
+            f" {bytes(view[:8]).hex()}"
+        )
+    if not 0 < raw_len <= left:
+        raise FramingError(
+            f"frame from {peer!r}: {where} announces {raw_len} raw bytes, {left} remain"
+        )
+    if codec_id == CODEC_RAW:
+        if wire_len != raw_len:
+            raise FramingError(
+                f"frame from {peer!r}: raw {where} has {wire_len} wire bytes for {raw_len}"
+            )
+    elif codec is None or codec_id != codec.config.codec_id:
+        mine = "compression off" if codec is None else codec.config.codec_name
+        name = CODEC_NAMES.get(codec_id, f"unknown codec id {codec_id}")
+        raise FramingError(
+            f"frame from {peer!r}: {where} is compressed with {name} but this side is"
+            f" configured for {mine}"
+        )
+    elif not 0 < wire_len < raw_len:
+        raise FramingError(
+            f"frame from {peer!r}: compressed {where} has {wire_len} wire bytes for"
+            f" {raw_len} raw bytes"
+        )
+    return codec_id, raw_len, wire_len, arrive_ns, hold_us
+
+
+def receive_chunks(
+    recv: Callable[[torch.Tensor, float | None], None],
+    metas: list[TensorMeta],
+    tensors: list[torch.Tensor],
+    codec: WireCodec | None,
+    stats: WireStats | None,
+    peer: str,
+    deadline: float | None,
+    gate: ArrivalGate | None,
+) -> tuple[list[TensorMeta], int, int]:
+    """Receive every tensor's chunks into ``tensors`` (allocated from ``metas``).
+
+    Args:
+        recv: Receives one payload message into the flat uint8 tensor it is given.
+        metas: The frame's validated entries (raw, as a chunked frame writes them).
+        tensors: The allocated targets, one per entry.
+        codec: The Collective's compression state (None: compression off).
+        stats: The direction's counters (chunks and decode time are added here).
+        peer: The sender, for messages.
+        deadline: ``time.monotonic()`` deadline, or None.
+        gate: Holds each chunk until its emulated arrival (descriptors say when).
+
+    Returns:
+        The entries as they travelled (codec and wire bytes summed over chunks), the
+        number of messages and of wire bytes received.
+
+    Raises:
+        FramingError: A descriptor is invalid (the direction breaks: out of step).
+        CleanFailure: A chunk did not decode (a ``FramingError`` naming it; the whole
+            frame was received, so the direction stays usable).
+        CollectiveTimeoutError, PeerError: From the link, or no decoder in time.
+    """
+    desc = torch.empty(DESCRIPTOR.size, dtype=torch.uint8)
+    view = desc.numpy().data
+    pending: list[_Decode] = []
+    out = list(metas)
+    messages = wire = chunks = compressed = 0
+    held = 0.0
+    try:
+        for i, (t, m) in enumerate(zip(tensors, metas, strict=True)):
+            target = flat_bytes(t) if m.raw_bytes else t
+            off = k = tensor_wire = 0
+            codec_used = CODEC_RAW
+            while off < m.raw_bytes:
+                where = f"chunk {k} of tensor {i}"
+                recv(desc, deadline)
+                received_at = time.monotonic()
+                codec_id, raw_len, wire_len, arrive_ns, hold_us = _descriptor(
+                    view, codec, peer, where, m.raw_bytes - off
+                )
+                dst = target[off : off + raw_len]
+                if codec_id == CODEC_RAW:
+                    recv(dst, deadline)
+                else:
+                    assert codec is not None  # _descriptor refuses it otherwise
+                    lease = codec.pool.acquire(wire_len)
+                    if lease is None:  # the bytes are on their way: take them anyway
+                        src = torch.empty(wire_len, dtype=torch.uint8)
+                    else:
+                        src = lease.buffer[:wire_len]
+                    try:
+                        recv(src, deadline)
+                    except BaseException:
+                        if lease is not None:
+                            lease.discard()  # the transport may still write into it
+                        raise
+                    job = _decode_job(codec, codec_id, src, dst, lease, deadline)
+                    pending.append(_Decode(i, k, job, lease))
+                    if codec.pipeline.overlap:
+                        codec.decoder.put(job)
+                    codec_used = codec_id
+                    compressed += 1
+                if gate is not None and arrive_ns:
+                    arrival = gate.arrival(arrive_ns, hold_us, received_at)
+                    if arrival is not None:
+                        held += gate.wait(arrival, deadline)
+                off += raw_len
+                tensor_wire += wire_len
+                wire += DESCRIPTOR.size + wire_len
+                messages += 2
+                chunks += 1
+                k += 1
+            if m.raw_bytes:
+                out[i] = m._replace(codec_id=codec_used, wire_bytes=tensor_wire)
+        failure = _finish(pending, deadline, stats, peer)
+    except BaseException:
+        for p in pending:
+            if p.job.cancel() and p.lease is not None:
+                p.lease.release()
+        raise
+    if stats is not None:
+        stats.add_seconds(emulated=held)
+        stats.count_chunks(chunks, compressed, {})
+    if failure is not None:
+        raise CleanFailure(failure) from failure.__cause__
+    return out, messages, wire
+
+
+def _decode_job(
+    codec: WireCodec,
+    codec_id: int,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    lease: BufferLease | None,
+    deadline: float | None,
+) -> Job[float]:
+    provider = codec.provider()
+
+    def decode() -> float:
+        t0 = time.perf_counter()
+        try:
+            decompress_into_tensor(codec_id, src, dst, provider, timeout=remaining(deadline))
+        finally:
+            if lease is not None:
+                lease.release()
+        return time.perf_counter() - t0
+
+    return Job(decode)
+
+
+def _finish(
+    pending: list[_Decode], deadline: float | None, stats: WireStats | None, peer: str
+) -> FramingError | None:
+    """Wait for (or run) every decode; return the first corrupt chunk's error, if any."""
+    failure: FramingError | None = None
+    seconds = 0.0
+    for p in pending:
+        try:
+            seconds += p.job.result(deadline)
+        except CompressionTimeoutError as exc:
+            raise CollectiveTimeoutError(
+                f"no decoder became free for chunk {p.chunk} of tensor {p.tensor} from"
+                f" {peer!r} before the deadline: {exc}"
+            ) from exc
+        except CompressionError as exc:
+            if failure is None:
+                failure = FramingError(
+                    f"frame from {peer!r}: compressed chunk {p.chunk} of tensor {p.tensor}"
+                    f" does not decode: {exc}"
+                )
+                failure.__cause__ = exc
+    if stats is not None:
+        stats.add_seconds(codec=seconds)
+    return failure

@@ -1,0 +1,92 @@
+"""When a frame is compressed: now, on a compressor thread, or by its direction thread."""
+
+from __future__ import annotations
+
+import time
+import weakref
+
+from p2p_collective._compression._adaptive import LinkAdvisor
+from p2p_collective._compression._chunks import chunk_frame
+from p2p_collective._compression._pack import Packed, compress_frame
+from p2p_collective._compression._state import WireCodec
+from p2p_collective._compression._stats import WireStats
+from p2p_collective._jobs import Job
+from p2p_collective._payload import OutFrame
+
+
+class Outgoing:
+    """One queued send: its frame, compressed now or by the compressor thread."""
+
+    __slots__ = ("_job", "_packed", "submitted")
+
+    def __init__(self, packed: Packed | None, job: Job[Packed] | None) -> None:
+        self._packed = packed
+        self._job = job
+        self.submitted = time.monotonic()
+
+    @classmethod
+    def prepare(
+        cls,
+        codec: WireCodec | None,
+        frame: OutFrame,
+        async_op: bool,
+        stats: WireStats | None = None,
+    ) -> Outgoing:
+        """Compress ``frame`` now (synchronous send), later (asynchronous) or not at all.
+
+        ``stats`` are the sending direction's counters; with ``adaptive`` they hold the
+        link's :class:`LinkAdvisor`, which may send the eligible tensors raw.
+
+        Raises:
+            CompressionError: A codec failed (synchronous sends only).
+        """
+        if codec is None:
+            return cls(Packed(frame, None, "disabled", 0.0), None)
+        if not any(m.raw_bytes and codec.eligible(m) for m in frame.metas):
+            reasons = [codec.raw_reason(m) for m in frame.metas if m.raw_bytes]
+            return cls(Packed(frame, None, reasons, 0.0), None)
+        if codec.pipeline.adaptive and stats is not None:
+            if stats.advisor is None:
+                stats.advisor = LinkAdvisor(codec.compressor_threads)
+            mode = stats.advisor.decide()
+            if mode in ("raw", "probe_link"):  # compression would not pay on this link
+                reasons = [
+                    "adaptive" if codec.eligible(m) else codec.raw_reason(m)
+                    for m in frame.metas
+                    if m.raw_bytes
+                ]
+                return cls(Packed(frame, None, reasons, 0.0), None)
+            if mode == "probe_codec":  # one chunk is enough to refresh the codec's figures
+                stream = chunk_frame(codec, frame, probe=True)
+                if stream is not None:
+                    packed = Packed(frame, None, [], 0.0, chunks=stream)
+                    weakref.finalize(packed, stream.abandon)
+                    return cls(packed, None)
+        stream = chunk_frame(codec, frame)
+        if stream is not None:  # compressed chunk by chunk, a window ahead of the wire
+            packed = Packed(frame, None, [], 0.0, chunks=stream)
+            weakref.finalize(packed, stream.abandon)  # dropped unsent: buffers go back
+            return cls(packed, None)
+        if not async_op:
+            return cls(compress_frame(codec, frame), None)
+        job: Job[Packed] = Job(lambda: compress_frame(codec, frame))
+        if codec.pipeline.overlap:
+            codec.compressor.put(job)
+        # else the direction thread compresses it right before sending it
+        return cls(None, job)
+
+    def resolve(self, deadline: float | None) -> Packed:
+        """The packed frame (compressing it here if the compressor has not started it).
+
+        Raises:
+            CompressionError: A codec failed.
+            CollectiveTimeoutError: The compressor did not finish before ``deadline``.
+        """
+        packed = self._packed
+        if packed is None:
+            assert self._job is not None
+            packed = self._packed = self._job.result(deadline)
+            self._job = None
+        if not packed.ready:
+            packed.ready = self.submitted
+        return packed

@@ -1,0 +1,139 @@
+"""Peer-process tasks of the chunked-frame tests (see ``wire_tasks`` for the conventions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from collective_tasks import PeerContext
+from wire_tasks import KiB, close, collective, compressible, group, random_bytes, token_ids
+
+from p2p_compress import make_synthetic_tensor
+
+
+def odd_payloads() -> list[tuple[str, Any]]:
+    """Tensors whose sizes fall on and around chunk boundaries (64 KiB chunks)."""
+    c = 64 * KiB
+    return [
+        ("two_chunks_exactly", compressible(2 * c)),
+        ("one_byte_short", compressible(2 * c - 1, torch.uint8)),
+        ("one_byte_over", compressible(2 * c + 1, torch.uint8)),
+        ("odd_tail", compressible(3 * c + 5, torch.uint8)),
+        ("int16_odd", compressible(5 * c + 2, torch.int16)),
+        ("complex128_odd", compressible(2 * c + 16 * 7, torch.complex128)),
+        (
+            "mixed_dict",
+            {
+                "ids": token_ids(3 * c + 8 * 3),
+                "noise": random_bytes(2 * c + 1, 5),  # not_smaller, chunk by chunk
+                "f32": make_synthetic_tensor("sparse_float32", 4 * c),
+                "small": torch.arange(7),
+                "empty": torch.zeros(0),
+            },
+        ),
+        ("list_of_chunked", [compressible(3 * c + 1, torch.uint8), compressible(c // 2)]),
+    ]
+
+
+def t_send_all(
+    ctx: PeerContext, tag: str, cluster: dict[str, Any], payloads: list[Any], async_op: bool
+) -> dict[str, Any]:
+    g = group(ctx, tag, cluster)
+    works = [g.send(p, async_op=async_op, timeout=120) for p in payloads]
+    if async_op:
+        for w in works:
+            w.wait(timeout=120)
+    assert g.recv(timeout=120) == "done"
+    out = {"stats": g.stats()["send"], "pool": collective(ctx, tag, cluster).compression_stats()}
+    close(tag)
+    return out
+
+
+def t_recv_all(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int) -> dict[str, Any]:
+    g = group(ctx, tag, cluster)
+    got = [g.recv(timeout=120) for _ in range(n)]
+    g.send("done", timeout=60)
+    out = {
+        "got": got,
+        "stats": g.stats()["recv"],
+        "pool": collective(ctx, tag, cluster).compression_stats(),
+    }
+    close(tag)
+    return out
+
+
+def t_send_corrupt_chunk(ctx: PeerContext, tag: str, cluster: dict[str, Any]) -> str:
+    """Send a chunked tensor whose second compressed chunk is garbled, then a good one."""
+    from p2p_collective._compression import _chunks
+
+    g = group(ctx, tag, cluster)
+    original = _chunks.compress_chunk
+    seen = [0]
+
+    def corrupt(codec: Any, chunk: Any) -> Any:
+        out = original(codec, chunk)
+        if out.codec_id:
+            seen[0] += 1
+            if seen[0] == 2 and out.payload is not None:
+                out.payload.fill_(0xFF)  # a pooled buffer, not the user's tensor
+        return out
+
+    _chunks.compress_chunk = corrupt  # type: ignore[assignment]
+    try:
+        g.send(token_ids(512 * KiB, seed=1), timeout=60)
+    finally:
+        _chunks.compress_chunk = original  # type: ignore[assignment]
+    g.send(token_ids(512 * KiB, seed=2), timeout=60)  # the same direction, still usable
+    reply = str(g.recv(timeout=60))
+    close(tag)
+    return reply
+
+
+def t_recv_corrupt_chunk(ctx: PeerContext, tag: str, cluster: dict[str, Any]) -> list[str]:
+    from p2p_collective import FramingError
+
+    g = group(ctx, tag, cluster)
+    out: list[str] = []
+    try:
+        g.recv(timeout=60)
+        out.append("NO ERROR")
+    except FramingError as exc:
+        out.append(f"FramingError: {exc}")
+        out.append(f"cause {type(exc.__cause__).__name__}")
+    got = g.recv(timeout=60)
+    out.append(f"next ok={bool(torch.equal(got, token_ids(512 * KiB, seed=2)))}")
+    out.append(f"broken={g.stats()['recv']['broken']}")
+    pool = collective(ctx, tag, cluster).compression_stats()
+    assert pool is not None
+    out.append(f"pool active_bytes={pool['pool']['active_bytes']}")
+    g.send("thanks", timeout=60)
+    close(tag)
+    return out
+
+
+def t_send_adaptive(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int) -> list[Any]:
+    """Send ``n`` frames per phase while the emulated link goes slow, fast, slow again."""
+    g = group(ctx, tag, cluster)
+    pacer = g._pacer
+    assert pacer is not None
+    phases: list[Any] = []
+    for i, mbps in enumerate((50.0, 100_000.0, 50.0)):
+        pacer.set_bandwidth(mbps)
+        for k in range(n):
+            g.send(token_ids(512 * KiB, seed=10 * i + k), timeout=60)
+        st = g.stats()["send"]
+        phases.append({"adaptive": st["adaptive"], "raw_reasons": dict(st["raw_reasons"])})
+    assert g.recv(timeout=60) == "done"
+    close(tag)
+    return phases
+
+
+def t_recv_adaptive(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int) -> bool:
+    g = group(ctx, tag, cluster)
+    ok = True
+    for i in range(3):
+        for k in range(n):
+            ok = ok and bool(torch.equal(g.recv(timeout=60), token_ids(512 * KiB, seed=10 * i + k)))
+    g.send("done", timeout=60)
+    close(tag)
+    return ok
