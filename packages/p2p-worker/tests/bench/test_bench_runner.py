@@ -14,9 +14,10 @@ from typing import Any, ClassVar
 import pytest
 
 from p2p_worker.bench import _p2p, _runner
+from p2p_worker.bench._jobconfig import COMPRESSION_SECTIONS, job_config
 from p2p_worker.bench._p2p import codec_gap, emulation_gap
 from p2p_worker.bench._results import Sample, samples_from_timings
-from p2p_worker.bench._runner import COMPRESSION_SECTIONS, Options, job_config, run_matrix
+from p2p_worker.bench._runner import Options, run_matrix
 from p2p_worker.bench._spec import LINK_PROFILES, Cell, Skipped
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from p2p_worker import Cluster, NodePlacementStrategy, Worker, WorkerAddress
+from p2p_worker.bench._jobconfig import job_config
 from p2p_worker.bench._payloads import payload_nbytes
 from p2p_worker.bench._results import Sample, samples_from_timings
 from p2p_worker.bench._spec import Cell, LinkProfile, format_size
@@ -216,8 +217,6 @@ class P2PJob:
 
 def emulation_probe_job(session: P2PSession, timeout: float) -> P2PJob:
     """The (not yet launched) probe job of :func:`check_emulation`: raw, 8 Mbit/s."""
-    from p2p_worker.bench._runner import job_config
-
     probe_link = LinkProfile("probe", EMULATION_PROBE_MBPS * 1e6)
     return P2PJob(session, job_config("raw", probe_link), timeout)
 
