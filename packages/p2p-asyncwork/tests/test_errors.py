@@ -41,3 +41,27 @@ def test_config_error_keeps_path_through_pickle() -> None:
     restored = pickle.loads(pickle.dumps(err))
     assert restored.path == "cluster.x"
     assert str(restored) == "cluster.x: unknown key"
+
+
+class _MixedBaseError(P2PError, RuntimeError):
+    pass
+
+
+class _MixedTimeoutError(_MixedBaseError, TimeoutError):
+    """Two builtin bases with different layouts (RuntimeError, TimeoutError/OSError)."""
+
+
+def test_error_with_two_builtin_bases_pickles_with_message_and_cause() -> None:
+    try:
+        try:
+            raise ValueError("root")
+        except ValueError as root:
+            raise _MixedTimeoutError("slow peer") from root
+    except _MixedTimeoutError as exc:
+        back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is _MixedTimeoutError
+    assert str(back) == "slow peer"
+    assert isinstance(back.__cause__, ValueError)
+    assert str(back.__cause__) == "root"
+    assert isinstance(back, RuntimeError)
+    assert isinstance(back, TimeoutError)

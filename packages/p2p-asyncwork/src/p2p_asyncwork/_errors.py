@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 
 class P2PError(Exception):
@@ -24,11 +24,28 @@ def _rebuild_error(
     cause: BaseException | None,
     state: dict[str, Any],
 ) -> BaseException:
-    err = cls.__new__(cls)
+    err = _blank(cls)
     err.args = args
     err.__dict__.update(state)
     err.__cause__ = cause
     return err
+
+
+def _blank(cls: type[BaseException]) -> BaseException:
+    """An instance of ``cls`` with no ``__init__`` run.
+
+    ``cls.__new__(cls)`` is refused ("not safe") when ``cls`` mixes two builtin bases
+    with different layouts, e.g. ``RuntimeError`` and ``TimeoutError`` (an ``OSError``):
+    then the ``__new__`` of the base that owns the instance layout must be called.
+    """
+    for klass in cls.__mro__:
+        new = vars(klass).get("__new__")
+        if new is not None:
+            try:
+                return cast("BaseException", new(cls))
+            except TypeError:
+                continue
+    return BaseException.__new__(cls)
 
 
 class WorkError(P2PError):
