@@ -100,8 +100,8 @@ class ShmLink:
         self._released = False
         self._unusable: str | None = None
 
-    def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
-        """Call ``fn`` (from the watcher thread) when the peer is declared gone."""
+    def set_on_gone(self, fn: Callable[[PeerError, bool], None]) -> None:
+        """Call ``fn(error, died)`` (from the watcher thread) when the peer is gone."""
         self._gloo.set_on_gone(fn)
 
     # -- operations -----------------------------------------------------------------------

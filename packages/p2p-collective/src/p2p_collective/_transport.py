@@ -109,8 +109,12 @@ class Link(Protocol):
     def wait_recv(self, posted: PostedRecv, deadline: float | None) -> None:
         """Wait for a receive posted with ``post_recv``."""
 
-    def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
-        """Call ``fn`` when the peer is declared gone."""
+    def set_on_gone(self, fn: Callable[[PeerError, bool], None]) -> None:
+        """Call ``fn(error, died)`` when the peer is declared gone.
+
+        ``died`` is True when the peer process is gone, False when it closed its end of
+        this direction on purpose.
+        """
 
     def close(self) -> None:
         """Release the link; the peer sees end-of-file."""
@@ -247,27 +251,27 @@ class GlooLink:
         self._watch = watch
         self._watcher = watcher
         self._gone: str | None = None
-        self._on_gone: Callable[[PeerError], None] | None = None
+        self._on_gone: Callable[[PeerError, bool], None] | None = None
         self._waits: queue.SimpleQueue[_Wait | None] = queue.SimpleQueue()
         self._waiter: threading.Thread | None = None
         self._inflight: _Wait | None = None
         self.transport_reason = ""
         watcher.watch(watch, self._peer_gone)
 
-    def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
-        """Call ``fn`` (from the watcher thread) when the peer is declared gone."""
+    def set_on_gone(self, fn: Callable[[PeerError, bool], None]) -> None:
+        """Call ``fn(error, died)`` (from the watcher thread) when the peer is gone."""
         self._on_gone = fn
 
     def _gone_error(self) -> PeerError:
         return PeerError(f"peer {self.peer!r} {self._gone}")
 
-    def _peer_gone(self, reason: str) -> None:
+    def _peer_gone(self, reason: str, died: bool) -> None:
         self._gone = reason
         wait = self._inflight
         if wait is not None:
             wait.done.set()
         if self._on_gone is not None:
-            self._on_gone(self._gone_error())
+            self._on_gone(self._gone_error(), died)
 
     def _run(
         self, what: str, tensor: torch.Tensor, deadline: float | None, send: bool, tag: int
