@@ -134,6 +134,7 @@ class Watcher:
             if self._closed:
                 raise CollectiveError("the liveness watcher is closed")
             selector = self._start_locked()
+            self._said_bye.discard(sock.fileno())
             selector.register(sock, selectors.EVENT_READ, on_gone)
             self._wake()
 
@@ -166,32 +167,14 @@ class Watcher:
                     with contextlib.suppress(OSError):
                         self._wake_r.recv(4096)  # type: ignore[union-attr]
                     continue
-                sock: socket.socket = key.fileobj  # type: ignore[assignment]
-                fd = sock.fileno()
-                died = True
-                try:
-                    data = sock.recv(4096)
-                    if data:
-                        if BYE in data:
-                            with self._lock:
-                                self._said_bye.add(fd)
-                        continue  # end-of-file follows
-                    with self._lock:
-                        died = fd not in self._said_bye
-                        self._said_bye.discard(fd)
-                    reason = (
-                        "died (its liveness connection closed without a goodbye)"
-                        if died
-                        else "closed the group (its end of the connection is closed)"
-                    )
-                except BlockingIOError:
-                    continue
-                except OSError as exc:
-                    reason = f"is unreachable (liveness connection failed: {exc})"
-                with self._lock:
-                    with contextlib.suppress(KeyError, ValueError):
-                        self._selector.unregister(sock)
-                    self._pending.append((now + GONE_GRACE, key.data, reason, died))
+                with self._lock:  # forget() cannot close the socket meanwhile
+                    if self._selector.get_map().get(key.fd) is not key:
+                        continue  # forgotten (closed by this side) since select()
+                    report = self._read_locked(key.fileobj)  # type: ignore[arg-type]
+                    if report is not None:
+                        with contextlib.suppress(KeyError, ValueError):
+                            self._selector.unregister(key.fileobj)
+                        self._pending.append((now + GONE_GRACE, key.data, *report))
             due: list[tuple[GoneCallback, str, bool]] = []
             with self._lock:
                 keep = []
@@ -203,6 +186,25 @@ class Watcher:
                     fn(why, died)
                 except Exception:  # a failing callback must not stop watching the others
                     _log.exception("p2p liveness callback failed")
+
+    def _read_locked(self, sock: socket.socket) -> tuple[str, bool] | None:
+        """Read what a readable liveness connection has; (reason, died) once it ended."""
+        fd = sock.fileno()
+        try:
+            data = sock.recv(4096)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            self._said_bye.discard(fd)
+            return f"is unreachable (liveness connection failed: {exc})", True
+        if data:
+            if BYE in data:
+                self._said_bye.add(fd)
+            return None  # end-of-file follows
+        if fd in self._said_bye:
+            self._said_bye.discard(fd)
+            return "closed the group (its end of the connection is closed)", False
+        return "died (its liveness connection closed without a goodbye)", True
 
     def close(self) -> None:
         """Stop the thread; sockets are closed by their owners (:meth:`forget`)."""
