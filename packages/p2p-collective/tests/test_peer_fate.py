@@ -17,6 +17,7 @@ from conftest import make_store
 
 from p2p_collective import (
     Collective,
+    CollectiveTimeoutError,
     GroupBrokenError,
     PeerError,
     PeerGoneError,
@@ -194,3 +195,38 @@ def test_member_killed_mid_allreduce_fails_every_group_toward_it(gname: str) -> 
             if p.is_alive():
                 p.kill()
         coll.close()
+
+
+def test_oracle_fails_a_wait_for_a_peer_that_never_came_and_the_group_stays_usable() -> None:
+    store = make_store()
+    verdict = {"ghost": False}
+    asked: list[str] = []
+
+    def is_alive(name: str) -> bool:
+        asked.append(name)
+        return verdict.get(name, True)
+
+    coll = Collective("a", pt.client(store.port), timeout=30.0, is_alive=is_alive)
+    try:
+        g = coll.create_collective_group(["a", "ghost"])
+        t0 = time.monotonic()
+        with pytest.raises(PeerError, match="liveness oracle") as info:
+            g.recv(timeout=60)
+        assert time.monotonic() - t0 < BOUND
+        assert "'ghost'" in str(info.value)
+        assert asked == ["ghost"]
+        # nothing went on the wire: once the oracle says alive, the group waits as usual
+        verdict["ghost"] = True
+        time.sleep(1.1)  # the oracle is asked at most once a second per peer
+        with pytest.raises(CollectiveTimeoutError):
+            g.recv(timeout=0.5)
+    finally:
+        coll.close()
+
+
+def test_is_alive_must_be_callable() -> None:
+    store = make_store()
+    with pytest.raises(TypeError, match="is_alive: expected a callable"):
+        Collective("a", store, is_alive=True)  # type: ignore[arg-type]
+    coll = Collective("a", store, is_alive=lambda name: True)  # the same name works after
+    coll.close()

@@ -9,6 +9,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from p2p_collective._address import address_name
 from p2p_collective._auth import FROM_ENV, FromEnv, JobAuth, token_key
 from p2p_collective._compression import WireCodec
 from p2p_collective._config import CollectiveConfig
@@ -30,29 +31,6 @@ class _Default(enum.Enum):
 
 
 _USE_CONFIG = _Default.CONFIG
-
-
-def address_name(address: object, what: str = "address") -> str:
-    """The name of an address: a non-empty string, or an object's ``get_name()``.
-
-    Raises:
-        TypeError: ``address`` is neither a string nor has ``get_name()``.
-        ValueError: The name is empty.
-    """
-    if isinstance(address, str):
-        name = address
-    else:
-        get_name = getattr(address, "get_name", None)
-        if not callable(get_name):
-            raise TypeError(
-                f"{what}: expected a str or an object with get_name(), got {type(address).__name__}"
-            )
-        name = get_name()
-        if not isinstance(name, str):
-            raise TypeError(f"{what}: get_name() returned {type(name).__name__}, expected str")
-    if not name:
-        raise ValueError(f"{what}: got an empty name; allowed: a non-empty string")
-    return name
 
 
 _CLOSE_WAIT = 3.0  # seconds close() and exit give running operations of all groups to end

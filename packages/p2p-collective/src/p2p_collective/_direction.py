@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from p2p_asyncwork import AsyncResultWork, WorkTimeoutError
+from p2p_collective._deadline import remaining
 from p2p_collective._errors import (
     CollectiveTimeoutError,
     GroupBrokenError,
@@ -31,7 +32,6 @@ from p2p_collective._errors import (
     PeerError,
     PeerGoneError,
 )
-from p2p_collective._transport import remaining
 
 _GRACE = 2.0  # seconds a waiting caller allows past the deadline the executor enforces
 

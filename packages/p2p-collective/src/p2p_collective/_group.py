@@ -19,6 +19,7 @@ from p2p_collective._compression import (
     wire_fingerprint,
 )
 from p2p_collective._config import CollectiveConfig
+from p2p_collective._deadline import deadline_after, min_timeout, remaining
 from p2p_collective._direction import CleanFailure, Direction
 from p2p_collective._emulation import ArrivalGate, LinkPacer
 from p2p_collective._errors import (
@@ -40,6 +41,7 @@ from p2p_collective._framing import (
     parse_fixed,
 )
 from p2p_collective._headers import HeaderReceiver
+from p2p_collective._link import Link
 from p2p_collective._payload import (
     SMALL_OBJECT_MAX,
     SmallObject,
@@ -53,7 +55,7 @@ from p2p_collective._payload import (
 )
 from p2p_collective._peer import Life, Peer, dead_error, new_instance
 from p2p_collective._rendezvous import claim_incarnation, private_client, wait_key
-from p2p_collective._transport import GlooLink, LinkFactory, StoreLike, deadline_after, remaining
+from p2p_collective._transport import LinkFactory, StoreLike
 from p2p_collective._wire import HEADER_MAX_TENSOR, patch_frame_seq, read_frame
 from p2p_compress import CompressionError
 
@@ -70,7 +72,7 @@ class _Side:
         self.direction = Direction(
             f"p2p[{group.name}].{role}", self._hang_up if role == "recv" else None
         )
-        self.link: GlooLink | None = None
+        self.link: Link | None = None
         self.store: StoreLike | None = None
         self.seq = 0
         # Sending: small objects and send_tensor headers are written here when their turn
@@ -97,7 +99,7 @@ class _Side:
             msg = self._out_msgs[n] = self.out[:n]
         return msg
 
-    def ensure_link(self, deadline: float | None) -> GlooLink:
+    def ensure_link(self, deadline: float | None) -> Link:
         """Return the link, joining the peer first if this is the direction's first use.
 
         The rendezvous is the peer's (:meth:`Peer.meet_direction`): job token, wire
@@ -108,7 +110,7 @@ class _Side:
         g = self._group
         if g.closed:
             raise CleanFailure(GroupClosedError(f"p2p[{g.name}]: the group was closed"))
-        wait = _min_timeout(g.init_timeout, remaining(deadline))
+        wait = min_timeout(g.init_timeout, remaining(deadline))
         what = f"p2p[{g.name}].{self.role}"
         try:
             g.check_peer(g.store, what)  # a peer known dead fails here, not at the timeout
@@ -165,12 +167,6 @@ class _Side:
 
 
 _OUT_MSG_VIEWS = 256  # message sizes whose send-buffer views a direction keeps
-
-
-def _min_timeout(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
 
 
 class CollectiveGroup:

@@ -12,6 +12,13 @@ import torch
 
 from p2p_asyncwork import AsyncResultWork
 from p2p_collective._auth import JobAuth
+from p2p_collective._deadline import (
+    deadline_after,
+    is_timeout,
+    min_timeout,
+    remaining,
+    to_timedelta,
+)
 from p2p_collective._direction import CleanFailure, Direction
 from p2p_collective._errors import (
     CollectiveError,
@@ -39,22 +46,11 @@ from p2p_collective._multi_ops import (
 from p2p_collective._peer import Life, Peer, announce, new_instance
 from p2p_collective._plain import refusal_message
 from p2p_collective._rendezvous import claim_incarnation, private_client, wait_key
-from p2p_collective._transport import StoreLike, deadline_after, remaining, to_timedelta
+from p2p_collective._torch_gloo import op_options
+from p2p_collective._transport import StoreLike
 
-_D: Any = torch._C._distributed_c10d  # the *Options classes (not all re-exported)
 _WAIT_GRACE = 2.0
 _P2P_TAG = 1 << 28  # far from the tags gloo numbers its collectives with (0, 1, ...)
-
-
-def _min_timeout(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return isinstance(exc, TimeoutError) or "timed out" in text or "timeout" in text
 
 
 def _threaded_wait(work: Any, deadline: float | None) -> Callable[[], bool]:
@@ -209,7 +205,7 @@ class MultiCollectiveGroup:
             return self._pg
         if self._closed:
             raise CleanFailure(GroupClosedError(f"coll[{self.name}]: the group was closed"))
-        wait = _min_timeout(self.init_timeout, remaining(deadline))
+        wait = min_timeout(self.init_timeout, remaining(deadline))
         cancelled = self._check_members
         try:
             cancelled()  # a member known dead fails here, not at the timeout
@@ -276,7 +272,7 @@ class MultiCollectiveGroup:
         except Exception as exc:
             for sock in socks.values():
                 sock.close()
-            if _is_timeout(exc):
+            if is_timeout(exc):
                 raise CollectiveTimeoutError(
                     f"coll[{self.name}]: the process group did not connect within"
                     f" {self.init_timeout} s"
@@ -328,7 +324,7 @@ class MultiCollectiveGroup:
         except Exception as exc:
             if self._gone is not None:
                 raise self._gone from exc
-            if _is_timeout(exc):
+            if is_timeout(exc):
                 raise CollectiveTimeoutError(
                     f"coll[{self.name}]: {what} did not complete in time"
                 ) from exc
@@ -336,11 +332,7 @@ class MultiCollectiveGroup:
             raise PeerError(f"coll[{self.name}]: {what} failed: {first}") from exc
 
     def _opts(self, cls: str, deadline: float | None, **fields: Any) -> Any:
-        opts = getattr(_D, cls)()
-        opts.timeout = to_timedelta(remaining(deadline))
-        for key, value in fields.items():
-            setattr(opts, key, value)
-        return opts
+        return op_options(cls, to_timedelta(remaining(deadline)), **fields)
 
     def _submit(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from p2p_collective._address import address_name
 from p2p_collective._errors import GroupClosedError
 from p2p_collective._multi import MultiCollectiveGroup
 
@@ -13,8 +14,6 @@ MULTI_PREFIX = "coll:"
 
 
 def _names(collective: Any, addresses: Sequence[object]) -> list[str]:
-    from p2p_collective._collective import address_name
-
     if isinstance(addresses, (str, bytes)) or not isinstance(addresses, Sequence):
         raise TypeError(
             f"worker_addresses: expected a sequence of addresses, got {type(addresses).__name__}"

@@ -16,12 +16,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from p2p_collective._deadline import to_timedelta
 from p2p_collective._liveness import open_watch_socket
 from p2p_collective._payload import check_tensor, flat_bytes
 from p2p_collective._plain import load_object_lenient
-from p2p_collective._transport import StoreLike, to_timedelta
+from p2p_collective._torch_gloo import new_gloo_group as _gloo_group
+from p2p_collective._transport import StoreLike
 
-_PREFIX_STORE: Any = dist.PrefixStore  # type: ignore[attr-defined]
 _REDUCE_OP: Any = dist.ReduceOp
 
 OBJ_HEADER = 1024
@@ -217,12 +218,7 @@ def new_gloo_group(
     store: StoreLike, prefix: str, rank: int, size: int, device: Any, timeout: float | None
 ) -> Any:
     """A standalone gloo process group of ``size`` ranks under ``prefix`` (bound to ``device``)."""
-    gloo: Any = dist.ProcessGroupGloo
-    opts = gloo._Options()
-    opts._devices = [device]
-    opts._timeout = to_timedelta(timeout)
-    opts._threads = 2
-    return gloo(_PREFIX_STORE(f"{prefix}/gloo", store), rank, size, opts)
+    return _gloo_group(store, prefix, rank, size, device, to_timedelta(timeout), 2)
 
 
 def liveness_mesh(

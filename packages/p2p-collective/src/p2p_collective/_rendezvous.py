@@ -22,8 +22,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch.distributed as dist
 
 from p2p_collective._auth import JobAuth
+from p2p_collective._deadline import to_timedelta
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
-from p2p_collective._transport import StoreLike, to_timedelta
+from p2p_collective._transport import StoreLike
 
 _TorchStore: Any = dist.Store  # type: ignore[attr-defined]
 _TCPStore: Any = dist.TCPStore  # type: ignore[attr-defined]
