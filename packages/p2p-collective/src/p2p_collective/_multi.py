@@ -145,6 +145,7 @@ class MultiCollectiveGroup:
         self._prefix: str | None = None
         self._private: StoreLike | None = None
         self._direction = Direction(f"coll[{name}]")
+        self._object_seq = 0  # object broadcasts so far: every member counts alike
         # The members' fate (see _peer.py): one Peer per other member, bound to its life.
         self.instance = instance if instance is not None else new_instance()
         self._peers: list[Peer | None] = (
@@ -357,6 +358,12 @@ class MultiCollectiveGroup:
             lambda dl: run(self._connect(dl), dl), label=label, deadline=deadline, async_op=async_op
         )
 
+    def _next_object_seq(self) -> int:
+        """The sequence number of this object broadcast (run in order by the executor)."""
+        seq = self._object_seq
+        self._object_seq += 1
+        return seq
+
     def _check_rank(self, rank: object, arg: str) -> int:
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
             raise ValueError(f"{arg}: got {rank!r}; allowed: a rank in 0..{self.world_size - 1}")
@@ -394,7 +401,7 @@ class MultiCollectiveGroup:
             meta, payloads = encode_object(obj, "broadcast(obj)")
 
             def run(pg: Any, dl: float | None) -> Any:
-                header = header_for(meta)
+                header = header_for(meta, self._next_object_seq())
                 msgs = [header]
                 if inline_meta(header, len(meta)) is None:
                     msgs.append(torch.frombuffer(bytearray(meta), dtype=torch.uint8))
@@ -404,9 +411,11 @@ class MultiCollectiveGroup:
         else:
 
             def run(pg: Any, dl: float | None) -> Any:
+                seq = self._next_object_seq()
                 header = torch.empty(OBJ_HEADER, dtype=torch.uint8)
                 self._bcast(pg, [header], src, dl, "broadcast(obj) header")
-                length = meta_length(header)
+                what = f"coll[{self.name}]: broadcast(obj) from {self.member_names[src]!r}"
+                length = meta_length(header, seq, what)
                 meta = inline_meta(header, length)
                 if meta is None:
                     buf = torch.empty(length, dtype=torch.uint8)
