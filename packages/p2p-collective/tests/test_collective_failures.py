@@ -21,6 +21,7 @@ from p2p_collective import (
     GroupBrokenError,
     GroupClosedError,
     PeerError,
+    PeerGoneError,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -225,6 +226,7 @@ def test_two_collectives_in_one_process_exchange_both_ways_with_a_duck_typed_sto
         FramingError,
         CollectiveTimeoutError,
         PeerError,
+        PeerGoneError,
         GroupBrokenError,
         GroupClosedError,
     ],

@@ -121,7 +121,7 @@ def test_dead_member_fails_the_others_within_seconds() -> None:
         assert status == "ok", out
         assert out["first"] == "PeerError", out
         assert out["seconds"] < 15.0, out
-        assert out["second"] == "GroupBrokenError"
+        assert out["second"] == "PeerGoneError"  # a GroupBrokenError and a PeerError
         assert out["second_cause"] == "PeerError"
 
 

@@ -48,6 +48,9 @@ class LoopLink:
     def set_on_gone(self, fn: Any) -> None:
         pass
 
+    def stats(self) -> dict[str, str | None]:
+        return {"transport": self.transport, "transport_reason": self.transport_reason}
+
     def close(self) -> None:
         pass
 

@@ -17,8 +17,7 @@ from p2p_asyncwork._errors import (
     WorkError,
     WorkTimeoutError,
 )
-from p2p_asyncwork._func import AsyncFuncWork
-from p2p_asyncwork._work import AsyncResultWork, AsyncWork
+from p2p_asyncwork._work import AsyncFuncWork, AsyncResultWork, AsyncWork
 from p2p_asyncwork._wrappers import AsyncChannelWork, AsyncCollWork
 
 __version__ = "0.1.0"

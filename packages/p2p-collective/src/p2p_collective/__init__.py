@@ -33,6 +33,7 @@ from p2p_collective._errors import (
     GroupClosedError,
     ObjectRefusedError,
     PeerError,
+    PeerGoneError,
 )
 from p2p_collective._framing import HEADER_MAX
 from p2p_collective._group import CollectiveGroup
@@ -63,6 +64,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "FramingError",
     "PeerError",
+    "PeerGoneError",
     "GroupBrokenError",
     "GroupClosedError",
     "ObjectRefusedError",

@@ -9,6 +9,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from p2p_collective._address import address_name
 from p2p_collective._auth import FROM_ENV, FromEnv, JobAuth, token_key
 from p2p_collective._compression import WireCodec
 from p2p_collective._config import CollectiveConfig
@@ -16,6 +17,7 @@ from p2p_collective._errors import GroupClosedError
 from p2p_collective._group import CollectiveGroup
 from p2p_collective._multi import MultiCollectiveGroup
 from p2p_collective._multi_create import create_multi_group
+from p2p_collective._peer import LivenessOracle, Peers, new_instance
 from p2p_collective._rendezvous import as_torch_store
 from p2p_collective._transport import LinkFactory
 from p2p_compress import probe_codec_library
@@ -29,29 +31,6 @@ class _Default(enum.Enum):
 
 
 _USE_CONFIG = _Default.CONFIG
-
-
-def address_name(address: object, what: str = "address") -> str:
-    """The name of an address: a non-empty string, or an object's ``get_name()``.
-
-    Raises:
-        TypeError: ``address`` is neither a string nor has ``get_name()``.
-        ValueError: The name is empty.
-    """
-    if isinstance(address, str):
-        name = address
-    else:
-        get_name = getattr(address, "get_name", None)
-        if not callable(get_name):
-            raise TypeError(
-                f"{what}: expected a str or an object with get_name(), got {type(address).__name__}"
-            )
-        name = get_name()
-        if not isinstance(name, str):
-            raise TypeError(f"{what}: get_name() returned {type(name).__name__}, expected str")
-    if not name:
-        raise ValueError(f"{what}: got an empty name; allowed: a non-empty string")
-    return name
 
 
 _CLOSE_WAIT = 3.0  # seconds close() and exit give running operations of all groups to end
@@ -98,6 +77,21 @@ class Collective:
             group: both sides fail with :class:`AuthenticationError`. Defaults to
             ``$P2P_JOB_TOKEN`` (unset or empty: none). ``None``: no token and no check;
             such a process can only meet peers that hold none either.
+        is_alive: Optional liveness oracle ``is_alive(name) -> bool`` for a peer's address
+            name, from the layer above (p2p-worker passes one that asks Ray whether the
+            peer's actor lives). While an operation waits for a peer to join, it is asked
+            about once a second; ``False`` fails everything toward that peer with
+            :class:`PeerError`, even when nothing ever connected to it. An oracle that
+            raises counts as "cannot tell". Without one, a death is seen by the
+            liveness connections of the groups that connected to the peer.
+
+    Peers and fate: this Collective keeps one peer record per remote address. A peer
+    that dies (seen by any of its groups' connections or by ``is_alive``) fails every
+    pending and later operation toward it, in every group, with :class:`PeerError`
+    (:class:`PeerGoneError` for operations started afterwards) within about
+    ``GONE_GRACE`` (2 s). A restarted process under the same address is a new
+    incarnation: once it has announced itself (at its first rendezvous),
+    :meth:`create_collective_group` returns a new group that meets it.
 
     Raises:
         TypeError: ``address`` or ``store`` is not usable, or ``job_token`` is not
@@ -125,8 +119,16 @@ class Collective:
         config: CollectiveConfig | None = None,
         timeout: float | _Default | None = _USE_CONFIG,
         job_token: str | bytes | FromEnv | None = FROM_ENV,
+        is_alive: LivenessOracle | None = None,
     ) -> None:
         self.name = address_name(address)
+        if is_alive is not None and not callable(is_alive):
+            raise TypeError(
+                "is_alive: expected a callable(name) -> bool or None, got"
+                f" {type(is_alive).__name__}"
+            )
+        self.instance = new_instance()  # this process's life, as its peers see it
+        self.peers = Peers(is_alive)
         self._auth = JobAuth(token_key(job_token))
         self._store = as_torch_store(store)
         if not isinstance(host, str) or not host or host in ("0.0.0.0", "::"):
@@ -176,9 +178,11 @@ class Collective:
         """Return the group of these two addresses, creating it on first request.
 
         Groups are cached by their key: ``group_name`` when given, else the sorted member
-        names joined with ``"+"``. Nothing touches the network here; each direction
-        connects at its first operation. A cached group that was closed is replaced by a
-        new one (the peer must re-create its side too).
+        names joined with ``"+"``. Nothing touches the network here (except to look for a
+        restarted peer, below); each direction connects at its first operation. A cached
+        group that was closed is replaced by a new one (the peer must re-create its side
+        too), and so is one whose peer died once a new incarnation of the peer has
+        announced itself in the store.
 
         Args:
             worker_addresses: Exactly two addresses (str or ``get_name()``), one of them
@@ -220,12 +224,20 @@ class Collective:
             raise ValueError(f"group_name: got {group_name!r}; allowed: a non-empty string or None")
         ordered = sorted(names)
         key = group_name if group_name is not None else "+".join(ordered)
+        rank = ordered.index(self.name)
+        peer = self.peers.get(ordered[1 - rank])
+        stale: CollectiveGroup | None = None
         with self._lock:
             if self._closed:
                 raise GroupClosedError(f"Collective {self.name!r} is closed")
             group = self._groups.get(key)
+            if (
+                isinstance(group, CollectiveGroup)
+                and group.peer_gone
+                and peer.has_new_incarnation(self._store)
+            ):
+                stale, group = group, None  # its peer restarted: meet the new one
             if group is None or group.closed:
-                rank = ordered.index(self.name)
                 group = CollectiveGroup(
                     name=key,
                     rank=rank,
@@ -239,9 +251,13 @@ class Collective:
                     on_close=self._forget,
                     wire=self._wire,
                     auth=self._auth,
+                    peer=peer,
+                    instance=self.instance,
                 )
                 self._groups[key] = group
-            return group
+        if stale is not None:
+            stale.close(timeout=0.0)
+        return group
 
     def _forget(self, group: CollectiveGroup) -> None:
         with self._lock:

@@ -24,8 +24,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from p2p_asyncwork import AsyncResultWork, WorkTimeoutError
-from p2p_collective._errors import CollectiveTimeoutError, GroupBrokenError, GroupClosedError
-from p2p_collective._transport import remaining
+from p2p_collective._deadline import remaining
+from p2p_collective._errors import (
+    CollectiveTimeoutError,
+    GroupBrokenError,
+    GroupClosedError,
+    PeerError,
+    PeerGoneError,
+)
 
 _GRACE = 2.0  # seconds a waiting caller allows past the deadline the executor enforces
 
@@ -141,7 +147,9 @@ class Direction:
         if self._closed:
             return GroupClosedError(f"{self.name}: {label} after the group was closed")
         if self._broken is not None:
-            err = GroupBrokenError(
+            # broken by a dead peer: a PeerError too (PeerGoneError is both)
+            cls = PeerGoneError if isinstance(self._broken, PeerError) else GroupBrokenError
+            err = cls(
                 f"{self.name}: {label} refused, an earlier failure broke this direction"
                 f" ({type(self._broken).__name__}: {self._broken}); close the group on both"
                 " sides and create a new one"

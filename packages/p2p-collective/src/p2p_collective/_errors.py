@@ -45,6 +45,16 @@ class GroupBrokenError(CollectiveError):
     """
 
 
+class PeerGoneError(PeerError, GroupBrokenError):
+    """An operation toward a peer already known to be gone; ``__cause__`` is the first report.
+
+    Raised at once by every operation (and every queued one) of a group whose peer died,
+    in every group that includes it, until the group is created again with a new
+    incarnation of the peer. It is a :class:`PeerError` (the peer is gone) and a
+    :class:`GroupBrokenError` (the group cannot carry on), so either ``except`` catches it.
+    """
+
+
 class GroupClosedError(CollectiveError):
     """The group (or its :class:`~p2p_collective.Collective`) was closed."""
 

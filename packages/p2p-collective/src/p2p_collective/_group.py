@@ -9,25 +9,26 @@ from typing import Any
 
 import torch
 
+from p2p_asyncwork import AsyncResultWork
 from p2p_collective._auth import JobAuth
 from p2p_collective._compression import (
     Outgoing,
     WireCodec,
     WireStats,
-    check_peer_wire_config,
-    publish_wire_config,
     transmit,
     wire_fingerprint,
 )
 from p2p_collective._config import CollectiveConfig
+from p2p_collective._deadline import deadline_after, min_timeout, remaining
 from p2p_collective._direction import CleanFailure, Direction
-from p2p_collective._emulation import ArrivalGate, LinkPacer, publish_clock, shares_clock
+from p2p_collective._emulation import ArrivalGate, LinkPacer
 from p2p_collective._errors import (
     CollectiveError,
     CollectiveTimeoutError,
     FramingError,
     GroupClosedError,
     ObjectRefusedError,
+    PeerError,
 )
 from p2p_collective._framing import (
     FIXED,
@@ -39,6 +40,7 @@ from p2p_collective._framing import (
     parse_fixed,
 )
 from p2p_collective._headers import HeaderReceiver
+from p2p_collective._link import Link
 from p2p_collective._payload import (
     SMALL_OBJECT_MAX,
     SmallObject,
@@ -50,8 +52,9 @@ from p2p_collective._payload import (
     flat_bytes,
     rebuild,
 )
-from p2p_collective._rendezvous import claim_incarnation, meet, private_client, wait_key
-from p2p_collective._transport import GlooLink, LinkFactory, StoreLike, deadline_after, remaining
+from p2p_collective._peer import Life, Peer, dead_error, new_instance
+from p2p_collective._rendezvous import claim_incarnation, private_client, wait_key
+from p2p_collective._transport import LinkFactory, StoreLike
 from p2p_collective._wire import HEADER_MAX_TENSOR, patch_frame_seq, read_frame
 from p2p_compress import CompressionError
 
@@ -68,7 +71,7 @@ class _Side:
         self.direction = Direction(
             f"p2p[{group.name}].{role}", self._hang_up if role == "recv" else None
         )
-        self.link: GlooLink | None = None
+        self.link: Link | None = None
         self.store: StoreLike | None = None
         self.seq = 0
         # Sending: small objects and send_tensor headers are written here when their turn
@@ -95,52 +98,60 @@ class _Side:
             msg = self._out_msgs[n] = self.out[:n]
         return msg
 
-    def ensure_link(self, deadline: float | None) -> GlooLink:
-        """Return the link, joining the peer first if this is the direction's first use."""
+    def ensure_link(self, deadline: float | None) -> Link:
+        """Return the link, joining the peer first if this is the direction's first use.
+
+        The rendezvous is the peer's (:meth:`Peer.meet_direction`): job token, wire
+        fingerprint, clock and the peer's instance, to which the group is then bound.
+        """
         if self.link is not None:
             return self.link
         g = self._group
         if g.closed:
             raise CleanFailure(GroupClosedError(f"p2p[{g.name}]: the group was closed"))
-        wait = _min_timeout(g.init_timeout, remaining(deadline))
-        peer_role = "recv" if self.role == "send" else "send"
+        wait = min_timeout(g.init_timeout, remaining(deadline))
+        what = f"p2p[{g.name}].{self.role}"
         try:
+            g.check_peer(g.store, what)  # a peer known dead fails here, not at the timeout
             if self.store is None:
                 self.store = private_client(g.store, wait)
-            prefix = f"p2p/{g.name}/{g.incarnation(self.store)}/{self.direction_key}"
-            # Both ends must hold the same job-level compression config: publish ours
-            # before meeting, compare with the peer's after (a clear error, no garbage).
-            publish_wire_config(self.store, prefix, self.role, g.wire_fingerprint)
-            if self.role == "send":  # whose clock the emulated arrival times are in
-                publish_clock(self.store, prefix)
-            meet(
-                self.store,
+            store = self.store
+            prefix = f"p2p/{g.name}/{g.incarnation(store)}/{self.direction_key}"
+            life, shared = g.peer.meet_direction(
+                store,
                 prefix,
                 self.role,
-                peer_role,
-                g.peer_name,
-                wait,
-                cancelled=lambda: g.closed,
+                instance=g.instance,
+                fingerprint=g.wire_fingerprint,
+                self_name=g.self_name,
                 auth=g.auth,
+                timeout=wait,
+                cancelled=lambda: g.stopped(store, what),
             )
-            check_peer_wire_config(
-                self.store, prefix, peer_role, g.wire_fingerprint, g.self_name, g.peer_name
-            )
+            g.bind(life, what)
             if self.role == "recv":
-                self.gate.shared_clock = shares_clock(self.store, prefix)
+                self.gate.shared_clock = shared
         except CollectiveError as exc:  # nothing is on the wire yet: retry later is fine
             raise CleanFailure(exc) from exc
         self.link = g.links.connect(
-            self.store,
+            store,
             prefix,
             g.rank,
             self.role == "recv",
             g.peer_name,
             g.init_timeout,
-            wait_key=lambda key, t: wait_key(self.store, key, t, lambda: g.closed),
+            wait_key=lambda key, t: wait_key(store, key, t, lambda: g.stopped(store, what)),
         )
-        self.link.set_on_gone(self.direction.abort)
+        self.link.set_on_gone(self._link_gone)
         return self.link
+
+    def _link_gone(self, exc: PeerError, died: bool) -> None:
+        """The link's liveness connection ended: the peer died, or closed this group."""
+        life = self._group.life
+        if died and life is not None:
+            life.end(exc)  # every group bound to that life hears it, this one included
+        else:
+            self.direction.abort(exc)
 
     def _hang_up(self, exc: BaseException) -> None:
         if isinstance(exc, FramingError):
@@ -155,12 +166,6 @@ class _Side:
 
 
 _OUT_MSG_VIEWS = 256  # message sizes whose send-buffer views a direction keeps
-
-
-def _min_timeout(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
 
 
 class CollectiveGroup:
@@ -206,6 +211,8 @@ class CollectiveGroup:
         on_close: Callable[[CollectiveGroup], None] | None = None,
         wire: WireCodec | None = None,
         auth: JobAuth | None = None,
+        peer: Peer | None = None,
+        instance: str | None = None,
     ) -> None:
         self.auth = auth  # the job token check at each direction's rendezvous (None: none)
         self._owner = owner  # keeps the Collective (and its finalizer) alive while in use
@@ -222,6 +229,11 @@ class CollectiveGroup:
         self._closed = False
         self._close_lock = threading.Lock()
         self._incarnation: int | None = None
+        # The peer's fate: this group is bound to one life of it (see _peer.py).
+        self.peer = peer if peer is not None else Peer(peer_name)
+        self.instance = instance if instance is not None else new_instance()
+        self._life: Life | None = None
+        self._life_token = 0
         self._send = _Side(self, "send")
         self._recv = _Side(self, "recv")
         if wire is None and config.compression is not None:
@@ -242,6 +254,74 @@ class CollectiveGroup:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
+
+    # -- the peer's fate ------------------------------------------------------------------
+
+    @property
+    def life(self) -> Life | None:
+        """The life of the peer this group is bound to (None before the first meeting)."""
+        return self._life
+
+    @property
+    def peer_gone(self) -> bool:
+        """Whether the peer this group is bound to is gone (every operation fails)."""
+        life = self._life
+        return life is not None and life.gone is not None
+
+    def bind(self, life: Life, what: str) -> None:
+        """Bind the group to ``life`` (the first one met); a later, other one is refused.
+
+        Raises:
+            PeerError: ``life`` has ended, or the group belongs to an earlier life of the
+                peer (it restarted: create the group again).
+        """
+        with self._close_lock:
+            if self._life is None:
+                self._life = life
+                self._life_token = life.subscribe(self._peer_died)
+            elif self._life is not life:
+                raise PeerError(
+                    f"{what}: peer {self.peer_name!r} restarted (a new incarnation) since this"
+                    " group met it; create the group again"
+                )
+        life.check(what)
+
+    def check_peer(self, store: StoreLike, what: str) -> None:
+        """Raise :class:`PeerError` when the peer is known dead (see :class:`Peer`)."""
+        life = self._life
+        if life is not None:
+            life.check(what)
+            self.peer.ask_oracle(what)
+        else:
+            self.peer.check_unbound(store, what)
+
+    def stopped(self, store: StoreLike, what: str) -> bool:
+        """The ``cancelled`` check of rendezvous waits: closed (True) or peer dead (raises)."""
+        self.check_peer(store, what)
+        return self._closed
+
+    def _peer_died(self, exc: PeerError) -> None:
+        for side in (self._send, self._recv):
+            side.direction.abort(exc)
+
+    def _submit(
+        self,
+        side: _Side,
+        run: Callable[[float | None], Any],
+        label: str,
+        deadline: float | None,
+        async_op: bool,
+    ) -> Any:
+        life = self._life
+        gone = None if life is None else life.gone
+        if gone is not None:  # the peer is gone: fail at once, never queue
+            err = dead_error(self.peer_name, f"p2p[{self.name}]: {label}", gone)
+            if not async_op:
+                raise err
+            work: AsyncResultWork[Any] = AsyncResultWork()
+            work.set_exception(err)
+            return work
+        return side.direction.submit(run, label=label, deadline=deadline, async_op=async_op)
 
     def incarnation(self, store: StoreLike) -> int:
         """This group's incarnation number, claimed at the first use of either direction.
@@ -301,21 +381,23 @@ class CollectiveGroup:
         small = encode_small(obj)
         if small is not None and len(small.data) <= SMALL_OBJECT_MAX and self._pacer is None:
             # The lean path: one pickling, one copy into the send buffer, one message.
-            return self._send.direction.submit(
+            return self._submit(
+                self._send,
                 lambda dl: self._do_send_small(small, dl),
-                label="send(object)",
-                deadline=deadline,
-                async_op=async_op,
+                "send(object)",
+                deadline,
+                async_op,
             )
         if small is None and isinstance(obj, torch.Tensor) and self._pacer is None:
             lean = encode_small_tensor(obj, inline_max=self._inline_max)
             if lean is not None and (self._wire is None or not self._wire.eligible(lean.meta)):
                 # one tensor that fits the header message: one copy, one message
-                return self._send.direction.submit(
+                return self._submit(
+                    self._send,
                     lambda dl: self._do_send_small(lean, dl),
-                    label="send(tensor)",
-                    deadline=deadline,
-                    async_op=async_op,
+                    "send(tensor)",
+                    deadline,
+                    async_op,
                 )
         frame = encode(
             obj, pickled=None if small is None else small.data, inline_max=self._inline_max
@@ -326,11 +408,12 @@ class CollectiveGroup:
             raise CollectiveError(
                 f"p2p[{self.name}]: compressing the payload failed: {exc}"
             ) from exc
-        return self._send.direction.submit(
+        return self._submit(
+            self._send,
             lambda dl: self._do_send(out, dl),
-            label=f"send({KIND_NAMES[frame.kind]})",
-            deadline=deadline,
-            async_op=async_op,
+            f"send({KIND_NAMES[frame.kind]})",
+            deadline,
+            async_op,
         )
 
     def recv(self, async_op: bool = False, *, timeout: float | None = None) -> Any:
@@ -364,12 +447,7 @@ class CollectiveGroup:
             >>> shapes = work.then(lambda o: {k: v.shape for k, v in o.items()})  # doctest: +SKIP
         """
         deadline = self._deadline(timeout)
-        return self._recv.direction.submit(
-            self._do_recv,
-            label="recv()",
-            deadline=deadline,
-            async_op=async_op,
-        )
+        return self._submit(self._recv, self._do_recv, "recv()", deadline, async_op)
 
     # -- send_tensor / recv_tensor --------------------------------------------------------
 
@@ -406,11 +484,12 @@ class CollectiveGroup:
         payload = self._raw_view(tensor, "send_tensor(tensor)")
         deadline = self._deadline(timeout)
         ready = time.monotonic()
-        return self._send.direction.submit(
+        return self._submit(
+            self._send,
             lambda dl: self._do_send_tensor(payload, ready, dl),
-            label="send_tensor()",
-            deadline=deadline,
-            async_op=async_op,
+            "send_tensor()",
+            deadline,
+            async_op,
         )
 
     def recv_tensor(
@@ -443,11 +522,12 @@ class CollectiveGroup:
         """
         flat = self._raw_view(tensor, "recv_tensor(tensor)")
         deadline = self._deadline(timeout)
-        return self._recv.direction.submit(
+        return self._submit(
+            self._recv,
             lambda dl: self._do_recv_tensor(tensor, flat, dl),
-            label="recv_tensor()",
-            deadline=deadline,
-            async_op=async_op,
+            "recv_tensor()",
+            deadline,
+            async_op,
         )
 
     @staticmethod
@@ -675,6 +755,8 @@ class CollectiveGroup:
         for side in (self._send, self._recv):
             side.direction.begin_close()
             side.close()  # drops the process group, closes the liveness connection
+        if self._life is not None:
+            self._life.unsubscribe(self._life_token)
         if self._on_close is not None:
             self._on_close(self)  # the Collective forgets the closed group
         self._owner = None

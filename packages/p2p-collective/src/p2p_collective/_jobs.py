@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from p2p_collective._deadline import remaining
 from p2p_collective._errors import CollectiveTimeoutError
-from p2p_collective._transport import remaining
 
 T = TypeVar("T")
 

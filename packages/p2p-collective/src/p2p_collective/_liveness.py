@@ -1,4 +1,4 @@
-"""Peer liveness: one plain TCP connection per direction, watched for end-of-file.
+"""Peer liveness: plain TCP connections to the peer, watched for end-of-file.
 
 Gloo reports a dead peer quickly in most states, but not all: measured on torch 2.13, a
 peer that dies in the middle of a multi-megabyte message can leave the other side's
@@ -8,6 +8,11 @@ group) the kernel closes that connection and the :class:`Watcher` thread sees
 end-of-file at once. After a short grace period, which lets operations that were about
 to complete finish, the link is declared gone and its pending operation fails with
 :class:`PeerError`.
+
+The one byte ever sent on such a connection is :data:`BYE`, written just before a side
+closes it on purpose (it closed the group). End-of-file after ``BYE`` means "that group
+was closed"; end-of-file without it (or an error) means the process is gone, and its
+:class:`~p2p_collective._peer.Peer` fails everything toward it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ _log = logging.getLogger("p2p_collective")
 GONE_GRACE = 2.0
 """Seconds between seeing the peer's connection close and failing the pending operation."""
 _TICK = 0.25
+BYE = b"C"
+"""Written on a liveness connection right before it is closed on purpose."""
+
+GoneCallback = Callable[[str, bool], None]
+"""``on_gone(reason, died)``: ``died`` is False when the peer said goodbye first."""
 
 
 def _keepalive(sock: socket.socket) -> None:
@@ -90,8 +100,9 @@ def open_watch_socket(
 class Watcher:
     """One daemon thread per Collective that watches every liveness connection.
 
-    ``watch(sock, on_gone)`` calls ``on_gone(reason)`` once, from the watcher thread,
-    :data:`GONE_GRACE` seconds after the connection reports end-of-file or an error.
+    ``watch(sock, on_gone)`` calls ``on_gone(reason, died)`` once, from the watcher
+    thread, :data:`GONE_GRACE` seconds after the connection reports end-of-file or an
+    error; ``died`` is False when :data:`BYE` came first (the peer closed on purpose).
     """
 
     def __init__(self, name: str) -> None:
@@ -101,7 +112,8 @@ class Watcher:
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         self._thread: threading.Thread | None = None
-        self._pending: list[tuple[float, Callable[[str], None], str]] = []
+        self._pending: list[tuple[float, GoneCallback, str, bool]] = []
+        self._said_bye: set[int] = set()  # descriptors whose peer sent BYE
         self._closed = False
 
     def _start_locked(self) -> selectors.BaseSelector:
@@ -116,21 +128,25 @@ class Watcher:
             self._thread.start()
         return self._selector
 
-    def watch(self, sock: socket.socket, on_gone: Callable[[str], None]) -> None:
-        """Start watching ``sock``; ``on_gone`` runs once after it closes."""
+    def watch(self, sock: socket.socket, on_gone: GoneCallback) -> None:
+        """Start watching ``sock``; ``on_gone(reason, died)`` runs once after it closes."""
         with self._lock:
             if self._closed:
                 raise CollectiveError("the liveness watcher is closed")
             selector = self._start_locked()
+            self._said_bye.discard(sock.fileno())
             selector.register(sock, selectors.EVENT_READ, on_gone)
             self._wake()
 
     def forget(self, sock: socket.socket) -> None:
-        """Stop watching ``sock`` and close it (the peer then sees end-of-file)."""
+        """Stop watching ``sock``, say :data:`BYE` and close it (the peer sees a close)."""
         with self._lock:
             if self._selector is not None:
                 with contextlib.suppress(KeyError, ValueError):
                     self._selector.unregister(sock)
+            self._said_bye.discard(sock.fileno())
+        with contextlib.suppress(OSError):
+            sock.send(BYE)
         sock.close()
 
     def _wake(self) -> None:
@@ -151,31 +167,44 @@ class Watcher:
                     with contextlib.suppress(OSError):
                         self._wake_r.recv(4096)  # type: ignore[union-attr]
                     continue
-                sock: socket.socket = key.fileobj  # type: ignore[assignment]
-                try:
-                    data = sock.recv(4096)
-                    reason = "closed its end of the connection (it exited or closed the group)"
-                    if data:
-                        continue  # nothing is ever sent; ignore stray bytes
-                except BlockingIOError:
-                    continue
-                except OSError as exc:
-                    reason = f"connection failed: {exc}"
-                with self._lock:
-                    with contextlib.suppress(KeyError, ValueError):
-                        self._selector.unregister(sock)
-                    self._pending.append((now + GONE_GRACE, key.data, reason))
-            due: list[tuple[Callable[[str], None], str]] = []
+                with self._lock:  # forget() cannot close the socket meanwhile
+                    if self._selector.get_map().get(key.fd) is not key:
+                        continue  # forgotten (closed by this side) since select()
+                    report = self._read_locked(key.fileobj)  # type: ignore[arg-type]
+                    if report is not None:
+                        with contextlib.suppress(KeyError, ValueError):
+                            self._selector.unregister(key.fileobj)
+                        self._pending.append((now + GONE_GRACE, key.data, *report))
+            due: list[tuple[GoneCallback, str, bool]] = []
             with self._lock:
                 keep = []
-                for at, fn, why in self._pending:
-                    (due.append((fn, why)) if at <= now else keep.append((at, fn, why)))
+                for item in self._pending:
+                    (due.append(item[1:]) if item[0] <= now else keep.append(item))
                 self._pending = keep
-            for fn, why in due:
+            for fn, why, died in due:
                 try:
-                    fn(why)
+                    fn(why, died)
                 except Exception:  # a failing callback must not stop watching the others
                     _log.exception("p2p liveness callback failed")
+
+    def _read_locked(self, sock: socket.socket) -> tuple[str, bool] | None:
+        """Read what a readable liveness connection has; (reason, died) once it ended."""
+        fd = sock.fileno()
+        try:
+            data = sock.recv(4096)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            self._said_bye.discard(fd)
+            return f"is unreachable (liveness connection failed: {exc})", True
+        if data:
+            if BYE in data:
+                self._said_bye.add(fd)
+            return None  # end-of-file follows
+        if fd in self._said_bye:
+            self._said_bye.discard(fd)
+            return "closed the group (its end of the connection is closed)", False
+        return "died (its liveness connection closed without a goodbye)", True
 
     def close(self) -> None:
         """Stop the thread; sockets are closed by their owners (:meth:`forget`)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -9,7 +10,15 @@ from typing import Any
 
 import torch
 
+from p2p_asyncwork import AsyncResultWork
 from p2p_collective._auth import JobAuth
+from p2p_collective._deadline import (
+    deadline_after,
+    is_timeout,
+    min_timeout,
+    remaining,
+    to_timedelta,
+)
 from p2p_collective._direction import CleanFailure, Direction
 from p2p_collective._errors import (
     CollectiveError,
@@ -17,6 +26,7 @@ from p2p_collective._errors import (
     GroupClosedError,
     ObjectRefusedError,
     PeerError,
+    PeerGoneError,
 )
 from p2p_collective._multi_ops import (
     OBJ_HEADER,
@@ -33,25 +43,15 @@ from p2p_collective._multi_ops import (
     rebuild,
     reduce_op,
 )
+from p2p_collective._peer import Life, Peer, announce, new_instance
 from p2p_collective._plain import refusal_message
 from p2p_collective._rendezvous import claim_incarnation, private_client, wait_key
-from p2p_collective._transport import StoreLike, deadline_after, remaining, to_timedelta
+from p2p_collective._torch_gloo import op_options
+from p2p_collective._transport import StoreLike
 
-_D: Any = torch._C._distributed_c10d  # the *Options classes (not all re-exported)
 _WAIT_GRACE = 2.0
 _WAIT_SLICE = 0.05  # seconds a blocking wait lasts before liveness and deadline are checked
 _P2P_TAG = 1 << 28  # far from the tags gloo numbers its collectives with (0, 1, ...)
-
-
-def _min_timeout(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return isinstance(exc, TimeoutError) or "timed out" in text or "timeout" in text
 
 
 def _threaded_wait(work: Any, deadline: float | None) -> Callable[[], bool]:
@@ -121,6 +121,9 @@ class MultiCollectiveGroup:
         owner: object = None,
         on_close: Callable[[Any], None] | None = None,
         auth: JobAuth | None = None,
+        peers: Sequence[Peer | None] | None = None,
+        instance: str | None = None,
+        announce_as: str | None = None,
     ) -> None:
         self.auth = auth  # the job token check at rendezvous (None: none)
         self._owner = owner
@@ -143,6 +146,17 @@ class MultiCollectiveGroup:
         self._prefix: str | None = None
         self._private: StoreLike | None = None
         self._direction = Direction(f"coll[{name}]")
+        self._object_seq = 0  # object broadcasts so far: every member counts alike
+        # The members' fate (see _peer.py): one Peer per other member, bound to its life.
+        self.instance = instance if instance is not None else new_instance()
+        self._peers: list[Peer | None] = (
+            list(peers)
+            if peers is not None
+            else [None if r == rank else Peer(n) for r, n in enumerate(self.member_names)]
+        )
+        self._lives: dict[int, tuple[Life, int]] = {}  # rank -> (life, listener token)
+        # the name the other members know this one by (a ranked group's is "name[rank]")
+        self._announce_as = announce_as if announce_as is not None else self.self_name
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -151,6 +165,37 @@ class MultiCollectiveGroup:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
+        return self._closed
+
+    # -- the members' fate ----------------------------------------------------------------
+
+    def _bind(self, rank: int, life: Life) -> None:
+        """Bind member ``rank`` to ``life`` (the first met); raise PeerError if it ended."""
+        what = f"coll[{self.name}]"
+        with self._lock:
+            bound = self._lives.get(rank)
+            if bound is None:
+                token = life.subscribe(functools.partial(self._member_gone, rank))
+                self._lives[rank] = (life, token)
+            elif bound[0] is not life:
+                raise PeerError(
+                    f"{what}: member {self.member_names[rank]!r} restarted (a new"
+                    " incarnation) since this group met it; create the group again"
+                )
+        life.check(what)
+
+    def _check_members(self) -> bool:
+        """The ``cancelled`` check of rendezvous waits: closed (True), or raise PeerError."""
+        what = f"coll[{self.name}]"
+        for r, peer in enumerate(self._peers):
+            if peer is None:
+                continue
+            bound = self._lives.get(r)
+            if bound is not None:
+                bound[0].check(what)
+                peer.ask_oracle(what)
+            else:
+                peer.check_unbound(self.store, what)
         return self._closed
 
     # -- connection ----------------------------------------------------------------------
@@ -162,9 +207,10 @@ class MultiCollectiveGroup:
             return self._pg
         if self._closed:
             raise CleanFailure(GroupClosedError(f"coll[{self.name}]: the group was closed"))
-        wait = _min_timeout(self.init_timeout, remaining(deadline))
-        cancelled = self._is_closed
+        wait = min_timeout(self.init_timeout, remaining(deadline))
+        cancelled = self._check_members
         try:
+            cancelled()  # a member known dead fails here, not at the timeout
             if self._private is None:
                 self._private = private_client(self.store, wait)
             store = self._private
@@ -173,9 +219,10 @@ class MultiCollectiveGroup:
                 self._prefix = f"p2p/{self.name}/{inc}/coll{self.world_size}"
             prefix = self._prefix
             if not self._joined:
+                announce(store, self._announce_as, self.instance)
                 if self.auth is not None:  # the nonce goes before the announcement
                     self.auth.publish(store, prefix, str(self.rank))
-                store.set(f"{prefix}/join/{self.rank}", b"1")
+                store.set(f"{prefix}/join/{self.rank}", self.instance.encode())
                 self._joined = True
             end = deadline_after(wait)
             missing = [
@@ -194,6 +241,11 @@ class MultiCollectiveGroup:
                     wait,
                     lambda key, t: wait_key(store, key, t, cancelled),
                 )
+            if not missing:
+                for r, peer in enumerate(self._peers):
+                    if peer is not None:
+                        theirs = bytes(store.get(f"{prefix}/join/{r}")).decode(errors="replace")
+                        self._bind(r, peer.bind(theirs))
         except CollectiveError as exc:
             raise CleanFailure(exc) from exc
         except Exception as exc:
@@ -222,7 +274,7 @@ class MultiCollectiveGroup:
         except Exception as exc:
             for sock in socks.values():
                 sock.close()
-            if _is_timeout(exc):
+            if is_timeout(exc):
                 raise CollectiveTimeoutError(
                     f"coll[{self.name}]: the process group did not connect within"
                     f" {self.init_timeout} s"
@@ -231,20 +283,26 @@ class MultiCollectiveGroup:
         with self._lock:
             self._socks = socks
             self._pg = pg
-        for peer, sock in socks.items():
-            self.links.watcher.watch(sock, lambda why, p=peer: self._member_gone(p, why))
+        for member, sock in socks.items():
+            self.links.watcher.watch(sock, functools.partial(self._sock_gone, member))
         return pg
 
-    def _is_closed(self) -> bool:
-        return self._closed
+    def _sock_gone(self, rank: int, reason: str, died: bool) -> None:
+        """A member's liveness connection ended: it died (its life ends) or closed."""
+        exc = PeerError(
+            f"coll[{self.name}]: member {self.member_names[rank]!r} (rank {rank}) {reason}"
+        )
+        bound = self._lives.get(rank)
+        if died and bound is not None:
+            bound[0].end(exc)  # every group bound to that life hears it, this one included
+        else:
+            self._member_gone(rank, exc)
 
-    def _member_gone(self, peer: int, reason: str) -> None:
+    def _member_gone(self, rank: int, exc: PeerError) -> None:
         if self._gone is not None or self._closed:
             return
-        self._gone = PeerError(
-            f"coll[{self.name}]: member {self.member_names[peer]!r} (rank {peer}) {reason}"
-        )
-        self._direction.abort(self._gone)
+        self._gone = exc
+        self._direction.abort(exc)
 
     def _wait(self, works: list[Any], what: str, deadline: float | None, p2p: bool = False) -> None:
         pause = 0.00005
@@ -269,7 +327,7 @@ class MultiCollectiveGroup:
         except Exception as exc:
             if self._gone is not None:
                 raise self._gone from exc
-            if _is_timeout(exc):
+            if is_timeout(exc):
                 raise CollectiveTimeoutError(
                     f"coll[{self.name}]: {what} did not complete in time"
                 ) from exc
@@ -299,11 +357,7 @@ class MultiCollectiveGroup:
                 # only the slice ran out: the operation goes on
 
     def _opts(self, cls: str, deadline: float | None, **fields: Any) -> Any:
-        opts = getattr(_D, cls)()
-        opts.timeout = to_timedelta(remaining(deadline))
-        for key, value in fields.items():
-            setattr(opts, key, value)
-        return opts
+        return op_options(cls, to_timedelta(remaining(deadline)), **fields)
 
     def _submit(
         self,
@@ -315,9 +369,24 @@ class MultiCollectiveGroup:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
             raise ValueError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
         deadline = deadline_after(self.config.op_timeout if timeout is None else float(timeout))
+        gone = self._gone
+        if gone is not None:  # a member is gone: fail at once, never queue
+            err = PeerGoneError(f"coll[{self.name}]: {label} refused: {gone}")
+            err.__cause__ = gone
+            if not async_op:
+                raise err
+            work: AsyncResultWork[Any] = AsyncResultWork()
+            work.set_exception(err)
+            return work
         return self._direction.submit(
             lambda dl: run(self._connect(dl), dl), label=label, deadline=deadline, async_op=async_op
         )
+
+    def _next_object_seq(self) -> int:
+        """The sequence number of this object broadcast (run in order by the executor)."""
+        seq = self._object_seq
+        self._object_seq += 1
+        return seq
 
     def _check_rank(self, rank: object, arg: str) -> int:
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
@@ -356,7 +425,7 @@ class MultiCollectiveGroup:
             meta, payloads = encode_object(obj, "broadcast(obj)")
 
             def run(pg: Any, dl: float | None) -> Any:
-                header = header_for(meta)
+                header = header_for(meta, self._next_object_seq())
                 msgs = [header]
                 if inline_meta(header, len(meta)) is None:
                     msgs.append(torch.frombuffer(bytearray(meta), dtype=torch.uint8))
@@ -366,9 +435,11 @@ class MultiCollectiveGroup:
         else:
 
             def run(pg: Any, dl: float | None) -> Any:
+                seq = self._next_object_seq()
                 header = torch.empty(OBJ_HEADER, dtype=torch.uint8)
                 self._bcast(pg, [header], src, dl, "broadcast(obj) header")
-                length = meta_length(header)
+                what = f"coll[{self.name}]: broadcast(obj) from {self.member_names[src]!r}"
+                length = meta_length(header, seq, what)
                 meta = inline_meta(header, length)
                 if meta is None:
                     buf = torch.empty(length, dtype=torch.uint8)
@@ -669,6 +740,9 @@ class MultiCollectiveGroup:
             self._closed = True
             socks, self._socks = self._socks, {}
             self._pg = None
+            lives, self._lives = self._lives, {}
+        for life, token in lives.values():
+            life.unsubscribe(token)
         self._direction.begin_close()
         for sock in socks.values():
             self.links.watcher.forget(sock)

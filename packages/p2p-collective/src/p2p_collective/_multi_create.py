@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from p2p_collective._address import address_name
 from p2p_collective._errors import GroupClosedError
 from p2p_collective._multi import MultiCollectiveGroup
 
@@ -13,8 +14,6 @@ MULTI_PREFIX = "coll:"
 
 
 def _names(collective: Any, addresses: Sequence[object]) -> list[str]:
-    from p2p_collective._collective import address_name
-
     if isinstance(addresses, (str, bytes)) or not isinstance(addresses, Sequence):
         raise TypeError(
             f"worker_addresses: expected a sequence of addresses, got {type(addresses).__name__}"
@@ -50,7 +49,9 @@ def _forget(collective: Any, group: MultiCollectiveGroup) -> None:
             del collective._groups[group.name]
 
 
-def _make(collective: Any, key: str, rank: int, names: list[str]) -> MultiCollectiveGroup:
+def _make(
+    collective: Any, key: str, rank: int, names: list[str], alias: str | None = None
+) -> MultiCollectiveGroup:
     return MultiCollectiveGroup(
         name=key,
         rank=rank,
@@ -62,6 +63,9 @@ def _make(collective: Any, key: str, rank: int, names: list[str]) -> MultiCollec
         owner=collective,
         on_close=lambda g: _forget(collective, g),
         auth=collective._auth,
+        peers=[None if r == rank else collective.peers.get(n) for r, n in enumerate(names)],
+        instance=collective.instance,
+        announce_as=alias,
     )
 
 
@@ -134,8 +138,9 @@ def join_ranked_group(
         raise ValueError(f"rank: got {rank!r}; allowed: 0..{world_size - 1}")
     key = f"{MULTI_PREFIX}ranked/{group_name}/{world_size}"
     names = [f"{group_name}[{r}]" for r in range(world_size)]
-    names[rank] = f"{collective.name} ({names[rank]})"
-    group = _cached(collective, key, lambda k: _make(collective, k, rank, names))
+    alias = names[rank]  # the name the other members know this one by
+    names[rank] = f"{collective.name} ({alias})"
+    group = _cached(collective, key, lambda k: _make(collective, k, rank, names, alias))
     if group.rank != rank:
         raise ValueError(
             f"rank: got {rank}, but this process already joined {group_name!r} as rank {group.rank}"

@@ -16,17 +16,20 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from p2p_collective._deadline import to_timedelta
+from p2p_collective._errors import FramingError
+from p2p_collective._framing import FRAME_VERSION, MAGIC
 from p2p_collective._liveness import open_watch_socket
 from p2p_collective._payload import check_tensor, flat_bytes
 from p2p_collective._plain import load_object_lenient
-from p2p_collective._transport import StoreLike, to_timedelta
+from p2p_collective._torch_gloo import new_gloo_group as _gloo_group
+from p2p_collective._transport import StoreLike
 
-_PREFIX_STORE: Any = dist.PrefixStore  # type: ignore[attr-defined]
 _REDUCE_OP: Any = dist.ReduceOp
 
 OBJ_HEADER = 1024
-"""Bytes of the first broadcast message of an object broadcast (length + inline metadata)."""
-_LEN = struct.Struct("<q")
+"""Bytes of the first message of an object broadcast (frame head + inline metadata)."""
+_OBJ_HEAD = struct.Struct("<4sB3xQq")  # magic, frame version, pad, sequence, metadata bytes
 
 REDUCE_OPS = ("sum", "product", "min", "max")
 _GLOO_DTYPES = frozenset(
@@ -156,25 +159,47 @@ def encode_object(obj: Any, op: str) -> tuple[bytes, list[torch.Tensor]]:
     return meta, [flat_bytes(t) for t in tensors if t.numel()]
 
 
-def header_for(meta: bytes) -> torch.Tensor:
-    """The first message: the metadata length, then the metadata itself when it fits."""
+def header_for(meta: bytes, seq: int) -> torch.Tensor:
+    """The first message of an object broadcast: a frame head, then the metadata if it fits.
+
+    The head carries the package's frame magic and version, the group's object
+    broadcast sequence number and the metadata length, so a member whose calls are out
+    of step gets a :class:`FramingError` instead of garbage (as pair frames do).
+    """
     buf = bytearray(OBJ_HEADER)
-    _LEN.pack_into(buf, 0, len(meta))
-    if _LEN.size + len(meta) <= OBJ_HEADER:
-        buf[_LEN.size : _LEN.size + len(meta)] = meta
+    _OBJ_HEAD.pack_into(buf, 0, MAGIC, FRAME_VERSION, seq, len(meta))
+    if _OBJ_HEAD.size + len(meta) <= OBJ_HEADER:
+        buf[_OBJ_HEAD.size : _OBJ_HEAD.size + len(meta)] = meta
     return torch.frombuffer(buf, dtype=torch.uint8)
 
 
-def meta_length(header: torch.Tensor) -> int:
-    """The metadata length a header announces."""
-    return int(_LEN.unpack_from(header.numpy().tobytes(), 0)[0])
+def meta_length(header: torch.Tensor, expected_seq: int, what: str) -> int:
+    """Check an object broadcast's head; return the metadata length it announces.
+
+    Raises:
+        FramingError: Wrong magic or version (the message is not an object broadcast
+            head), or another sequence number than ``expected_seq``.
+    """
+    magic, version, seq, length = _OBJ_HEAD.unpack_from(header.numpy().tobytes(), 0)
+    if magic != MAGIC or version != FRAME_VERSION:
+        raise FramingError(
+            f"{what}: the first message is not an object broadcast head (magic {magic!r},"
+            f" version {version}; expected {MAGIC!r}, {FRAME_VERSION}); the members' calls"
+            " are not paired (broadcast(obj) against another collective?)"
+        )
+    if seq != expected_seq or length < 0:
+        raise FramingError(
+            f"{what}: object broadcast number {seq} ({length} bytes of metadata) arrived"
+            f" where number {expected_seq} was expected; the members' calls are out of step"
+        )
+    return int(length)
 
 
 def inline_meta(header: torch.Tensor, length: int) -> bytes | None:
-    """The metadata carried inside the header, or None when it travels separately."""
-    if _LEN.size + length > OBJ_HEADER:
+    """The metadata carried inside the head message, or None when it travels separately."""
+    if _OBJ_HEAD.size + length > OBJ_HEADER:
         return None
-    return header.numpy().tobytes()[_LEN.size : _LEN.size + length]
+    return header.numpy().tobytes()[_OBJ_HEAD.size : _OBJ_HEAD.size + length]
 
 
 def allocate_from(
@@ -217,12 +242,7 @@ def new_gloo_group(
     store: StoreLike, prefix: str, rank: int, size: int, device: Any, timeout: float | None
 ) -> Any:
     """A standalone gloo process group of ``size`` ranks under ``prefix`` (bound to ``device``)."""
-    gloo: Any = dist.ProcessGroupGloo
-    opts = gloo._Options()
-    opts._devices = [device]
-    opts._timeout = to_timedelta(timeout)
-    opts._threads = 2
-    return gloo(_PREFIX_STORE(f"{prefix}/gloo", store), rank, size, opts)
+    return _gloo_group(store, prefix, rank, size, device, to_timedelta(timeout), 2)
 
 
 def liveness_mesh(

@@ -22,8 +22,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch.distributed as dist
 
 from p2p_collective._auth import JobAuth
+from p2p_collective._deadline import to_timedelta
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
-from p2p_collective._transport import StoreLike, to_timedelta
+from p2p_collective._transport import StoreLike
 
 _TorchStore: Any = dist.Store  # type: ignore[attr-defined]
 _TCPStore: Any = dist.TCPStore  # type: ignore[attr-defined]
@@ -192,7 +193,8 @@ def meet(
     timeout: float | None,
     cancelled: Callable[[], bool] = lambda: False,
     auth: JobAuth | None = None,
-) -> None:
+    announcement: bytes = b"1",
+) -> bytes:
     """Announce this side of one direction and wait for the peer's matching announcement.
 
     With ``auth``, both sides then prove that they hold the same job token (see
@@ -205,8 +207,13 @@ def meet(
         peer_role: The other role.
         peer: Peer name, for error messages.
         timeout: Seconds to wait for the peer (None: no limit).
-        cancelled: Polled while waiting; True stops the wait with a CollectiveError.
+        cancelled: Polled while waiting; True stops the wait with a CollectiveError (it
+            may also raise, e.g. a PeerError when the peer is known dead).
         auth: This process's job token check, or None for none at all.
+        announcement: The value of this side's announcement (its instance id).
+
+    Returns:
+        The peer's announcement.
 
     Raises:
         CollectiveTimeoutError: The peer did not announce itself in time (retrying later
@@ -218,8 +225,9 @@ def meet(
     try:
         if auth is not None:
             auth.publish(store, prefix, role)  # before the announcement the peer waits for
-        store.set(f"{prefix}/{role}", b"1")
+        store.set(f"{prefix}/{role}", announcement)
         found = wait_key(store, f"{prefix}/{peer_role}", timeout, cancelled)
+        theirs = bytes(store.get(f"{prefix}/{peer_role}")) if found else b""
     except CollectiveError:
         raise
     except Exception as exc:
@@ -242,3 +250,4 @@ def meet(
             timeout,  # the peer is there: its proof follows at once
             lambda key, t: wait_key(store, key, t, cancelled),
         )
+    return theirs

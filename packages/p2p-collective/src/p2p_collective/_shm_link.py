@@ -30,7 +30,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -41,11 +40,9 @@ from p2p_collective._errors import (
     FramingError,
     PeerError,
 )
+from p2p_collective._gloo_link import GlooLink
 from p2p_collective._recvpool import PostedRecv
 from p2p_collective._shm import Segment
-
-if TYPE_CHECKING:
-    from p2p_collective._transport import GlooLink
 
 SHM_MIN_BYTES = 256 << 10
 """Messages of at least this many bytes go through the segment; smaller ones inline."""
@@ -74,7 +71,7 @@ def _timeout_for(deadline: float | None) -> float | None:
 
 
 class ShmLink:
-    """A link with the methods of :class:`~p2p_collective._transport.GlooLink`.
+    """A :class:`~p2p_collective._link.Link` over shared memory (same node).
 
     It owns the direction's gloo link too (its liveness connection keeps reporting a
     vanished peer; it is the fallback's process group) and closes it with itself.
@@ -100,8 +97,8 @@ class ShmLink:
         self._released = False
         self._unusable: str | None = None
 
-    def set_on_gone(self, fn: Callable[[PeerError], None]) -> None:
-        """Call ``fn`` (from the watcher thread) when the peer is declared gone."""
+    def set_on_gone(self, fn: Callable[[PeerError, bool], None]) -> None:
+        """Call ``fn(error, died)`` (from the watcher thread) when the peer is gone."""
         self._gloo.set_on_gone(fn)
 
     # -- operations -----------------------------------------------------------------------
@@ -272,6 +269,10 @@ class ShmLink:
             np.copyto(out[off : off + k], self._slots[self._chunk % len(self._slots)][:k])
             self._chunk += 1
             self._sendall(_ONE, deadline)
+
+    def stats(self) -> dict[str, str | None]:
+        """``transport`` (``"shm"``) and an empty ``transport_reason``."""
+        return {"transport": self.transport, "transport_reason": self.transport_reason}
 
     # -- closing --------------------------------------------------------------------------
 

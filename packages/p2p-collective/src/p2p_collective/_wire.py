@@ -30,9 +30,9 @@ from p2p_collective._framing import (
     parse_meta,
 )
 from p2p_collective._framing import patch_seq as _patch_seq
+from p2p_collective._link import Link
 from p2p_collective._payload import OutFrame, allocate, flat_bytes
 from p2p_collective._recvpool import ReceiveBufferPool
-from p2p_collective._transport import Link
 
 
 def patch_frame_seq(frame: OutFrame, seq: int) -> None:

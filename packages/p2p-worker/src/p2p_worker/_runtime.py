@@ -10,6 +10,7 @@ from typing import Any
 from p2p_worker._address import WorkerAddress
 from p2p_worker._errors import WorkerError
 from p2p_worker._info import NodeInfo
+from p2p_worker._oracle import actor_alive
 from p2p_worker._store import RendezvousStore
 
 STORE_TIMEOUT = 300.0
@@ -119,6 +120,7 @@ class WorkerRuntime:
                     host=self.node_ip,
                     config=self.job.collective_config,
                     job_token=self.job.job_token,
+                    is_alive=actor_alive,  # Ray's word on peers never connected to
                 )
             return self._collective
 

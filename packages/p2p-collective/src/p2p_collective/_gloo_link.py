@@ -1,0 +1,221 @@
+"""GlooLink: one direction of a group over a two-rank gloo process group (any two hosts).
+
+Each direction has its own process group, so the two directions never share a socket
+pair or a tag space, and messages of one direction arrive in the order they were sent.
+Header messages and payload messages travel under two tags (see
+:mod:`p2p_collective._headers`).
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from p2p_collective._deadline import is_timeout, remaining, to_timedelta
+from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
+from p2p_collective._liveness import Watcher
+from p2p_collective._recvpool import PostedRecv
+
+PAYLOAD_TAG = 0
+HEADER_TAG = 1
+"""gloo tags: header messages (each operation's first) and all others travel apart, so
+header receives posted ahead never catch a payload (see :mod:`p2p_collective._headers`)."""
+_WAIT_GRACE = 2.0
+
+DIRECT_WAIT_MAX = 1 << 20
+"""Messages up to this many bytes are waited for in the executing thread."""
+
+
+class GlooLink:
+    """One direction of a group: a two-rank gloo process group plus a liveness connection.
+
+    ``send``/``recv`` move the bytes of one flat ``uint8`` tensor as one gloo message and
+    block until done or until the deadline; failures become
+    :class:`CollectiveTimeoutError` or :class:`PeerError`. Messages up to
+    :data:`DIRECT_WAIT_MAX` bytes are waited for in the calling thread (lowest latency);
+    larger ones are waited for by the link's waiter thread while the caller watches the
+    liveness connection, because gloo can miss a peer that dies mid-transfer.
+
+    ``transport`` is ``"gloo"``; ``transport_reason`` says why shared memory is not used.
+    """
+
+    transport = "gloo"
+
+    def __init__(
+        self, pg: Any, rank: int, peer: str, watch: socket.socket, watcher: Watcher
+    ) -> None:
+        self._pg: Any = pg
+        self._peer_rank = 1 - rank
+        self.peer = peer
+        self._watch = watch
+        self._watcher = watcher
+        self._gone: str | None = None
+        self._on_gone: Callable[[PeerError, bool], None] | None = None
+        self._waits: queue.SimpleQueue[_Wait | None] = queue.SimpleQueue()
+        self._waiter: threading.Thread | None = None
+        self._inflight: _Wait | None = None
+        self.transport_reason = ""
+        watcher.watch(watch, self._peer_gone)
+
+    def set_on_gone(self, fn: Callable[[PeerError, bool], None]) -> None:
+        """Call ``fn(error, died)`` (from the watcher thread) when the peer is gone."""
+        self._on_gone = fn
+
+    def _gone_error(self) -> PeerError:
+        return PeerError(f"peer {self.peer!r} {self._gone}")
+
+    def _peer_gone(self, reason: str, died: bool) -> None:
+        self._gone = reason
+        wait = self._inflight
+        if wait is not None:
+            wait.done.set()
+        if self._on_gone is not None:
+            self._on_gone(self._gone_error(), died)
+
+    def _run(
+        self, what: str, tensor: torch.Tensor, deadline: float | None, send: bool, tag: int
+    ) -> None:
+        if deadline is not None and remaining(deadline) == 0.0:
+            raise CollectiveTimeoutError(
+                f"{what} of {tensor.numel()} bytes with peer {self.peer!r}: the deadline had"
+                " passed before it could start"
+            )
+        work = self._post(what, tensor, send, tag)
+        self._finish(what, work, tensor.numel(), deadline)
+
+    def _post(self, what: str, tensor: torch.Tensor, send: bool, tag: int) -> Any:
+        """Hand one send or receive to gloo (never blocks); return its work."""
+        pg = self._pg
+        if pg is None:
+            raise CollectiveError(f"{what} with peer {self.peer!r}: the link is closed")
+        if self._gone is not None:
+            raise self._gone_error()
+        try:
+            if send:
+                return pg.send([tensor], self._peer_rank, tag)
+            return pg.recv([tensor], self._peer_rank, tag)
+        except Exception as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise PeerError(f"{what} with peer {self.peer!r} failed: {first}") from exc
+
+    def _finish(self, what: str, work: Any, nbytes: int, deadline: float | None) -> None:
+        """Wait for a posted operation; map gloo's failures to ours."""
+        left = remaining(deadline)
+        try:
+            if left == 0.0:
+                raise TimeoutError("deadline already passed")
+            if nbytes <= DIRECT_WAIT_MAX:
+                work.wait(to_timedelta(left))
+            else:
+                self._watched_wait(work, deadline)
+        except PeerError:
+            raise
+        except Exception as exc:
+            if is_timeout(exc):
+                raise CollectiveTimeoutError(
+                    f"{what} of {nbytes} bytes with peer {self.peer!r} did not"
+                    f" complete in time ({left if left is not None else 'no'} s left)"
+                ) from exc
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise PeerError(f"{what} with peer {self.peer!r} failed: {first}") from exc
+
+    def _watched_wait(self, work: Any, deadline: float | None) -> None:
+        wait = _Wait(work, deadline)
+        self._inflight = wait
+        if self._waiter is None:
+            self._waiter = threading.Thread(
+                target=_waiter_loop, args=(self._waits,), name="p2p-gloo-wait", daemon=True
+            )
+            self._waiter.start()
+        self._waits.put(wait)
+        try:
+            while not wait.done.wait(0.5):
+                if deadline is not None and time.monotonic() > deadline + _WAIT_GRACE:
+                    raise TimeoutError("the gloo wait did not return by the deadline")
+            if wait.error is not None:
+                raise wait.error
+            if not wait.finished and self._gone is not None:
+                raise self._gone_error()
+        finally:
+            self._inflight = None
+
+    def send(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
+        """Send the bytes of a flat uint8 tensor as one message (``header``: a frame's first)."""
+        self._run("send", tensor, deadline, True, HEADER_TAG if header else PAYLOAD_TAG)
+
+    def recv(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
+        """Receive one message into a flat uint8 tensor (the message may be shorter)."""
+        self._run("recv", tensor, deadline, False, HEADER_TAG if header else PAYLOAD_TAG)
+
+    def post_recv(self, tensor: torch.Tensor) -> PostedRecv:
+        """Post the receive of a header message now; wait for it with :meth:`wait_recv`.
+
+        A receive posted before the peer sends lets gloo move the message at once;
+        one posted after makes the peer's send wait for a notification round trip.
+
+        Raises:
+            CollectiveError, PeerError: The link is closed or the peer is gone.
+        """
+        if tensor.numel() > DIRECT_WAIT_MAX:
+            raise ValueError(f"post_recv: {tensor.numel()} bytes; at most {DIRECT_WAIT_MAX}")
+        return PostedRecv(self._post("recv", tensor, False, HEADER_TAG), tensor)
+
+    def wait_recv(self, posted: PostedRecv, deadline: float | None) -> None:
+        """Wait for a receive posted with :meth:`post_recv`.
+
+        Raises:
+            CollectiveTimeoutError, PeerError: As for :meth:`recv`.
+        """
+        work, posted.work = posted.work, None
+        if work is None:
+            raise CollectiveError(f"recv with peer {self.peer!r}: that receive was already waited")
+        self._finish("recv", work, posted.tensor.numel(), deadline)
+
+    def stats(self) -> dict[str, str | None]:
+        """``transport`` (``"gloo"``) and ``transport_reason`` (why not shared memory)."""
+        return {"transport": self.transport, "transport_reason": self.transport_reason}
+
+    def close(self) -> None:
+        """Drop the process group and close the liveness connection (the peer sees EOF).
+
+        The process group's sockets close once no pending operation holds it.
+        """
+        self._pg = None
+        self._waits.put(None)
+        waiter = self._waiter
+        if waiter is not None and self._inflight is None:
+            waiter.join(timeout=1.0)
+        self._watcher.forget(self._watch)
+
+
+class _Wait:
+    __slots__ = ("deadline", "done", "error", "finished", "work")
+
+    def __init__(self, work: Any, deadline: float | None) -> None:
+        self.work = work
+        self.deadline = deadline
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.finished = False
+
+
+def _waiter_loop(waits: queue.SimpleQueue[_Wait | None]) -> None:
+    while True:
+        wait = waits.get()
+        if wait is None:
+            return
+        try:
+            wait.work.wait(to_timedelta(remaining(wait.deadline)))
+            wait.finished = True
+        except BaseException as exc:
+            wait.error = exc
+        finally:
+            wait.work = None  # drop the gloo work (and its process group) at once
+            wait.done.set()
+        del wait
