@@ -5,6 +5,7 @@
    ``from p2p_collective._framing import ...`` outside ``p2p_collective`` itself.
 3. p2p_asyncwork and p2p_compress never import ``torch.distributed`` (import-linter
    cannot express a ban on a subpackage of an external package).
+4. No import circles between the modules of one package (see ``_import_graph.py``).
 
 Exits non-zero and prints every violation.
 """
@@ -15,6 +16,9 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _import_graph import circles, import_graph, package_modules
 
 MAX_LINES = 800
 PACKAGES = ("p2p_asyncwork", "p2p_compress", "p2p_collective", "p2p_worker")
@@ -77,6 +81,10 @@ def main() -> int:
         if n > MAX_LINES:
             problems.append(f"{path.relative_to(root)}: {n} lines (limit {MAX_LINES})")
         problems.extend(private_imports(path))
+    for pkg in PACKAGES:
+        src = root / "packages" / pkg.replace("_", "-") / "src" / pkg
+        for group in circles(import_graph(package_modules(src))):
+            problems.append(f"import circle in {pkg}: {' <-> '.join(group)}")
     for p in problems:
         print(p)
     if problems:
