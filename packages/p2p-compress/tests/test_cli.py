@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from p2p_compress import parse_tensor_compression
-from p2p_compress._cli import main, parse_size
+from p2p_compress._cli import main
 
 FAST = ["--repeat", "1", "--lz4-accelerations", "1", "--zstd-levels", "1"]
 
@@ -172,12 +172,23 @@ def test_advise_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         main([])
 
 
-def test_parse_size() -> None:
-    assert parse_size("65536") == 65536
-    assert parse_size("64KiB") == 65536
-    assert parse_size("1MiB") == 1 << 20
-    assert parse_size("1.5k") == 1500
-    assert parse_size("2GB") == 2 * 10**9
+def test_advise_size_uses_the_shared_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    """--size 64K is 65,536 bytes (binary), --size 64kB is 64,000 (decimal)."""
+    for text, expected in (("64K", 65536), ("64KiB", 65536), ("64kB", 64000)):
+        args = ["advise", "--synthetic", "int64_token_ids", "--size", text, "--min-bytes", "0"]
+        assert main([*args, *FAST, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert {m["raw_bytes"] for m in doc["measurements"]} == {expected}
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "-1K", "abc", "1X", "1.5", ""])
+def test_advise_refuses_bad_sizes(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["advise", "--synthetic", "repeated", f"--size={text}", *FAST])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--size: got {text!r}" in err
+    assert "allowed:" in err
 
 
 def test_console_script_runs() -> None:

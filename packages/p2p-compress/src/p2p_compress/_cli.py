@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Callable, Sequence
 
@@ -21,19 +20,20 @@ from p2p_compress._advise import (
 from p2p_compress._config import DEFAULT_MIN_BYTES, ZSTD_MAX_LEVEL, Lz4CodecConfig, ZstdCodecConfig
 from p2p_compress._dtypes import dtype_name
 from p2p_compress._errors import CompressionError
+from p2p_compress._sizes import SIZE_RULE, parse_size
 from p2p_compress._synthetic import SYNTHETIC_KINDS, make_synthetic_tensor
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6}
-_UNITS.update({"mib": 1024**2, "g": 10**9, "gb": 10**9, "gib": 1024**3})
 
+def _size_arg(option: str, minimum: int) -> Callable[[str], int]:
+    """An argparse ``type=`` for a size option: :func:`parse_size`, message kept."""
 
-def parse_size(text: str) -> int:
-    """Parse ``"65536"``, ``"64KiB"``, ``"1MiB"``, ``"2GB"`` into bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"size {text!r}: use bytes or a unit like 64KiB, 1MiB")
-    return int(float(match.group(1)) * _UNITS[unit])
+    def parse(text: str) -> int:
+        try:
+            return parse_size(text, minimum=minimum, name=option)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def _int_list(low: int, high: int | None) -> Callable[[str], list[int]]:
@@ -72,7 +72,12 @@ def _build_parser() -> argparse.ArgumentParser:
         choices=[*SYNTHETIC_KINDS, "all"],
         help="built-in payload kind (repeatable; default: all kinds when no path is given)",
     )
-    adv.add_argument("--size", type=parse_size, default=1 << 20, help="synthetic tensor size")
+    adv.add_argument(
+        "--size",
+        type=_size_arg("--size", 1),
+        default=1 << 20,
+        help=f"synthetic tensor size, {SIZE_RULE} [default: 1MiB]",
+    )
     adv.add_argument("--codecs", default="lz4,zstd", help="codecs to try (default lz4,zstd)")
     adv.add_argument(
         "--lz4-accelerations", type=_int_list(1, None), default=[1, 4, 16], metavar="A,B"
@@ -81,7 +86,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--zstd-levels", type=_int_list(1, ZSTD_MAX_LEVEL), default=[1, 3, 9], metavar="L,M"
     )
     adv.add_argument("--link-gbps", type=float, default=10.0, help="link bandwidth, Gbit/s")
-    adv.add_argument("--min-bytes", type=parse_size, default=DEFAULT_MIN_BYTES)
+    adv.add_argument(
+        "--min-bytes",
+        type=_size_arg("--min-bytes", 0),
+        default=DEFAULT_MIN_BYTES,
+        help=f"tensors below this stay raw (same size rule) [default: {DEFAULT_MIN_BYTES}]",
+    )
     adv.add_argument("--max-tensors", type=int, default=32, help="measure the N largest")
     adv.add_argument("--repeat", type=int, default=3, help="timed runs per direction (best)")
     adv.add_argument("--json", action="store_true", help="print JSON instead of tables")
