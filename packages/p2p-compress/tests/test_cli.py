@@ -156,7 +156,7 @@ def test_advise_recommends_compression_for_a_slow_link(capsys: pytest.CaptureFix
 
 def test_advise_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["advise", str(tmp_path / "missing.pt")]) == 2
-    assert "cannot load" in capsys.readouterr().err
+    assert "cannot read" in capsys.readouterr().err
     empty = tmp_path / "empty.pt"
     torch.save({"x": 1}, empty)
     assert main(["advise", str(empty)]) == 2
@@ -208,3 +208,65 @@ def test_console_script_runs() -> None:
         [exe, "--help"], capture_output=True, text=True, timeout=60, check=False
     )
     assert "advise" in help_text.stdout
+
+
+def _garbage_files(tmp: Path) -> dict[str, Path]:
+    """Real files a user might pass by mistake, each unreadable as tensors."""
+    good = tmp / "good.pt"
+    torch.save({"w": torch.arange(4096)}, good)
+    data = good.read_bytes()
+    files = {
+        "random_bytes": (tmp / "garbage.pt", bytes(range(256)) * 64),
+        "text": (tmp / "notes.txt", b"these are not tensors\nline two\n"),
+        "truncated_zip": (tmp / "truncated.pt", data[: len(data) // 2]),
+        "zip_not_torch": (tmp / "other.zip", b"PK\x05\x06" + b"\x00" * 18),
+        "empty": (tmp / "empty.pt", b""),
+        "pickle_of_code": (tmp / "evil.pt", b"cos\nsystem\n(S'true'\ntR."),
+    }
+    for path, content in files.values():
+        path.write_bytes(content)
+    out = {name: path for name, (path, _) in files.items()}
+    out["missing"] = tmp / "does-not-exist.pt"
+    out["directory"] = tmp
+    return out
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "random_bytes",
+        "text",
+        "truncated_zip",
+        "zip_not_torch",
+        "empty",
+        "pickle_of_code",
+        "missing",
+        "directory",
+    ],
+)
+def test_advise_unreadable_input_is_one_line_and_exit_2(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _garbage_files(tmp_path)[case]
+    assert main(["advise", str(path), *FAST]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"p2p-compress advise: cannot read {path}: ")
+    assert "Traceback" not in captured.err
+
+
+def test_console_script_unreadable_input_has_no_traceback(tmp_path: Path) -> None:
+    exe = shutil.which("p2p-compress", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("p2p-compress console script not installed in this environment")
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"\x80\x02garbage" * 100)
+    result = subprocess.run(
+        [exe, "advise", str(garbage)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert f"cannot read {garbage}:" in result.stderr

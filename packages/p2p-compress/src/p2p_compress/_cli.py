@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -109,6 +110,39 @@ def _collect(obj: object, prefix: str, out: list[tuple[str, torch.Tensor]]) -> N
             _collect(value, f"{prefix}[{i}]", out)
 
 
+def _unreadable(path: str) -> str | None:
+    """Why ``path`` cannot be a torch.save file, before torch tries it; None if it may be."""
+    p = Path(path)
+    if not p.exists():
+        return "no such file"
+    if p.is_dir():
+        return "is a directory, not a torch.save file"
+    if not p.is_file():
+        return "not a regular file"
+    if p.stat().st_size == 0:
+        return "the file is empty, not a torch.save file"
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first line of an exception's message, shortened, with its type."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if lines and lines[0].startswith("Weights only load failed"):
+        # torch's weights_only refusal: its one useful line is what the unpickler met
+        # (its advice to load with weights_only=False would run code from the file).
+        marker = next((i for i, ln in enumerate(lines) if "WeightsUnpickler error" in ln), None)
+        detail = lines[marker + 1 : marker + 2] if marker is not None else []
+        lines = [f"the safe tensor loader refused it: {detail[0] if detail else 'unsupported'}"]
+    first = lines[0] if lines else ""
+    if len(first) > 200:
+        first = first[:197] + "..."
+    kind = type(exc).__name__
+    hint = "not a torch.save file of tensors, or a damaged one"
+    return f"{hint} ({kind}: {first})" if first else f"{hint} ({kind})"
+
+
 def _load(path: str) -> list[tuple[str, torch.Tensor]]:
     obj = torch.load(path, map_location="cpu", weights_only=True)
     found: list[tuple[str, torch.Tensor]] = []
@@ -194,10 +228,14 @@ def _advise(args: argparse.Namespace) -> int:
         return 2
     tensors: list[tuple[str, torch.Tensor]] = []
     if args.path:
-        try:
-            tensors = _load(args.path)
-        except (OSError, RuntimeError, ValueError, EOFError) as exc:
-            print(f"p2p-compress advise: cannot load {args.path}: {exc}", file=sys.stderr)
+        problem = _unreadable(args.path)
+        if problem is None:
+            try:
+                tensors = _load(args.path)
+            except Exception as exc:  # any unreadable file is one line and exit 2, never a trace
+                problem = _one_line(exc)
+        if problem is not None:
+            print(f"p2p-compress advise: cannot read {args.path}: {problem}", file=sys.stderr)
             return 2
         if not tensors:
             print(f"p2p-compress advise: {args.path} holds no dense tensors", file=sys.stderr)
