@@ -40,12 +40,14 @@ def _mapping(section: object, path: str, keys: tuple[str, ...]) -> Mapping[str, 
 
 
 def _timeout(value: object, path: str) -> float | None:
-    allowed = "a number of seconds > 0, or null for no limit"
+    # Infinity is refused, not read as "no limit": null is the one spelling of that, and an
+    # infinite float cannot reach torch's timedelta-based timeouts.
+    allowed = "a finite number of seconds > 0, or null for no limit"
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(path, value, allowed)
-    if not value > 0 or math.isnan(value):
+    if not math.isfinite(value) or not value > 0:
         raise _fail(path, value, allowed)
     return float(value)
 
