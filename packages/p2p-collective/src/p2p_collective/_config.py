@@ -60,7 +60,8 @@ def _bool(value: object, path: str) -> bool:
 
 def _policy(value: object, path: str) -> str:
     if value not in OBJECT_POLICIES:
-        raise _fail(path, value, " or ".join(repr(p) for p in OBJECT_POLICIES))
+        allowed = " or ".join(repr(p) for p in OBJECT_POLICIES)
+        raise _fail(path, value, allowed, choices=OBJECT_POLICIES)
     return str(value)
 
 
