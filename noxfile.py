@@ -126,6 +126,28 @@ def tests(session: nox.Session, package: str) -> None:
 
 
 @nox.session
+@pruned
+def compress_alone(session: nox.Session) -> None:
+    """p2p-compress as a user installs it: non-editable, only what it declares (no numpy added)."""
+    install(session, dist_dir("asyncwork"), dist_dir("compress"))
+    # A compress-only install must import and run without a single warning (torch warns
+    # at import when numpy is missing; p2p-asyncwork and p2p-compress declare it).
+    session.run("python", "-W", "error", "-c", "import p2p_compress")
+    session.run("p2p-compress", "--help", env={"PYTHONWARNINGS": "error"}, silent=True)
+    session.run(
+        "python",
+        "-c",
+        "import importlib.util as u, sys; found = [m for m in ('ray', 'p2p_collective',"
+        " 'p2p_worker') if u.find_spec(m)]; import p2p_compress as c;"
+        " sys.exit(f'not a compress-only install: {found}' if found else"
+        " ('site-packages' not in c.__file__ and f'not installed as a wheel: {c.__file__}'))",
+    )
+    install(session, *(t for t in TEST_TOOLS if t != "numpy"))
+    paths = session.posargs or [str(Path(dist_dir("compress")) / "tests")]
+    session.run("pytest", *paths, env=short_tmp_env())
+
+
+@nox.session
 @nox.parametrize("device", ["cpu", "cuda"])
 @pruned
 def integration(session: nox.Session, device: str) -> None:
@@ -200,6 +222,7 @@ def ci(session: nox.Session) -> None:
     names = ["lint"]
     names += [f"typecheck(package='{p}')" for p in PACKAGES]
     names += [f"tests(package='{p}')" for p in PACKAGES]
+    names += ["compress_alone"]
     names += ["integration(device='cpu')", "docs"]
     for name in names:
         session.notify(name)
