@@ -152,7 +152,8 @@ def compress_alone(session: nox.Session) -> None:
 @pruned
 def integration(session: nox.Session, device: str) -> None:
     """All packages together: multi-process and Ray tests (cpu), or the GPU matrix (cuda)."""
-    install_stack(session, "worker", *TEST_TOOLS)
+    # hatchling: tests/release builds the four wheels offline and reads what they ship.
+    install_stack(session, "worker", *TEST_TOOLS, "hatchling")
     env = short_tmp_env()
     if device == "cuda":
         has_gpu = session.run(
@@ -169,7 +170,7 @@ def integration(session: nox.Session, device: str) -> None:
         paths = session.posargs or ["tests/gpu"]
         session.run("pytest", *paths, "-m", "gpu or multigpu", env=env)
         return
-    paths = session.posargs or ["tests/integration"]
+    paths = session.posargs or ["tests/integration", "tests/release"]
     session.run("pytest", *paths, "-m", "not gpu and not multigpu", env=env)
 
 
