@@ -4,6 +4,8 @@
   ones depend on, in the same command (the siblings are on no index, so a command that
   leaves one out fails with "No matching distribution found").
 * ``pip install p2p-<name>`` from an index is only mentioned as the future it is.
+* NCCL and CUDA IPC are called planned wherever they are named: today the collective
+  layer moves CPU tensors over gloo and same-node shared memory.
 """
 
 from __future__ import annotations
@@ -58,3 +60,19 @@ def test_bare_index_installs_are_only_mentioned_as_the_future() -> None:
         for para in _paragraphs(doc):
             if re.search(r"pip install p2p-[a-z]", para):
                 assert "index" in para, f"{doc.name}: {para!r}"
+
+
+@pytest.mark.parametrize("word", ["NCCL", "CUDA IPC", "same-device IPC"])
+def test_gpu_transports_are_called_planned(word: str) -> None:
+    for doc in [*DOCS, ROOT / "packages" / "p2p-collective" / "pyproject.toml"]:
+        for para in _paragraphs(doc):
+            if word in para:
+                assert re.search(r"planned|not yet", para), f"{doc.name}: {para!r}"
+
+
+def test_collective_description_says_what_is_true_today() -> None:
+    with (ROOT / "packages" / "p2p-collective" / "pyproject.toml").open("rb") as f:
+        description = tomllib.load(f)["project"]["description"]
+    assert "gloo" in description
+    assert "shared memory" in description
+    assert "CPU tensors" in description
