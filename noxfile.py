@@ -13,6 +13,10 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 CONSTRAINTS = str(ROOT / "constraints" / "cpu.txt")
+# The GPU job: the same pins, but torch resolves to a CUDA build (see the file's header).
+CUDA_CONSTRAINTS = str(ROOT / "constraints" / "cuda.txt")
+# What integration(device='cuda') runs: the GPU checks and the GPU worker tests.
+GPU_TESTS = ("tests/gpu", "packages/p2p-worker/tests/test_worker_gpu.py")
 
 # Ordered bottom-up: each package may depend on the ones before it.
 PACKAGES = ("asyncwork", "compress", "collective", "worker")
@@ -32,12 +36,14 @@ def dist_dir(pkg: str) -> str:
     return str(ROOT / "packages" / f"p2p-{pkg}")
 
 
-def install(session: nox.Session, *args: str) -> None:
+def install(session: nox.Session, *args: str, constraints: str = CONSTRAINTS) -> None:
     """pip install under the CPU constraints (torch==2.13.0 is the on-disk CPU build)."""
-    session.install("-c", CONSTRAINTS, *args)
+    session.install("-c", constraints, *args)
 
 
-def install_stack(session: nox.Session, top: str, *extra: str) -> None:
+def install_stack(
+    session: nox.Session, top: str, *extra: str, constraints: str = CONSTRAINTS
+) -> None:
     """Install ``top`` and every p2p package below it, as editable installs.
 
     Siblings are not on PyPI, so all of them go into one pip command.
@@ -46,7 +52,7 @@ def install_stack(session: nox.Session, top: str, *extra: str) -> None:
     args: list[str] = []
     for pkg in upto:
         args += ["-e", dist_dir(pkg)]
-    install(session, *args, *extra)
+    install(session, *args, *extra, constraints=constraints)
 
 
 PRUNE_ENV = "P2P_NOX_PRUNE_VENVS"
@@ -152,24 +158,41 @@ def compress_alone(session: nox.Session) -> None:
 @pruned
 def integration(session: nox.Session, device: str) -> None:
     """All packages together: multi-process and Ray tests (cpu), or the GPU matrix (cuda)."""
-    # hatchling: tests/release builds the four wheels offline and reads what they ship.
-    install_stack(session, "worker", *TEST_TOOLS, "hatchling")
     env = short_tmp_env()
     if device == "cuda":
-        has_gpu = session.run(
-            "python",
-            "-c",
-            "import torch,sys; sys.stdout.write(str(int(torch.cuda.is_available())))",
-            silent=True,
-        )
-        if str(has_gpu).strip() != "1":
-            msg = "integration(device='cuda'): no CUDA GPU visible to torch in this environment"
+        if not (shutil.which("nvidia-smi") or Path("/dev/nvidia0").exists()):
+            # No NVIDIA driver at all: say so before spending minutes on a CUDA torch.
+            msg = (
+                "integration(device='cuda'): no NVIDIA driver here (no nvidia-smi, no /dev/nvidia0)"
+            )
             if os.environ.get("P2P_REQUIRE_GPU") == "1":
                 session.error(msg + " and P2P_REQUIRE_GPU=1 is set: failing")
             session.skip(msg + "; skipping the GPU tests (set P2P_REQUIRE_GPU=1 to fail instead)")
-        paths = session.posargs or ["tests/gpu"]
+        install_stack(session, "worker", *TEST_TOOLS, constraints=CUDA_CONSTRAINTS)
+        probe = session.run(
+            "python",
+            "-c",
+            "import torch,sys; sys.stdout.write(f'{torch.version.cuda} "
+            "{int(torch.cuda.is_available())} {torch.__version__}')",
+            silent=True,
+        )
+        cuda, available, version = str(probe).split()[-3:]
+        if available != "1":
+            why = (
+                "no CUDA GPU visible to torch"
+                if cuda != "None"
+                else f"torch {version} is a CPU build"
+            )
+            msg = f"integration(device='cuda'): {why} here"
+            if os.environ.get("P2P_REQUIRE_GPU") == "1":
+                session.error(msg + " and P2P_REQUIRE_GPU=1 is set: failing")
+            session.skip(msg + "; skipping the GPU tests (set P2P_REQUIRE_GPU=1 to fail instead)")
+        paths = session.posargs or list(GPU_TESTS)
         session.run("pytest", *paths, "-m", "gpu or multigpu", env=env)
         return
+    # tests/release: hatchling builds the four wheels offline; nox lists the sessions that
+    # the CI workflow names.
+    install_stack(session, "worker", *TEST_TOOLS, "hatchling", "nox")
     paths = session.posargs or ["tests/integration", "tests/release"]
     session.run("pytest", *paths, "-m", "not gpu and not multigpu", env=env)
 
