@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,9 +38,15 @@ def dist_dir(pkg: str) -> str:
     return str(ROOT / "packages" / f"p2p-{pkg}")
 
 
+# pip byte-compiles every installed module by default; for torch that is most of the
+# install time (measured here: torch+lz4+zstandard+numpy into a fresh venv, 142 s with,
+# 69 s without). Modules are compiled on first import instead, only those used.
+PIP_INSTALL = ("--no-compile",)
+
+
 def install(session: nox.Session, *args: str, constraints: str = CONSTRAINTS) -> None:
     """pip install under the CPU constraints (torch==2.13.0 is the on-disk CPU build)."""
-    session.install("-c", constraints, *args)
+    session.install(*PIP_INSTALL, "-c", constraints, *args)
 
 
 def install_stack(
@@ -91,6 +99,55 @@ def short_tmp_env() -> dict[str, str]:
     }
 
 
+# Where isolation does not matter -- the worker's unit tests, the CPU integration and
+# release tests, the multi-node suite and the docs all need the whole stack anyway -- the
+# sessions share one venv instead of installing torch and Ray into one each (minutes per
+# venv on a 2-core CI machine). Sessions that prove isolation keep their own venv:
+# typecheck(package=...), tests(package=...) of the lower three, compress_alone.
+SHARED_STACK = ROOT / ".nox" / "_shared-stack"
+SHARED_TOOLS = (*TEST_TOOLS, "hatchling", "nox", "sphinx", "furo")
+
+
+def shared_stack(session: nox.Session) -> Callable[..., Any]:
+    """Create or update the shared venv (editable stack + tools); return a runner for it.
+
+    The venv is rebuilt when the constraints, a package's pyproject.toml or the tool list
+    change (a stamp file holds their hash); sources are editable, so edits need nothing.
+    The runner takes a program name from the venv's ``bin`` and the arguments.
+    """
+    bin_dir = SHARED_STACK / "bin"
+    inputs = [Path(CONSTRAINTS), *(Path(dist_dir(p)) / "pyproject.toml" for p in PACKAGES)]
+    digest = hashlib.sha256(repr(SHARED_TOOLS).encode())
+    for path in inputs:
+        digest.update(path.read_bytes())
+    stamp = SHARED_STACK / ".p2p-installed"
+    if not (stamp.is_file() and stamp.read_text() == digest.hexdigest()):
+        if not (bin_dir / "python").exists():
+            session.run(sys.executable, "-m", "venv", str(SHARED_STACK), external=True)
+        editable = [arg for p in PACKAGES for arg in ("-e", dist_dir(p))]
+        python = str(bin_dir / "python")
+        pip = [python, "-m", "pip", "install", *PIP_INSTALL, "-c", CONSTRAINTS]
+        session.run(*pip, *editable, *SHARED_TOOLS, external=True)
+        stamp.write_text(digest.hexdigest())
+    venv_env = {
+        "VIRTUAL_ENV": str(SHARED_STACK),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+
+    def run(program: str, *args: str, env: dict[str, str] | None = None, **kw: Any) -> Any:
+        merged = {**(env or {}), **venv_env}
+        return session.run(str(bin_dir / program), *args, env=merged, external=True, **kw)
+
+    return run
+
+
+def prune_shared_stack(session: nox.Session) -> None:
+    """Delete the shared venv when ``P2P_NOX_PRUNE_VENVS=1`` (the last user in ci calls it)."""
+    if os.environ.get(PRUNE_ENV) == "1" and SHARED_STACK.is_dir():
+        shutil.rmtree(SHARED_STACK, ignore_errors=True)
+        session.log(f"removed {SHARED_STACK} ({PRUNE_ENV}=1)")
+
+
 @nox.session
 @pruned
 def lint(session: nox.Session) -> None:
@@ -122,8 +179,12 @@ def typecheck(session: nox.Session, package: str) -> None:
 @pruned
 def tests(session: nox.Session, package: str) -> None:
     """A package's unit tests in an env holding only it and what it declares."""
-    install_stack(session, package, *TEST_TOOLS)
     paths = session.posargs or [str(Path(dist_dir(package)) / "tests")]
+    if package == "worker":
+        # The worker declares the whole stack: the shared venv holds exactly that (+ tools).
+        shared_stack(session)("pytest", *paths, env=short_tmp_env())
+        return
+    install_stack(session, package, *TEST_TOOLS)
     session.run("pytest", *paths, env=short_tmp_env())
     if package == "collective" and not session.posargs:
         # Same-node groups use shared memory by default; run the suite again over gloo,
@@ -190,19 +251,32 @@ def integration(session: nox.Session, device: str) -> None:
         paths = session.posargs or list(GPU_TESTS)
         session.run("pytest", *paths, "-m", "gpu or multigpu", env=env)
         return
-    # tests/release: hatchling builds the four wheels offline; nox lists the sessions that
-    # the CI workflow names.
-    install_stack(session, "worker", *TEST_TOOLS, "hatchling", "nox")
+    # In the shared venv: tests/release needs hatchling (builds the four wheels offline)
+    # and nox (lists the sessions the CI workflow names); both are in SHARED_TOOLS.
     paths = session.posargs or ["tests/integration", "tests/release"]
-    session.run("pytest", *paths, "-m", "not gpu and not multigpu", env=env)
+    shared_stack(session)("pytest", *paths, "-m", "not gpu and not multigpu", env=env)
 
 
-@nox.session
+@nox.session(python=False)
 def multinode(session: nox.Session) -> None:
     """Two Ray nodes in Linux network namespaces joined by a shaped veth (root; skips otherwise)."""
-    install_stack(session, "worker", *TEST_TOOLS)
+    skip = "multinode: cannot create network namespaces here: "
+    if not sys.platform.startswith("linux"):
+        session.skip(skip + f"they need Linux, this is {sys.platform}")
+    if os.geteuid() != 0:
+        session.skip(skip + f"it needs root, this runs as euid {os.geteuid()}")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            session.skip(skip + f"`{tool}` (iproute2) is not on PATH")
+    run = shared_stack(session)
+    # The harness's own probe makes and deletes a namespace pair with a veth link.
+    probe = "import netns_cluster as n; print('NETNS:', n.check_support() or '')"
+    out = run("python", "-c", probe, env={"PYTHONPATH": str(ROOT / "tools")}, silent=True)
+    reason = str(out).rsplit("NETNS:", 1)[-1].strip()
+    if reason:
+        session.skip(skip + reason)
     paths = session.posargs or ["tests/multinode"]
-    session.run("pytest", *paths, env=short_tmp_env())
+    run("pytest", *paths, env=short_tmp_env())
 
 
 @nox.session
@@ -226,27 +300,32 @@ def bench(session: nox.Session) -> None:
         session.run("python", prog, "--out", str(out), env=short_tmp_env())
 
 
-@nox.session
-@pruned
+@nox.session(python=False)
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site with warnings as errors."""
-    install_stack(session, "worker", "sphinx", "furo")
+    run = shared_stack(session)
     build = ROOT / "docs" / "_build" / "html"
     if build.exists():
         shutil.rmtree(build)
-    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build))
+    try:
+        run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build))
+    finally:
+        prune_shared_stack(session)  # docs is the last session of ci to use the shared venv
 
 
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
-    """What .ci/run runs: lint, typecheck, unit tests, CPU integration tests and docs."""
-    # One venv on disk at a time (see pruned); P2P_NOX_PRUNE_VENVS=0 keeps them for reuse.
+    """What .ci/run runs: lint, types, unit, compress-only, integration, multinode, docs."""
+    # Few venvs on disk at a time (see pruned and SHARED_STACK); P2P_NOX_PRUNE_VENVS=0 keeps
+    # them for reuse.
     os.environ.setdefault(PRUNE_ENV, "1")
     # notify() takes one session per name, so every parametrization is named explicitly.
     names = ["lint"]
     names += [f"typecheck(package='{p}')" for p in PACKAGES]
-    names += [f"tests(package='{p}')" for p in PACKAGES]
-    names += ["compress_alone"]
-    names += ["integration(device='cpu')", "docs"]
+    # compress_alone runs p2p-compress's unit tests in the compress-only install, so
+    # tests(package='compress') would only repeat them.
+    names += ["tests(package='asyncwork')", "compress_alone", "tests(package='collective')"]
+    # These share one venv; docs comes last and removes it.
+    names += ["tests(package='worker')", "integration(device='cpu')", "multinode", "docs"]
     for name in names:
         session.notify(name)

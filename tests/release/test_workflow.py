@@ -7,6 +7,7 @@ error in five of nine jobs; this test catches that class of mistake before a run
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import shutil
@@ -83,6 +84,23 @@ def _nox_sessions() -> set[str]:
     return names | {n.split("(")[0] for n in names}
 
 
+@functools.cache
+def _load_noxfile() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("p2p_noxfile", ROOT / "noxfile.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # registers the sessions with nox: once per process
+    return module
+
+
+def _noxfile() -> Any:
+    pytest.importorskip("nox", reason="loading the noxfile needs nox installed")
+    return _load_noxfile()
+
+
 def test_the_workflow_has_run_lines() -> None:
     assert WORKFLOWS
     assert len(RUN_LINES) >= 10
@@ -125,14 +143,7 @@ def test_every_nox_session_named_exists() -> None:
 
 
 def test_the_gpu_session_has_its_own_constraints_and_existing_tests() -> None:
-    pytest.importorskip("nox", reason="loading the noxfile needs nox installed")
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("p2p_noxfile", ROOT / "noxfile.py")
-    assert spec is not None
-    assert spec.loader is not None
-    noxfile = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(noxfile)
+    noxfile = _noxfile()
     cuda = Path(noxfile.CUDA_CONSTRAINTS)
     assert cuda.name == "cuda.txt"
     assert cuda != Path(noxfile.CONSTRAINTS)
@@ -146,3 +157,30 @@ def test_the_gpu_session_has_its_own_constraints_and_existing_tests() -> None:
         assert target.exists(), path
         files = [target] if target.is_file() else sorted(target.rglob("test_*.py"))
         assert any("pytest.mark.gpu" in f.read_text() for f in files), path
+
+
+class _Recorder:
+    """Stands in for nox's Session in the ci session, which only calls notify()."""
+
+    def __init__(self) -> None:
+        self.notified: list[str] = []
+
+    def notify(self, name: str) -> None:
+        self.notified.append(name)
+
+
+def test_ci_session_runs_multinode_and_the_compress_only_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("P2P_NOX_PRUNE_VENVS", raising=False)
+    noxfile = _noxfile()
+    recorder = _Recorder()
+    noxfile.ci.func(recorder)
+    sessions = _nox_sessions()
+    assert set(recorder.notified) <= sessions
+    for name in ("lint", "compress_alone", "integration(device='cpu')", "multinode", "docs"):
+        assert name in recorder.notified
+    for pkg in ("asyncwork", "compress", "collective", "worker"):
+        assert f"typecheck(package='{pkg}')" in recorder.notified
+    assert recorder.notified[-1] == "docs"  # it removes the shared venv the others use
+    (ROOT / ".ci" / "run").read_text().index("nox -s ci")
