@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,10 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 CONSTRAINTS = str(ROOT / "constraints" / "cpu.txt")
+# The GPU job: the same pins, but torch resolves to a CUDA build (see the file's header).
+CUDA_CONSTRAINTS = str(ROOT / "constraints" / "cuda.txt")
+# What integration(device='cuda') runs: the GPU checks and the GPU worker tests.
+GPU_TESTS = ("tests/gpu", "packages/p2p-worker/tests/test_worker_gpu.py")
 
 # Ordered bottom-up: each package may depend on the ones before it.
 PACKAGES = ("asyncwork", "compress", "collective", "worker")
@@ -32,12 +38,20 @@ def dist_dir(pkg: str) -> str:
     return str(ROOT / "packages" / f"p2p-{pkg}")
 
 
-def install(session: nox.Session, *args: str) -> None:
+# pip byte-compiles every installed module by default; for torch that is most of the
+# install time (measured here: torch+lz4+zstandard+numpy into a fresh venv, 142 s with,
+# 69 s without). Modules are compiled on first import instead, only those used.
+PIP_INSTALL = ("--no-compile",)
+
+
+def install(session: nox.Session, *args: str, constraints: str = CONSTRAINTS) -> None:
     """pip install under the CPU constraints (torch==2.13.0 is the on-disk CPU build)."""
-    session.install("-c", CONSTRAINTS, *args)
+    session.install(*PIP_INSTALL, "-c", constraints, *args)
 
 
-def install_stack(session: nox.Session, top: str, *extra: str) -> None:
+def install_stack(
+    session: nox.Session, top: str, *extra: str, constraints: str = CONSTRAINTS
+) -> None:
     """Install ``top`` and every p2p package below it, as editable installs.
 
     Siblings are not on PyPI, so all of them go into one pip command.
@@ -46,7 +60,7 @@ def install_stack(session: nox.Session, top: str, *extra: str) -> None:
     args: list[str] = []
     for pkg in upto:
         args += ["-e", dist_dir(pkg)]
-    install(session, *args, *extra)
+    install(session, *args, *extra, constraints=constraints)
 
 
 PRUNE_ENV = "P2P_NOX_PRUNE_VENVS"
@@ -85,6 +99,55 @@ def short_tmp_env() -> dict[str, str]:
     }
 
 
+# Where isolation does not matter -- the worker's unit tests, the CPU integration and
+# release tests, the multi-node suite and the docs all need the whole stack anyway -- the
+# sessions share one venv instead of installing torch and Ray into one each (minutes per
+# venv on a 2-core CI machine). Sessions that prove isolation keep their own venv:
+# typecheck(package=...), tests(package=...) of the lower three, compress_alone.
+SHARED_STACK = ROOT / ".nox" / "_shared-stack"
+SHARED_TOOLS = (*TEST_TOOLS, "hatchling", "nox", "sphinx", "furo")
+
+
+def shared_stack(session: nox.Session) -> Callable[..., Any]:
+    """Create or update the shared venv (editable stack + tools); return a runner for it.
+
+    The venv is rebuilt when the constraints, a package's pyproject.toml or the tool list
+    change (a stamp file holds their hash); sources are editable, so edits need nothing.
+    The runner takes a program name from the venv's ``bin`` and the arguments.
+    """
+    bin_dir = SHARED_STACK / "bin"
+    inputs = [Path(CONSTRAINTS), *(Path(dist_dir(p)) / "pyproject.toml" for p in PACKAGES)]
+    digest = hashlib.sha256(repr(SHARED_TOOLS).encode())
+    for path in inputs:
+        digest.update(path.read_bytes())
+    stamp = SHARED_STACK / ".p2p-installed"
+    if not (stamp.is_file() and stamp.read_text() == digest.hexdigest()):
+        if not (bin_dir / "python").exists():
+            session.run(sys.executable, "-m", "venv", str(SHARED_STACK), external=True)
+        editable = [arg for p in PACKAGES for arg in ("-e", dist_dir(p))]
+        python = str(bin_dir / "python")
+        pip = [python, "-m", "pip", "install", *PIP_INSTALL, "-c", CONSTRAINTS]
+        session.run(*pip, *editable, *SHARED_TOOLS, external=True)
+        stamp.write_text(digest.hexdigest())
+    venv_env = {
+        "VIRTUAL_ENV": str(SHARED_STACK),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+
+    def run(program: str, *args: str, env: dict[str, str] | None = None, **kw: Any) -> Any:
+        merged = {**(env or {}), **venv_env}
+        return session.run(str(bin_dir / program), *args, env=merged, external=True, **kw)
+
+    return run
+
+
+def prune_shared_stack(session: nox.Session) -> None:
+    """Delete the shared venv when ``P2P_NOX_PRUNE_VENVS=1`` (the last user in ci calls it)."""
+    if os.environ.get(PRUNE_ENV) == "1" and SHARED_STACK.is_dir():
+        shutil.rmtree(SHARED_STACK, ignore_errors=True)
+        session.log(f"removed {SHARED_STACK} ({PRUNE_ENV}=1)")
+
+
 @nox.session
 @pruned
 def lint(session: nox.Session) -> None:
@@ -116,8 +179,12 @@ def typecheck(session: nox.Session, package: str) -> None:
 @pruned
 def tests(session: nox.Session, package: str) -> None:
     """A package's unit tests in an env holding only it and what it declares."""
-    install_stack(session, package, *TEST_TOOLS)
     paths = session.posargs or [str(Path(dist_dir(package)) / "tests")]
+    if package == "worker":
+        # The worker declares the whole stack: the shared venv holds exactly that (+ tools).
+        shared_stack(session)("pytest", *paths, env=short_tmp_env())
+        return
+    install_stack(session, package, *TEST_TOOLS)
     session.run("pytest", *paths, env=short_tmp_env())
     if package == "collective" and not session.posargs:
         # Same-node groups use shared memory by default; run the suite again over gloo,
@@ -126,37 +193,90 @@ def tests(session: nox.Session, package: str) -> None:
 
 
 @nox.session
+@pruned
+def compress_alone(session: nox.Session) -> None:
+    """p2p-compress as a user installs it: non-editable, only what it declares (no numpy added)."""
+    install(session, dist_dir("asyncwork"), dist_dir("compress"))
+    # A compress-only install must import and run without a single warning (torch warns
+    # at import when numpy is missing; p2p-asyncwork and p2p-compress declare it).
+    session.run("python", "-W", "error", "-c", "import p2p_compress")
+    session.run("p2p-compress", "--help", env={"PYTHONWARNINGS": "error"}, silent=True)
+    session.run(
+        "python",
+        "-c",
+        "import importlib.util as u, sys; found = [m for m in ('ray', 'p2p_collective',"
+        " 'p2p_worker') if u.find_spec(m)]; import p2p_compress as c;"
+        " sys.exit(f'not a compress-only install: {found}' if found else"
+        " ('site-packages' not in c.__file__ and f'not installed as a wheel: {c.__file__}'))",
+    )
+    install(session, *(t for t in TEST_TOOLS if t != "numpy"))
+    paths = session.posargs or [str(Path(dist_dir("compress")) / "tests")]
+    session.run("pytest", *paths, env=short_tmp_env())
+
+
+@nox.session
 @nox.parametrize("device", ["cpu", "cuda"])
 @pruned
 def integration(session: nox.Session, device: str) -> None:
     """All packages together: multi-process and Ray tests (cpu), or the GPU matrix (cuda)."""
-    install_stack(session, "worker", *TEST_TOOLS)
     env = short_tmp_env()
     if device == "cuda":
-        has_gpu = session.run(
-            "python",
-            "-c",
-            "import torch,sys; sys.stdout.write(str(int(torch.cuda.is_available())))",
-            silent=True,
-        )
-        if str(has_gpu).strip() != "1":
-            msg = "integration(device='cuda'): no CUDA GPU visible to torch in this environment"
+        if not (shutil.which("nvidia-smi") or Path("/dev/nvidia0").exists()):
+            # No NVIDIA driver at all: say so before spending minutes on a CUDA torch.
+            msg = (
+                "integration(device='cuda'): no NVIDIA driver here (no nvidia-smi, no /dev/nvidia0)"
+            )
             if os.environ.get("P2P_REQUIRE_GPU") == "1":
                 session.error(msg + " and P2P_REQUIRE_GPU=1 is set: failing")
             session.skip(msg + "; skipping the GPU tests (set P2P_REQUIRE_GPU=1 to fail instead)")
-        paths = session.posargs or ["tests/gpu"]
+        install_stack(session, "worker", *TEST_TOOLS, constraints=CUDA_CONSTRAINTS)
+        probe = session.run(
+            "python",
+            "-c",
+            "import torch,sys; sys.stdout.write(f'{torch.version.cuda} "
+            "{int(torch.cuda.is_available())} {torch.__version__}')",
+            silent=True,
+        )
+        cuda, available, version = str(probe).split()[-3:]
+        if available != "1":
+            why = (
+                "no CUDA GPU visible to torch"
+                if cuda != "None"
+                else f"torch {version} is a CPU build"
+            )
+            msg = f"integration(device='cuda'): {why} here"
+            if os.environ.get("P2P_REQUIRE_GPU") == "1":
+                session.error(msg + " and P2P_REQUIRE_GPU=1 is set: failing")
+            session.skip(msg + "; skipping the GPU tests (set P2P_REQUIRE_GPU=1 to fail instead)")
+        paths = session.posargs or list(GPU_TESTS)
         session.run("pytest", *paths, "-m", "gpu or multigpu", env=env)
         return
-    paths = session.posargs or ["tests/integration"]
-    session.run("pytest", *paths, "-m", "not gpu and not multigpu", env=env)
+    # In the shared venv: tests/release needs hatchling (builds the four wheels offline)
+    # and nox (lists the sessions the CI workflow names); both are in SHARED_TOOLS.
+    paths = session.posargs or ["tests/integration", "tests/release"]
+    shared_stack(session)("pytest", *paths, "-m", "not gpu and not multigpu", env=env)
 
 
-@nox.session
+@nox.session(python=False)
 def multinode(session: nox.Session) -> None:
     """Two Ray nodes in Linux network namespaces joined by a shaped veth (root; skips otherwise)."""
-    install_stack(session, "worker", *TEST_TOOLS)
+    skip = "multinode: cannot create network namespaces here: "
+    if not sys.platform.startswith("linux"):
+        session.skip(skip + f"they need Linux, this is {sys.platform}")
+    if os.geteuid() != 0:
+        session.skip(skip + f"it needs root, this runs as euid {os.geteuid()}")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            session.skip(skip + f"`{tool}` (iproute2) is not on PATH")
+    run = shared_stack(session)
+    # The harness's own probe makes and deletes a namespace pair with a veth link.
+    probe = "import netns_cluster as n; print('NETNS:', n.check_support() or '')"
+    out = run("python", "-c", probe, env={"PYTHONPATH": str(ROOT / "tools")}, silent=True)
+    reason = str(out).rsplit("NETNS:", 1)[-1].strip()
+    if reason:
+        session.skip(skip + reason)
     paths = session.posargs or ["tests/multinode"]
-    session.run("pytest", *paths, env=short_tmp_env())
+    run("pytest", *paths, env=short_tmp_env())
 
 
 @nox.session
@@ -180,26 +300,32 @@ def bench(session: nox.Session) -> None:
         session.run("python", prog, "--out", str(out), env=short_tmp_env())
 
 
-@nox.session
-@pruned
+@nox.session(python=False)
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site with warnings as errors."""
-    install_stack(session, "worker", "sphinx", "furo")
+    run = shared_stack(session)
     build = ROOT / "docs" / "_build" / "html"
     if build.exists():
         shutil.rmtree(build)
-    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build))
+    try:
+        run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build))
+    finally:
+        prune_shared_stack(session)  # docs is the last session of ci to use the shared venv
 
 
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
-    """What .ci/run runs: lint, typecheck, unit tests, CPU integration tests and docs."""
-    # One venv on disk at a time (see pruned); P2P_NOX_PRUNE_VENVS=0 keeps them for reuse.
+    """What .ci/run runs: lint, types, unit, compress-only, integration, multinode, docs."""
+    # Few venvs on disk at a time (see pruned and SHARED_STACK); P2P_NOX_PRUNE_VENVS=0 keeps
+    # them for reuse.
     os.environ.setdefault(PRUNE_ENV, "1")
     # notify() takes one session per name, so every parametrization is named explicitly.
     names = ["lint"]
     names += [f"typecheck(package='{p}')" for p in PACKAGES]
-    names += [f"tests(package='{p}')" for p in PACKAGES]
-    names += ["integration(device='cpu')", "docs"]
+    # compress_alone runs p2p-compress's unit tests in the compress-only install, so
+    # tests(package='compress') would only repeat them.
+    names += ["tests(package='asyncwork')", "compress_alone", "tests(package='collective')"]
+    # These share one venv; docs comes last and removes it.
+    names += ["tests(package='worker')", "integration(device='cpu')", "multinode", "docs"]
     for name in names:
         session.notify(name)

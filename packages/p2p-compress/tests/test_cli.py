@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from p2p_compress import parse_tensor_compression
-from p2p_compress._cli import main, parse_size
+from p2p_compress._cli import main
 
 FAST = ["--repeat", "1", "--lz4-accelerations", "1", "--zstd-levels", "1"]
 
@@ -156,7 +156,7 @@ def test_advise_recommends_compression_for_a_slow_link(capsys: pytest.CaptureFix
 
 def test_advise_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["advise", str(tmp_path / "missing.pt")]) == 2
-    assert "cannot load" in capsys.readouterr().err
+    assert "cannot read" in capsys.readouterr().err
     empty = tmp_path / "empty.pt"
     torch.save({"x": 1}, empty)
     assert main(["advise", str(empty)]) == 2
@@ -172,12 +172,23 @@ def test_advise_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         main([])
 
 
-def test_parse_size() -> None:
-    assert parse_size("65536") == 65536
-    assert parse_size("64KiB") == 65536
-    assert parse_size("1MiB") == 1 << 20
-    assert parse_size("1.5k") == 1500
-    assert parse_size("2GB") == 2 * 10**9
+def test_advise_size_uses_the_shared_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    """--size 64K is 65,536 bytes (binary), --size 64kB is 64,000 (decimal)."""
+    for text, expected in (("64K", 65536), ("64KiB", 65536), ("64kB", 64000)):
+        args = ["advise", "--synthetic", "int64_token_ids", "--size", text, "--min-bytes", "0"]
+        assert main([*args, *FAST, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert {m["raw_bytes"] for m in doc["measurements"]} == {expected}
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "-1K", "abc", "1X", "1.5", ""])
+def test_advise_refuses_bad_sizes(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["advise", "--synthetic", "repeated", f"--size={text}", *FAST])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--size: got {text!r}" in err
+    assert "allowed:" in err
 
 
 def test_console_script_runs() -> None:
@@ -197,3 +208,65 @@ def test_console_script_runs() -> None:
         [exe, "--help"], capture_output=True, text=True, timeout=60, check=False
     )
     assert "advise" in help_text.stdout
+
+
+def _garbage_files(tmp: Path) -> dict[str, Path]:
+    """Real files a user might pass by mistake, each unreadable as tensors."""
+    good = tmp / "good.pt"
+    torch.save({"w": torch.arange(4096)}, good)
+    data = good.read_bytes()
+    files = {
+        "random_bytes": (tmp / "garbage.pt", bytes(range(256)) * 64),
+        "text": (tmp / "notes.txt", b"these are not tensors\nline two\n"),
+        "truncated_zip": (tmp / "truncated.pt", data[: len(data) // 2]),
+        "zip_not_torch": (tmp / "other.zip", b"PK\x05\x06" + b"\x00" * 18),
+        "empty": (tmp / "empty.pt", b""),
+        "pickle_of_code": (tmp / "evil.pt", b"cos\nsystem\n(S'true'\ntR."),
+    }
+    for path, content in files.values():
+        path.write_bytes(content)
+    out = {name: path for name, (path, _) in files.items()}
+    out["missing"] = tmp / "does-not-exist.pt"
+    out["directory"] = tmp
+    return out
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "random_bytes",
+        "text",
+        "truncated_zip",
+        "zip_not_torch",
+        "empty",
+        "pickle_of_code",
+        "missing",
+        "directory",
+    ],
+)
+def test_advise_unreadable_input_is_one_line_and_exit_2(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _garbage_files(tmp_path)[case]
+    assert main(["advise", str(path), *FAST]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"p2p-compress advise: cannot read {path}: ")
+    assert "Traceback" not in captured.err
+
+
+def test_console_script_unreadable_input_has_no_traceback(tmp_path: Path) -> None:
+    exe = shutil.which("p2p-compress", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("p2p-compress console script not installed in this environment")
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"\x80\x02garbage" * 100)
+    result = subprocess.run(
+        [exe, "advise", str(garbage)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert f"cannot read {garbage}:" in result.stderr

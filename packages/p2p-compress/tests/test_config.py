@@ -320,3 +320,60 @@ def test_constructors_validate() -> None:
         excluded_dtypes=("bfloat16",),  # type: ignore[arg-type]
     )
     assert cfg.excluded_dtypes == (torch.bfloat16,)
+
+
+def test_a_misnamed_codec_key_is_an_unknown_key_with_a_hint() -> None:
+    """{"algorithm": "lz5"} alone: the key is wrong, not the codec missing."""
+    err = _error({"algorithm": "lz5"})
+    assert err.path == f"{PATH}.algorithm"
+    assert str(err) == (
+        f"{PATH}.algorithm: unknown key; got 'lz5'; "
+        "allowed: keys enabled, codec, min_bytes, excluded_dtypes; did you mean 'codec'?"
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "hint"),
+    [
+        ({"codec": "zstd", "levle": 3}, "levle", "level"),
+        ({"codec": "lz4", "min_byte": 3}, "min_byte", "min_bytes"),
+        ({"codec": "lz4", "enable": True}, "enable", "enabled"),
+        ({"codec": "lz4", "excluded_dtype": []}, "excluded_dtype", "excluded_dtypes"),
+        ({"codec": "lz4", "codc": "lz4"}, "codc", "codec"),
+        ({"codek": "lz4"}, "codek", "codec"),
+    ],
+)
+def test_misspelled_keys_get_did_you_mean(section: dict[str, Any], key: str, hint: str) -> None:
+    err = _error(section)
+    assert err.path == f"{PATH}.{key}"
+    assert str(err).endswith(f"; did you mean {hint!r}?")
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "hint"),
+    [
+        ({"codec": "lz5"}, "codec", "lz4"),
+        ({"codec": "ZSTD"}, "codec", "zstd"),
+        ({"codec": "lz4", "excluded_dtypes": ["float33"]}, "excluded_dtypes[0]", "float32"),
+    ],
+)
+def test_misspelled_values_get_did_you_mean(section: dict[str, Any], key: str, hint: str) -> None:
+    err = _error(section)
+    assert err.path == f"{PATH}.{key}"
+    assert str(err).endswith(f"; did you mean {hint!r}?")
+
+
+def test_missing_codec_reads_like_every_other_message() -> None:
+    err = _error({"min_bytes": 1})
+    assert str(err) == (
+        f"{PATH}.codec: got no value (the key is missing); allowed: lz4 or zstd, "
+        "required when compression is enabled"
+    )
+
+
+def test_pool_unknown_key_has_a_hint() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_tensor_buffer_pool({"max_byte": 1}, "pool")
+    assert str(info.value) == (
+        "pool.max_byte: unknown key; got 1; allowed: keys max_bytes; did you mean 'max_bytes'?"
+    )

@@ -111,3 +111,55 @@ def test_errors_pickle_with_message_cause_and_fields(cls: type[WorkerError]) -> 
     )
     assert isinstance(back.__cause__, ValueError)
     assert str(back.__cause__) == "root cause"
+
+
+_STYLE = r"^[\w.\[\]]+: (.+; )?got .+; allowed: .+$"
+
+
+@pytest.mark.parametrize(
+    ("config", "path"),
+    [
+        ({"num_nodes": 0}, "cluster.num_nodes"),
+        ({"num_nodes": "2"}, "cluster.num_nodes"),
+        ({"cluster": [1, 2]}, "cluster"),
+        ({"collective": 5}, "cluster.collective"),
+        ({"colective": {}}, "cluster.colective"),
+        ({"collective": {"op_timeout": float("inf")}}, "cluster.collective.op_timeout"),
+        ({"collective": {"tensor_compression": {"codec": "lz5"}}}, None),
+        ({"collective": {"tensor_buffer_pool": {"max_bytes": 0}}}, None),
+        ({"net_emulation": {"delay_ms": -1}}, "cluster.net_emulation.delay_ms"),
+    ],
+)
+def test_every_layer_words_errors_alike(config: dict[str, object], path: str | None) -> None:
+    """Worker, collective and compress sections: '<path>: got X; allowed: ...'."""
+    import re
+
+    with pytest.raises(ConfigError) as info:
+        parse_cluster_config(config)
+    msg = str(info.value)
+    assert re.match(_STYLE, msg), msg
+    assert "expected" not in msg
+    if path is not None:
+        assert info.value.path == path
+        assert msg.startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize(
+    ("config", "hint"),
+    [
+        ({"colective": {}}, "collective"),
+        ({"num_node": 1}, "num_nodes"),
+        ({"net_emulaton": {}}, "net_emulation"),
+        ({"collective": {"tensor_compression": {"algorithm": "lz5"}}}, "codec"),
+        ({"collective": {"tensor_compression": {"codec": "lz5"}}}, "lz4"),
+    ],
+)
+def test_near_misses_get_did_you_mean(config: dict[str, object], hint: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_cluster_config(config)
+    assert str(info.value).endswith(f"; did you mean {hint!r}?")
+
+
+def test_yaml_infinity_timeout_is_refused_naming_null() -> None:
+    with pytest.raises(ConfigError, match=r"op_timeout: got inf; allowed: a finite .* or null"):
+        parse_cluster_config("cluster:\n  collective:\n    op_timeout: .inf\n")

@@ -44,12 +44,14 @@ def _mapping(section: object, path: str, keys: tuple[str, ...]) -> Mapping[str, 
 
 
 def _timeout(value: object, path: str) -> float | None:
-    allowed = "a number of seconds > 0, or null for no limit"
+    # Infinity is refused, not read as "no limit": null is the one spelling of that, and an
+    # infinite float cannot reach torch's timedelta-based timeouts.
+    allowed = "a finite number of seconds > 0, or null for no limit"
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(path, value, allowed)
-    if not value > 0 or math.isnan(value):
+    if not math.isfinite(value) or not value > 0:
         raise _fail(path, value, allowed)
     return float(value)
 
@@ -62,7 +64,8 @@ def _bool(value: object, path: str) -> bool:
 
 def _policy(value: object, path: str) -> str:
     if value not in OBJECT_POLICIES:
-        raise _fail(path, value, " or ".join(repr(p) for p in OBJECT_POLICIES))
+        allowed = " or ".join(repr(p) for p in OBJECT_POLICIES)
+        raise _fail(path, value, allowed, choices=OBJECT_POLICIES)
     return str(value)
 
 

@@ -8,10 +8,14 @@ from typing import Any
 from p2p_asyncwork import ConfigError
 
 
-def fail(path: str, value: object, allowed: str, what: str = "") -> ConfigError:
-    """Build the ConfigError every parser raises: key path, value given, what is allowed."""
-    lead = f"{path}: {what}; " if what else f"{path}: "
-    return ConfigError(f"{lead}got {value!r}; allowed: {allowed}", path=path)
+def fail(
+    path: str, value: object, allowed: str, what: str = "", choices: tuple[str, ...] = ()
+) -> ConfigError:
+    """Build the ConfigError every parser raises: key path, value given, what is allowed.
+
+    ``choices`` are the allowed spellings of a string value, for a "did you mean" hint.
+    """
+    return ConfigError.invalid(path, value, allowed, what=what, choices=choices)
 
 
 def mapping(
@@ -22,5 +26,5 @@ def mapping(
         raise fail(path, section, shape)
     for key, value in section.items():
         if key not in keys:
-            raise fail(f"{path}.{key}", value, "keys " + ", ".join(keys), "unknown key")
+            raise ConfigError.unknown_key(path, key, value, keys)
     return section

@@ -47,6 +47,7 @@ from p2p_compress._plan import (
 from p2p_compress._pool import BufferLease, TensorBufferPool
 from p2p_compress._probe import probe_codec_library
 from p2p_compress._provider import TensorCodecProvider
+from p2p_compress._sizes import SIZE_RULE, parse_size
 from p2p_compress._synthetic import SYNTHETIC_KINDS, make_synthetic_tensor
 from p2p_compress._zstd import ZstdCodec
 
@@ -92,5 +93,8 @@ __all__ = [
     "default_codec_provider",
     "make_synthetic_tensor",
     "SYNTHETIC_KINDS",
+    # command-line helpers
+    "parse_size",
+    "SIZE_RULE",
     "__version__",
 ]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -21,19 +21,20 @@ from p2p_compress._advise import (
 from p2p_compress._config import DEFAULT_MIN_BYTES, ZSTD_MAX_LEVEL, Lz4CodecConfig, ZstdCodecConfig
 from p2p_compress._dtypes import dtype_name
 from p2p_compress._errors import CompressionError
+from p2p_compress._sizes import SIZE_RULE, parse_size
 from p2p_compress._synthetic import SYNTHETIC_KINDS, make_synthetic_tensor
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6}
-_UNITS.update({"mib": 1024**2, "g": 10**9, "gb": 10**9, "gib": 1024**3})
 
+def _size_arg(option: str, minimum: int) -> Callable[[str], int]:
+    """An argparse ``type=`` for a size option: :func:`parse_size`, message kept."""
 
-def parse_size(text: str) -> int:
-    """Parse ``"65536"``, ``"64KiB"``, ``"1MiB"``, ``"2GB"`` into bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"size {text!r}: use bytes or a unit like 64KiB, 1MiB")
-    return int(float(match.group(1)) * _UNITS[unit])
+    def parse(text: str) -> int:
+        try:
+            return parse_size(text, minimum=minimum, name=option)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def _int_list(low: int, high: int | None) -> Callable[[str], list[int]]:
@@ -72,7 +73,12 @@ def _build_parser() -> argparse.ArgumentParser:
         choices=[*SYNTHETIC_KINDS, "all"],
         help="built-in payload kind (repeatable; default: all kinds when no path is given)",
     )
-    adv.add_argument("--size", type=parse_size, default=1 << 20, help="synthetic tensor size")
+    adv.add_argument(
+        "--size",
+        type=_size_arg("--size", 1),
+        default=1 << 20,
+        help=f"synthetic tensor size, {SIZE_RULE} [default: 1MiB]",
+    )
     adv.add_argument("--codecs", default="lz4,zstd", help="codecs to try (default lz4,zstd)")
     adv.add_argument(
         "--lz4-accelerations", type=_int_list(1, None), default=[1, 4, 16], metavar="A,B"
@@ -83,10 +89,10 @@ def _build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--link-gbps", type=float, default=10.0, help="link bandwidth, Gbit/s")
     adv.add_argument(
         "--min-bytes",
-        type=parse_size,
+        type=_size_arg("--min-bytes", 0),
         default=DEFAULT_MIN_BYTES,
         help="tensors below this stay raw and are not measured, as on the wire (the only"
-        " size rule: small frames are compressed too); default 16384",
+        f" size rule: small frames are compressed too) [default: {DEFAULT_MIN_BYTES}]",
     )
     adv.add_argument("--max-tensors", type=int, default=32, help="measure the N largest")
     adv.add_argument("--repeat", type=int, default=3, help="timed runs per direction (best)")
@@ -103,6 +109,39 @@ def _collect(obj: object, prefix: str, out: list[tuple[str, torch.Tensor]]) -> N
     elif isinstance(obj, (list, tuple)):
         for i, value in enumerate(obj):
             _collect(value, f"{prefix}[{i}]", out)
+
+
+def _unreadable(path: str) -> str | None:
+    """Why ``path`` cannot be a torch.save file, before torch tries it; None if it may be."""
+    p = Path(path)
+    if not p.exists():
+        return "no such file"
+    if p.is_dir():
+        return "is a directory, not a torch.save file"
+    if not p.is_file():
+        return "not a regular file"
+    if p.stat().st_size == 0:
+        return "the file is empty, not a torch.save file"
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first line of an exception's message, shortened, with its type."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if lines and lines[0].startswith("Weights only load failed"):
+        # torch's weights_only refusal: its one useful line is what the unpickler met
+        # (its advice to load with weights_only=False would run code from the file).
+        marker = next((i for i, ln in enumerate(lines) if "WeightsUnpickler error" in ln), None)
+        detail = lines[marker + 1 : marker + 2] if marker is not None else []
+        lines = [f"the safe tensor loader refused it: {detail[0] if detail else 'unsupported'}"]
+    first = lines[0] if lines else ""
+    if len(first) > 200:
+        first = first[:197] + "..."
+    kind = type(exc).__name__
+    hint = "not a torch.save file of tensors, or a damaged one"
+    return f"{hint} ({kind}: {first})" if first else f"{hint} ({kind})"
 
 
 def _load(path: str) -> list[tuple[str, torch.Tensor]]:
@@ -190,10 +229,14 @@ def _advise(args: argparse.Namespace) -> int:
         return 2
     tensors: list[tuple[str, torch.Tensor]] = []
     if args.path:
-        try:
-            tensors = _load(args.path)
-        except (OSError, RuntimeError, ValueError, EOFError) as exc:
-            print(f"p2p-compress advise: cannot load {args.path}: {exc}", file=sys.stderr)
+        problem = _unreadable(args.path)
+        if problem is None:
+            try:
+                tensors = _load(args.path)
+            except Exception as exc:  # any unreadable file is one line and exit 2, never a trace
+                problem = _one_line(exc)
+        if problem is not None:
+            print(f"p2p-compress advise: cannot read {args.path}: {problem}", file=sys.stderr)
             return 2
         if not tensors:
             print(f"p2p-compress advise: {args.path} holds no dense tensors", file=sys.stderr)

@@ -24,9 +24,27 @@ DEFAULT_POOL_BYTES: Final = 2 * 1024**3
 _COMMON_KEYS: Final = ("enabled", "codec", "min_bytes", "excluded_dtypes")
 
 
-def _fail(path: str, value: object, allowed: str, what: str = "") -> ConfigError:
-    lead = f"{path}: {what}; " if what else f"{path}: "
-    return ConfigError(f"{lead}got {value!r}; allowed: {allowed}", path=path)
+_KEY_ALIASES: Final = {
+    "algorithm": "codec",
+    "algo": "codec",
+    "compressor": "codec",
+    "compression": "codec",
+    "method": "codec",
+    "type": "codec",
+    "enable": "enabled",
+    "threshold": "min_bytes",
+    "min_size": "min_bytes",
+    "exclude_dtypes": "excluded_dtypes",
+    "compression_level": "level",
+    "accel": "acceleration",
+}
+"""Words people use for a key of ``tensor_compression``: hinted as 'did you mean'."""
+
+
+def _fail(
+    path: str, value: object, allowed: str, what: str = "", choices: tuple[str, ...] = ()
+) -> ConfigError:
+    return ConfigError.invalid(path, value, allowed, what=what, choices=choices)
 
 
 def _check_int(value: object, path: str, minimum: int, maximum: int | None = None) -> int:
@@ -175,7 +193,8 @@ def _parse_dtypes(value: object, path: str) -> tuple[torch.dtype, ...]:
     for i, item in enumerate(value):
         dtype = dtype_from_name(item)
         if dtype is None:
-            raise _fail(f"{path}[{i}]", item, "a dtype name: " + ", ".join(CANONICAL_DTYPE_NAMES))
+            names = tuple(CANONICAL_DTYPE_NAMES)
+            raise _fail(f"{path}[{i}]", item, "a dtype name: " + ", ".join(names), choices=names)
         if dtype not in out:
             out.append(dtype)
     return tuple(out)
@@ -227,25 +246,28 @@ def parse_tensor_compression(
     if "codec" in sec:
         codec_cls = _CODECS.get(sec["codec"]) if isinstance(sec["codec"], str) else None
         if codec_cls is None:
-            raise _fail(f"{path}.codec", sec["codec"], "lz4 or zstd")
-    elif enabled:
-        raise ConfigError(
-            f"{path}.codec: missing; allowed: lz4 or zstd (required when compression is enabled)",
-            path=f"{path}.codec",
-        )
+            raise _fail(f"{path}.codec", sec["codec"], "lz4 or zstd", choices=tuple(_CODECS))
     own = codec_cls.param_names if codec_cls is not None else ()
+    # Unknown keys first: {"algorithm": "lz5"} is a misspelled key, not a missing codec.
     for key, value in sec.items():
         if key in _COMMON_KEYS or key in own:
             continue
         owner = next((c.name for c in _CODECS.values() if key in c.param_names), None)
+        if owner is None:
+            keys = (*_COMMON_KEYS, *own)
+            raise ConfigError.unknown_key(path, key, value, keys, aliases=_KEY_ALIASES)
         allowed = "keys " + ", ".join((*_COMMON_KEYS, *own))
-        if owner is not None and codec_cls is not None:
+        if codec_cls is not None:
             what = f"{key!r} is a {owner} parameter, codec {codec_cls.name} does not accept it"
-        elif owner is not None:
-            what = f"{key!r} is a {owner} parameter and needs codec: {owner}"
         else:
-            what = "unknown key"
+            what = f"{key!r} is a {owner} parameter and needs codec: {owner}"
         raise _fail(f"{path}.{key}", value, allowed, what)
+    if codec_cls is None and enabled:
+        raise ConfigError(
+            f"{path}.codec: got no value (the key is missing); allowed: lz4 or zstd, "
+            "required when compression is enabled",
+            path=f"{path}.codec",
+        )
     min_bytes = _check_int(sec.get("min_bytes", DEFAULT_MIN_BYTES), f"{path}.min_bytes", 0)
     dtypes = _parse_dtypes(sec.get("excluded_dtypes", ["float32"]), f"{path}.excluded_dtypes")
     codec: CodecConfig
@@ -288,6 +310,6 @@ def parse_tensor_buffer_pool(
     sec = _as_mapping(section, path)
     for key, value in sec.items():
         if key != "max_bytes":
-            raise _fail(f"{path}.{key}", value, "keys max_bytes", "unknown key")
+            raise ConfigError.unknown_key(path, key, value, ("max_bytes",))
     max_bytes = _check_int(sec.get("max_bytes", DEFAULT_POOL_BYTES), f"{path}.max_bytes", 1)
     return TensorBufferPoolConfig(max_bytes=max_bytes)

@@ -86,7 +86,8 @@ def load_config_source(source: ConfigSource) -> Any:
         return _load_yaml(Path(source).read_text(encoding="utf-8"), str(source))
     if not isinstance(source, str):
         raise TypeError(
-            f"config must be a mapping, a YAML file path or YAML text, got {type(source).__name__}"
+            f"config: got {type(source).__name__} {source!r}; allowed: a mapping, a YAML file "
+            "path or YAML text"
         )
     text = source.strip()
     one_line = "\n" not in text
@@ -96,8 +97,8 @@ def load_config_source(source: ConfigSource) -> Any:
         path = Path(text)
         if not path.is_file():
             raise ValueError(
-                f"config={source!r}: no such YAML file; pass a mapping, a YAML file path "
-                f"or YAML text"
+                f"config: got {source!r}, but no such YAML file exists; allowed: a mapping, "
+                "a YAML file path or YAML text"
             )
         return _load_yaml(path.read_text(encoding="utf-8"), text)
     return _load_yaml(source, "<config text>")
@@ -143,7 +144,7 @@ def parse_cluster_config(source: ConfigSource, path: str = "cluster") -> Cluster
         >>> parse_cluster_config({"num_nodes": 1, "colective": {}})
         Traceback (most recent call last):
         ...
-        p2p_asyncwork._errors.ConfigError: cluster.colective: unknown key; allowed keys: num_nodes, collective, net_emulation
+        p2p_asyncwork._errors.ConfigError: cluster.colective: unknown key; got {}; allowed: keys num_nodes, collective, net_emulation; did you mean 'collective'?
     """  # noqa: E501
     data = load_config_source(source)
     if isinstance(data, Mapping) and "cluster" in data:
@@ -151,19 +152,17 @@ def parse_cluster_config(source: ConfigSource, path: str = "cluster") -> Cluster
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{path}: expected a mapping, got {type(data).__name__} ({data!r})", path)
-    for key in data:
+        raise ConfigError.invalid(path, data, "a mapping of keys to values")
+    for key, value in data.items():
         if key not in _KEYS:
-            raise ConfigError(
-                f"{path}.{key}: unknown key; allowed keys: {', '.join(_KEYS)}", f"{path}.{key}"
-            )
+            raise ConfigError.unknown_key(path, key, value, _KEYS)
     num_nodes = _parse_num_nodes(data.get("num_nodes"), f"{path}.num_nodes")
     collective: Any = None
     coll_section = data.get("collective")
     coll_path = f"{path}.collective"
     if coll_section is not None and not isinstance(coll_section, Mapping):
-        raise ConfigError(
-            f"{coll_path}: expected a mapping, got {type(coll_section).__name__}", coll_path
+        raise ConfigError.invalid(
+            coll_path, coll_section, "a mapping of keys to values (or omit the section)"
         )
     try:
         parse_collective = _collective_function("parse_collective_config", coll_path)
@@ -193,5 +192,5 @@ def _parse_num_nodes(value: Any, path: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{path}: expected an integer >= 1, got {value!r}", path)
+        raise ConfigError.invalid(path, value, "an integer >= 1, or null for what is there")
     return value

@@ -197,7 +197,7 @@ def test_options_defaults_quick_and_overrides() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--sizes", "12Q"], "size: got '12Q'"),
+        (["--sizes", "12Q"], "--sizes: got '12Q'"),
         (["--reps", "0"], "--reps: got 0"),
         (["--kinds", "tensors"], "kinds: got 'tensors'"),
         (["--link", "wifi"], "link: got 'wifi'"),

@@ -49,6 +49,14 @@ def test_parse_size_rejects_with_the_value_named(text: str) -> None:
     assert repr(text) in str(info.value)
 
 
+@pytest.mark.parametrize("text", ["1M", "1MB", "64K", "64kB", "1.5MiB", "2G", "3GB", "4096"])
+def test_parse_size_is_the_stack_wide_rule(text: str) -> None:
+    """p2p-bench --sizes and p2p-compress advise --size read a size the same way."""
+    import p2p_compress
+
+    assert parse_size(text) == p2p_compress.parse_size(text)
+
+
 def test_parse_sizes_sorts_dedups_and_accepts_lists() -> None:
     assert parse_sizes("1MiB,64KiB, 1M ,64k") == [65536, 1 << 20]
     assert parse_sizes(["8M", "1M,2M"]) == [1 << 20, 2 << 20, 8 << 20]

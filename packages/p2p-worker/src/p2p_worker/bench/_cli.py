@@ -10,7 +10,9 @@ send/recv between two actors in the same run, and writes ``p2p-bench.json``,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -158,6 +160,34 @@ def resolve_options(argv: Sequence[str]) -> Options:
     )
 
 
+def check_out_dir(out: Path) -> str | None:
+    """Make sure the results can be written to ``out`` before any work starts.
+
+    Creates the folder (and its parents) when missing and writes, then removes, a probe
+    file in it, so a run never measures for minutes and then fails on its output.
+
+    Returns:
+        None when ``out`` is a writable folder now; otherwise the ``--out`` error message.
+    """
+    allowed = "a folder p2p-bench can create or write into"
+    lead = f"--out: got {str(out)!r}; allowed: {allowed}"
+    if out.exists() and not out.is_dir():
+        return f"{lead} (it is an existing file, not a folder)"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        return f"{lead} (a parent of it is a file, not a folder)"
+    except OSError as exc:
+        return f"{lead} (cannot create it: {exc.strerror or exc})"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".p2p-bench-probe-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"{lead} (cannot write into it: {exc.strerror or exc})"
+    return None
+
+
 class RichProgress:
     """Live progress bar over the matrix, with a line per block and per gap."""
 
@@ -244,7 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status: 0 when every requested part ran or is reported unavailable; 1
         when a part failed (the report is still written when the run got that far);
-        2 for bad arguments.
+        2 for bad arguments, an ``--out`` that cannot be written among them (checked
+        before any work starts).
 
     Example:
         >>> main(["--quick", "--out", "/tmp/p2p-bench-out"])  # doctest: +SKIP
@@ -253,6 +284,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.console import Console
 
     options = resolve_options(sys.argv[1:] if argv is None else argv)
+    problem = check_out_dir(options.out)
+    if problem is not None:
+        print(f"p2p-bench: error: {problem}", file=sys.stderr)
+        return 2
     console = Console()
     console.print(
         f"[bold]p2p-bench[/]: {len(options.kinds)} kinds x "

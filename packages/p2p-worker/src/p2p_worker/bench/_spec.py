@@ -1,16 +1,17 @@
 """What a benchmark run measures: sizes, payload kinds, codecs, link profiles, the matrix.
 
-Everything here is pure (no Ray, no torch): parsing the command-line values and
-expanding them into the list of :class:`Cell` s the runner executes, in the order it
-executes them.
+Everything here is pure (no Ray): parsing the command-line values and expanding them
+into the list of :class:`Cell` s the runner executes, in the order it executes them.
+Sizes follow the stack's one size rule, :func:`p2p_compress.parse_size`.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
+
+from p2p_compress import parse_size as _parse_size
 
 KINDS: Final = ("tensor", "tensor_list", "tensor_dict", "dataclass", "object")
 """Payload kinds of seed 004 / 000, in report order."""
@@ -82,28 +83,15 @@ QUICK_REPS: Final = 3
 EMULATED_CELL_BUDGET_S: Final = 4.0
 """Largest estimated wire time of one emulated-link cell (all repetitions) that still runs."""
 
-_UNITS: Final = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "kib": 1024,
-    "m": 1024**2,
-    "mib": 1024**2,
-    "g": 1024**3,
-    "gib": 1024**3,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-}
-_SIZE_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 MAX_SIZE: Final = 4 * 1024**3
 
 
 def parse_size(text: str) -> int:
     """Parse one payload size such as ``64KiB``, ``1M``, ``8MiB``, ``2GB`` or ``4096``.
 
-    ``K``/``KiB``, ``M``/``MiB``, ``G``/``GiB`` are powers of 1024; ``kB``/``MB``/``GB``
-    are powers of 1000; a bare number is bytes. Case is ignored.
+    The one size rule of the stack, :func:`p2p_compress.parse_size`: ``K``/``KiB``,
+    ``M``/``MiB``, ``G``/``GiB`` are powers of 1024; ``kB``/``MB``/``GB`` are powers of
+    1000; a bare number is bytes. Case is ignored. A payload is 1 byte to 4 GiB.
 
     Args:
         text: the size as written on the command line.
@@ -118,17 +106,7 @@ def parse_size(text: str) -> int:
         >>> parse_size("64KiB"), parse_size("1M"), parse_size("2kB")
         (65536, 1048576, 2000)
     """
-    match = _SIZE_RE.match(text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
-        raise ValueError(
-            f"size: got {text!r}; allowed: a number with an optional unit "
-            "B, K/KiB, M/MiB, G/GiB (1024-based) or kB, MB, GB (1000-based), e.g. 64KiB"
-        )
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if not 1 <= value <= MAX_SIZE:
-        raise ValueError(f"size: got {text!r} = {value} bytes; allowed: 1 byte to 4 GiB")
-    return value
+    return _parse_size(text, minimum=1, maximum=MAX_SIZE, name="--sizes")
 
 
 def parse_sizes(text: str | Sequence[str]) -> list[int]:
