@@ -249,6 +249,8 @@ def t_bad_inputs(ctx: PeerContext, gname: str) -> list[str]:
         ("recv_tensor", nc),
         ("recv_tensor", "not a tensor"),
         ("timeout", -1.0),
+        ("timeout", float("nan")),
+        ("timeout", True),
     ]
     messages: list[str] = []
     for i, (op, arg) in enumerate(cases):
@@ -265,7 +267,8 @@ def t_bad_inputs(ctx: PeerContext, gname: str) -> list[str]:
             messages.append(f"{type(exc).__name__}: {exc}")
         else:
             messages.append("NO ERROR")
-        g.send({"i": i, "t": torch.full((2,), i)})  # the group still works
+        # the group still works; float("inf") is "no limit" for one call
+        g.send({"i": i, "t": torch.full((2,), i)}, timeout=float("inf") if i % 2 else None)
     return messages
 
 
@@ -273,7 +276,7 @@ def t_recv_after_bad_inputs(ctx: PeerContext, gname: str, n: int) -> list[int]:
     g = ctx.group(gname)
     got = []
     for _ in range(n):
-        d = g.recv(timeout=60)
+        d = g.recv(timeout=float("inf") if len(got) % 2 else 60)
         assert torch.equal(d["t"], torch.full((2,), d["i"]))
         got.append(d["i"])
     return got

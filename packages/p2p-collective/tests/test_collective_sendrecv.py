@@ -108,8 +108,8 @@ def test_then_chains(peers: PeerPair, gname: str) -> None:
 
 
 def test_bad_inputs_are_refused_and_the_group_keeps_working(peers: PeerPair, gname: str) -> None:
-    messages, got = peers.run(ct.t_bad_inputs, (gname,), ct.t_recv_after_bad_inputs, (gname, 15))
-    assert got == list(range(15))
+    messages, got = peers.run(ct.t_bad_inputs, (gname,), ct.t_recv_after_bad_inputs, (gname, 17))
+    assert got == list(range(17))
     assert "NO ERROR" not in messages, messages
     expect = [
         ("ValueError", "payload is not contiguous"),
@@ -127,6 +127,8 @@ def test_bad_inputs_are_refused_and_the_group_keeps_working(peers: PeerPair, gna
         ("ValueError", "recv_tensor(tensor): tensor is not contiguous"),
         ("TypeError", "expected a torch.Tensor, got str"),
         ("ValueError", "timeout: got -1.0"),
+        ("ValueError", "timeout: got nan"),
+        ("ValueError", "timeout: got True"),
     ]
     for msg, (kind, fragment) in zip(messages, expect, strict=True):
         assert msg.startswith(kind), (msg, kind)

@@ -7,6 +7,7 @@ seconds (``float | None``). torch APIs take a ``datetime.timedelta`` instead.
 from __future__ import annotations
 
 import datetime
+import math
 import time
 
 _FOREVER = datetime.timedelta(days=30)  # "no limit": larger values overflow gloo's clock math
@@ -20,8 +21,10 @@ def remaining(deadline: float | None) -> float | None:
 
 
 def deadline_after(seconds: float | None) -> float | None:
-    """The ``time.monotonic()`` deadline ``seconds`` from now (None: no limit)."""
-    return None if seconds is None else time.monotonic() + seconds
+    """The ``time.monotonic()`` deadline ``seconds`` from now (None or ``inf``: no limit)."""
+    if seconds is None or math.isinf(seconds):
+        return None
+    return time.monotonic() + seconds
 
 
 def min_timeout(a: float | None, b: float | None) -> float | None:
@@ -32,8 +35,8 @@ def min_timeout(a: float | None, b: float | None) -> float | None:
 
 
 def to_timedelta(seconds: float | None) -> datetime.timedelta:
-    """A timedelta for torch APIs; ``None`` becomes a very long one, 0 becomes 1 ms."""
-    if seconds is None:
+    """A timedelta for torch APIs; ``None`` and ``inf`` become a very long one, 0 becomes 1 ms."""
+    if seconds is None or seconds >= _FOREVER.total_seconds():
         return _FOREVER
     return datetime.timedelta(seconds=max(seconds, 0.001))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -335,8 +336,16 @@ class CollectiveGroup:
             return self._incarnation
 
     def _deadline(self, timeout: float | None) -> float | None:
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ValueError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or math.isnan(timeout)
+            or timeout < 0
+        ):
+            raise ValueError(
+                f"timeout: got {timeout!r}; allowed: seconds >= 0, float('inf') for no limit,"
+                " or None for the configured op_timeout"
+            )
         return deadline_after(self.config.op_timeout if timeout is None else float(timeout))
 
     # -- send / recv of any payload -----------------------------------------------------
