@@ -10,7 +10,6 @@ gives the p2p group for asynchronous calls.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ import pytest
 import ray
 import ray.cloudpickle
 import torch
+from plain_ray import plain_local_ray
 
 import p2p_worker.compat as col
 from p2p_collective import CollectiveTimeoutError, PeerError
@@ -43,21 +43,8 @@ class Member:
 @pytest.fixture(scope="module")
 def ray_up() -> Iterator[None]:
     """A plain embedded Ray on loopback for this module (``ray.init``, no p2p Cluster)."""
-    if ray.is_initialized():
-        ray.shutdown()
-    tmp = os.environ.get("P2P_RAY_TMPDIR") or "/tmp/p2pray"
-    os.makedirs(tmp, exist_ok=True)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(
-        address="local",
-        _node_ip_address="127.0.0.1",
-        _temp_dir=tmp,
-        include_dashboard=False,
-        num_cpus=4,
-        logging_level="WARNING",
-    )
-    yield
-    ray.shutdown()
+    with plain_local_ray(sys.modules[__name__]):
+        yield
 
 
 @pytest.fixture

@@ -1,0 +1,37 @@
+"""A plain embedded Ray on loopback, as Ray users start it (``ray.init``, no p2p Cluster)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from types import ModuleType
+
+import ray
+import ray.cloudpickle
+
+
+@contextlib.contextmanager
+def plain_local_ray(test_module: ModuleType, num_cpus: int = 4) -> Iterator[None]:
+    """``ray.init`` bound to 127.0.0.1 for the length of the block.
+
+    The test module's functions and classes travel to the actors by value, so actors
+    can run code defined in the test file.
+    """
+    if ray.is_initialized():
+        ray.shutdown()
+    tmp = os.environ.get("P2P_RAY_TMPDIR") or "/tmp/p2pray"
+    os.makedirs(tmp, exist_ok=True)
+    ray.cloudpickle.register_pickle_by_value(test_module)
+    ray.init(
+        address="local",
+        _node_ip_address="127.0.0.1",
+        _temp_dir=tmp,
+        include_dashboard=False,
+        num_cpus=num_cpus,
+        logging_level="WARNING",
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
