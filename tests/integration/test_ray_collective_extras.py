@@ -1,6 +1,7 @@
 """What ``p2p_worker.compat`` does beyond ``ray.util.collective``, between plain Ray actors.
 
-A member killed while the others wait in an operation fails them with ``PeerError``
+A member killed while the others wait in an operation, or before any link to it existed,
+fails them with ``PeerError``
 within seconds (Ray's gloo backend waits for its 30-minute timeout); every operation
 takes ``timeout=``; ``send``/``recv`` between members on one node go through shared
 memory; the same group name in another Ray job and namespace never meets this one;
@@ -106,6 +107,41 @@ def test_a_killed_member_fails_the_pending_operations_with_peer_error(members: l
         assert failed_at - killed_at < DEATH_BOUND, failed_at - killed_at
     # The survivors go on in a new group.
     assert on(survivors, _regroup) == [2.0, 2.0]
+
+
+def _init_only(rank: int, name: str) -> bool:
+    col.init_collective_group(2, rank, "gloo", name)
+    return col.is_group_initialized(name)
+
+
+def _ops_toward_the_dead(rank: int, name: str) -> list[tuple[str, bool, float]]:
+    """allreduce, then recv from rank 1, each with a 60 s timeout: how each ends."""
+    out = []
+    for op in (
+        lambda: col.allreduce(torch.ones(2), name, timeout=60),
+        lambda: col.recv(torch.zeros(2), 1, name, timeout=60),
+    ):
+        start = time.monotonic()
+        try:
+            op()
+        except Exception as exc:
+            out.append((type(exc).__name__, isinstance(exc, PeerError), time.monotonic() - start))
+        else:
+            out.append(("no error", False, time.monotonic() - start))
+    return out
+
+
+def test_a_member_killed_before_any_link_existed_fails_the_others(members: list[Any]) -> None:
+    # Ray's word on the member (its actor recorded at init) reaches the collective layer,
+    # which never connected to it: PeerError within seconds, not the 60 s timeout.
+    two = members[:2]
+    assert on(two, _init_only, "unjoined") == [True, True]
+    ray.kill(two[1])
+    results = ray.get(two[0].run.remote(_ops_toward_the_dead, 0, "unjoined"), timeout=120)
+    for what, is_peer_error, elapsed in results:
+        print(f"DEATH-BEFORE-LINK {what} {elapsed:.2f} s")
+        assert is_peer_error, (what, elapsed)
+        assert elapsed < DEATH_BOUND, (what, elapsed)
 
 
 def _late(rank: int) -> tuple[str, bool, float]:

@@ -22,15 +22,19 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import ray
 import torch
 
 from p2p_collective import Collective, join_ranked_group
+from p2p_worker._oracle import actor_id_alive
 from p2p_worker._raycoll._checks import as_torch, check_not_self, check_rank
 from p2p_worker._raycoll._env import Meeting, meeting
 from p2p_worker._raycoll._errors import CollectiveArgumentError, TensorTypeError
 from p2p_worker._raycoll._types import Backend
 
 INCARNATION_KEY = "p2p-raycoll/{name}/{size}/incarnation/{rank}"
+ACTOR_KEY = "p2p-raycoll/{name}/{size}/{incarnation}/actor/{rank}"
+"""The Ray actor id of a member ('' for a driver or task), for the liveness oracle."""
 
 
 @contextlib.contextmanager
@@ -99,6 +103,11 @@ class GroupHandle:
         where = meeting(service_timeout)
         key = INCARNATION_KEY.format(name=group_name, size=world_size, rank=rank)
         incarnation = int(where.store.add(key, 1))
+        actor = (ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None) or ""
+        where.store.set(
+            ACTOR_KEY.format(name=group_name, size=world_size, incarnation=incarnation, rank=rank),
+            actor,
+        )
         return cls(
             world_size=world_size,
             rank=rank,
@@ -140,6 +149,32 @@ class GroupHandle:
         """The p2p address name of member ``rank`` in this incarnation."""
         return f"raycoll:{self._group_name}#{self._incarnation}[{rank}]"
 
+    def _member_alive(self, name: str) -> bool:
+        """The liveness oracle of this group's ``Collective``: Ray's word on a member.
+
+        A member that recorded a Ray actor id at :meth:`join` is dead when Ray's actor
+        table says so; anything else (a driver or task member, an id not recorded yet,
+        a name of another group) counts as alive, and waiting goes on.
+        """
+        where = self._where
+        # pair groups name members "raycoll:<group>#<incarnation>[r]", the N-member
+        # group "<group>#<incarnation>[r]"
+        core = f"{self._group_name}#{self._incarnation}["
+        name = name.removeprefix("raycoll:")
+        if where is None or not name.startswith(core) or not name.endswith("]"):
+            return True
+        rank = name[len(core) : -1]
+        key = ACTOR_KEY.format(
+            name=self._group_name, size=self._world_size, incarnation=self._incarnation, rank=rank
+        )
+        try:
+            if not where.store.check([key]):
+                return True
+            actor = where.store.get(key).decode()
+        except Exception:
+            return True
+        return not actor or actor_id_alive(actor)
+
     def _own_collective(self) -> Any:
         with self._lock:
             if self._destroyed:
@@ -156,6 +191,7 @@ class GroupHandle:
                     config=where.config,
                     timeout=self._init_timeout,
                     job_token=where.job_token,
+                    is_alive=self._member_alive,
                 )
             return self._collective
 
