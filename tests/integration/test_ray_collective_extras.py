@@ -3,9 +3,9 @@
 A member killed while the others wait in an operation, or before any link to it existed,
 fails them with ``PeerError`` within seconds (Ray's gloo backend waits for its 30-minute
 timeout); every operation takes ``timeout=``; ``send``/``recv`` between members on one
-node go through shared memory; the same group name in another Ray job and namespace never meets this one;
-groups may be initialized in any order, the driver may be a member, and the handle
-gives the p2p group for asynchronous calls.
+node go through shared memory; the same group name in another Ray job and namespace
+never meets this one; groups may be initialized in any order, the driver may be a
+member, and the handle gives the p2p group for asynchronous calls.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -495,6 +496,16 @@ def channel(cluster: Cluster, worker_groups: tuple[Any, Any]) -> Iterator[Channe
     ch.destroy()
 
 
+def eventually_zero(read: Any, within: float) -> int:
+    """Poll ``read()`` until it returns 0 or ``within`` seconds pass; the last value."""
+    deadline = time.monotonic() + within
+    value = read()
+    while value != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = read()
+    return int(value)
+
+
 def check_items(items: list[Any], rank: int, n: int) -> None:
     src = recv_peer(rank, GROUP_SIZE)
     assert [m.id for m in items] == list(range(n))  # per-key FIFO
@@ -511,7 +522,10 @@ def test_keyed_channel_between_workers(
     assert senders.produce(channel, 4, async_op).wait(timeout=120) == [True] * GROUP_SIZE
     for rank, items in enumerate(consumed.wait(timeout=120)):
         check_items(items, rank, 4)
-    assert channel.qsize() == 0
+    # Every item was consumed; the default key's qsize also counts slots granted to a
+    # producer whose payload has not come (an async put that went out on a lent credit
+    # instead hands its reservation back once the producer is idle), so it settles to 0.
+    assert eventually_zero(channel.qsize, within=10.0) == 0
 
 
 def test_keyed_channel_asyncio(worker_groups: tuple[Any, Any], channel: Channel) -> None:

@@ -22,6 +22,7 @@ import ray
 import torch
 
 from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkCancelledError, WorkTimeoutError
+from p2p_collective import PeerGoneError
 from p2p_worker._channel_errors import (
     ChannelClosedError,
     ChannelEmpty,
@@ -186,17 +187,30 @@ class ChannelLink:
         )
 
     def open(self, timeout: float | None) -> None:
-        """Connect both directions of the first link (the channel worker does the same)."""
-        group = self._group = self._make_group(self._gen)
+        """Connect both directions of the first link (the channel worker does the same).
+
+        The channel worker just answered ``hello``, so it lives. A ``PeerGoneError``
+        here is the ended life of an earlier worker of a channel of the same name (at
+        the same address) that this process knew, seen before the new worker announced
+        itself: the link is tried again, for up to :data:`_REBORN_WAIT` seconds.
+        """
         empty = torch.empty(0, dtype=torch.uint8)
-        try:
-            group.recv_tensor(empty, timeout=timeout)
-            group.send_tensor(empty, timeout=timeout)
-        except Exception as exc:
-            group.close(timeout=0.0)
-            raise ChannelError(
-                f"channel {self.hello.name!r}: could not connect to its channel worker: {exc}"
-            ) from exc
+        limit = _REBORN_WAIT if timeout is None else min(timeout, _REBORN_WAIT)
+        reborn_until = time.monotonic() + limit
+        while True:
+            group = self._group = self._make_group(self._gen)
+            try:
+                group.recv_tensor(empty, timeout=timeout)
+                group.send_tensor(empty, timeout=timeout)
+                return
+            except Exception as exc:
+                group.close(timeout=0.0)
+                if isinstance(exc, PeerGoneError) and time.monotonic() < reborn_until:
+                    time.sleep(_REBORN_PAUSE)
+                    continue
+                raise ChannelError(
+                    f"channel {self.hello.name!r}: could not connect to its channel worker: {exc}"
+                ) from exc
 
     def _group_for(self, gen: int) -> Any:
         """The group of generation ``gen``; None when ``gen`` is older than ours (stale)."""
@@ -587,6 +601,11 @@ def lookup_actor(job: Any, name: str, timeout: float | None) -> Any:
                     f"with create_channel({name!r}) first"
                 ) from exc
         time.sleep(_LOOKUP_PAUSE)
+
+
+_REBORN_WAIT = 10.0
+"""Seconds a new link waits for a re-created channel worker to replace its dead namesake."""
+_REBORN_PAUSE = 0.1
 
 
 def connect_link(endpoint: Any, name: str, timeout: float | None) -> ChannelLink:

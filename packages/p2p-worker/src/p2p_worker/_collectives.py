@@ -134,7 +134,9 @@ class CollectivesMixin:
           first worker of the expanded list.
         - p2p-worker's: ``broadcast(obj, members=..., src_group_name=..., src_rank=...)``
           with members as for :meth:`create_collective` (group names in full, pairs,
-          addresses); the source defaults to rank 0 of this worker's group.
+          addresses); the source defaults to rank 0 of this worker's group. Members may
+          also come second positionally, as before RLinf's form existed: a list that is
+          not all ``(group_name, ranks)`` pairs, with no ``src``, is read as members.
 
         Like :meth:`send`: tensors and containers of tensors travel as raw bytes, other
         objects pickled; never compressed.
@@ -165,6 +167,10 @@ class CollectivesMixin:
         from p2p_worker._options import check_options
 
         check_options(options)
+        if groups is not None and members is None and src is None and not _rlinf_groups(groups):
+            # p2p-worker's first form, members given positionally (group names,
+            # addresses): broadcast(obj, ["trainer", "rollout"], src_group_name=...)
+            groups, members = None, groups
         if (groups is None) == (members is None):
             raise ValueError(
                 "broadcast: give groups=[(group_name, ranks), ...] (RLinf) or members= "
@@ -204,3 +210,11 @@ class CollectivesMixin:
             async_op=async_op,
             timeout=timeout,
         )
+
+
+def _rlinf_groups(groups: Any) -> bool:
+    """Whether ``groups`` has RLinf's shape: a list of ``(group_name, ranks)`` tuples."""
+    return isinstance(groups, list) and all(
+        isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)
+        for entry in groups
+    )
