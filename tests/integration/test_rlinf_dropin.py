@@ -513,18 +513,7 @@ def check_items(items: list[Any], rank: int, n: int) -> None:
         assert_same(m, item_for(src, m.id))
 
 
-ASYNC_KEYED_RACE = pytest.mark.xfail(
-    strict=False,
-    reason="known bug, open in #24/#23: with four async gets per consumer and async puts"
-    " on a shared keyed channel, a consumer saw its key's items out of order ([1, 2, 0, 3])"
-    " in one fresh-clone CI run and qsize() stuck at 3 in another; both passed in every"
-    " local run. Kept running so a fix shows as XPASS.",
-)
-
-
-@pytest.mark.parametrize(
-    "async_op", [False, pytest.param(True, marks=ASYNC_KEYED_RACE)], ids=["sync", "async_wait"]
-)
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async_wait"])
 def test_keyed_channel_between_workers(
     worker_groups: tuple[Any, Any], channel: Channel, async_op: bool
 ) -> None:

@@ -240,9 +240,11 @@ class ChannelLink:
     # -- issuing and ordering -----------------------------------------------------------
 
     def submit(
-        self, kind: str, call: Callable[[int], Any], item: Any = None, batch: bool = False
+        self, kind: str, call: Callable[[int, int], Any], item: Any = None, batch: bool = False
     ) -> _Op:
-        """Issue control call ``call(token)``; its answer is processed in issue order.
+        """Issue control call ``call(token, seq)``; its answer is processed in issue order.
+
+        ``token`` numbers every call of this handle, ``seq`` the calls of this ``kind``.
 
         The caller either :meth:`follow` s the op (asynchronous use) or :meth:`run` s it
         (a blocking call: the answer is awaited and, when it is next in line, its
@@ -251,10 +253,9 @@ class ChannelLink:
         with self._lock:
             if self.closed:
                 raise ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
-            token = self._token
-            ref = call(token)
+            token, seq = self._token, self._seq[kind]
+            ref = call(token, seq)
             self._token += 1
-            seq = self._seq[kind]
             self._seq[kind] += 1
         work = ChannelWork(ref, lambda wait, timeout: self._withdraw(token, wait, timeout))
         return _Op(seq, kind, work, item, batch)

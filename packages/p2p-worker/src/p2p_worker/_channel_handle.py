@@ -242,7 +242,9 @@ class Channel:
             return done
         op = link.submit(
             "put",
-            lambda t: link.actor.put_begin.remote(link.peer, t, True, timeout, link.want_credits()),
+            lambda t, _: link.actor.put_begin.remote(
+                link.peer, t, True, timeout, link.want_credits()
+            ),
             item,
         )
         return link.follow(op) if async_op else link.run(op, link.limit(timeout))
@@ -269,7 +271,7 @@ class Channel:
         if link.credit_put(item, False) is not NO_CREDIT:
             return
         op = link.submit(
-            "put", lambda t: link.actor.put_begin.remote(link.peer, t, False, None), item
+            "put", lambda t, _: link.actor.put_begin.remote(link.peer, t, False, None), item
         )
         link.run(op, link.limit(0.0))
 
@@ -301,8 +303,17 @@ class Channel:
                 return work
         op = link.submit(
             "get",
-            lambda t: link.actor.get_begin.remote(
-                link.peer, t, max_items, max_bytes, block, timeout, link.sync(), key, target_weight
+            lambda t, s: link.actor.get_begin.remote(
+                link.peer,
+                t,
+                max_items,
+                max_bytes,
+                block,
+                timeout,
+                link.sync(),
+                key,
+                target_weight,
+                s,
             ),
             batch=batch,
         )

@@ -65,6 +65,7 @@ logger = logging.getLogger(__name__)
 
 WATCH_PERIOD = 2.0  # seconds between checks that the job's rendezvous store is alive
 MAX_CREDITS = 8  # most put credits one grant lends
+TURN_WAIT = 30.0  # seconds a call waits for a peer's earlier call of its kind to arrive
 
 
 class _Tokens:
@@ -100,6 +101,66 @@ class _Tokens:
         return True
 
 
+class _Turns:
+    """Lets a peer's calls of one kind pass a point in the order the peer issued them.
+
+    Ray may start the calls of one caller on an asyncio actor out of order, so a call
+    numbered ``seq`` waits in :meth:`turn` until every lower one has :meth:`passed`. A
+    lower number whose call has not even :meth:`arrive` d after ``TURN_WAIT`` seconds is
+    skipped (logged): that call was lost, and the later ones must not wait for it forever.
+    """
+
+    def __init__(self) -> None:
+        self.low = 0  # every seq below has passed
+        self.done: set[int] = set()
+        self.arrived: set[int] = set()
+        self.waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    def arrive(self, seq: int) -> None:
+        """Call ``seq`` has arrived (it will pass)."""
+        if seq >= self.low:
+            self.arrived.add(seq)
+
+    def passed(self, seq: int) -> None:
+        """Call ``seq`` is past the point (idempotent; a negative ``seq`` is not ordered)."""
+        if seq < self.low:
+            return
+        self.done.add(seq)
+        while self.low in self.done:
+            self.done.discard(self.low)
+            self.arrived.discard(self.low)
+            self.low += 1
+        keep = []
+        for want, fut in self.waiters:
+            if want <= self.low:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((want, fut))
+        self.waiters = keep
+
+    async def turn(self, seq: int, what: str) -> None:
+        """Wait until every call below ``seq`` has passed (or was skipped as lost)."""
+        while seq > self.low:
+            fut = asyncio.get_running_loop().create_future()
+            self.waiters.append((seq, fut))
+            done, _ = await asyncio.wait({fut}, timeout=TURN_WAIT)
+            if done:
+                return
+            lost = [n for n in range(self.low, seq) if n not in self.arrived]
+            if lost:
+                logger.warning(
+                    "channel: %s call %d waited %.0f s for its peer's calls %s, which never"
+                    " came; going on without them",
+                    what,
+                    seq,
+                    TURN_WAIT,
+                    lost,
+                )
+            for n in lost:
+                self.passed(n)
+
+
 class _Sends:
     """The sends of one granted get, completing one by one."""
 
@@ -112,15 +173,24 @@ class _Sends:
 
 
 class _Peer:
-    __slots__ = ("gen", "group", "name", "seen", "syncs", "tokens")
+    __slots__ = ("gen", "group", "name", "posting", "seen", "syncs", "taking", "tokens")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.gen = 0
         self.group: Any = None
         self.tokens = _Tokens()
+        self.new_handle()
         self.seen = 0  # payloads (items or voids) received from the peer on this gen
         self.syncs: list[tuple[int, asyncio.Future[None]]] = []  # (count, woken at count)
+
+    def new_handle(self) -> None:
+        """The peer opened a new handle: it numbers its calls from 0 again."""
+        self.tokens = _Tokens()
+        # A peer's gets take items, and post their sends, in the order it issued them:
+        # it receives the items of its gets in that order.
+        self.taking = _Turns()
+        self.posting = _Turns()
 
     def wake(self, everyone: bool = False) -> None:
         """Wake the calls waiting for this peer's credit payloads to have arrived."""
@@ -220,7 +290,7 @@ class ChannelWorker(WorkerBase):
         """Open a fresh link to ``peer_name`` and connect both its directions."""
         peer = self._peer(peer_name)
         self._reset(peer, peer.group, None)
-        peer.tokens = _Tokens()  # a new handle numbers its calls from 0
+        peer.new_handle()
         group = self._group(peer)
         timeout = self._spec.transfer_timeout
         for work in (
@@ -342,22 +412,52 @@ class ChannelWorker(WorkerBase):
         sync: tuple[int, int] = (0, 0),
         key: Any = DEFAULT_KEY,
         target_weight: int | None = None,
+        seq: int = -1,
     ) -> int:
         """Take items from the head of ``key``'s FIFO and post their sends.
 
         Up to ``max_items`` (and ``max_bytes``), or, with ``target_weight``, until their
         weights reach it (see ``ChannelQueue.take``). ``sync`` is the caller's ``(gen,
         payloads sent)``: its own puts are waited for first, so a process always gets
-        what it put before.
+        what it put before. ``seq`` numbers the caller's gets (0, 1, ...): they take
+        items and post their sends in that order, whatever order they arrive in.
         """
-        await self._sync(peer_name, *sync)
         peer = self._peer(peer_name)
-        tokens = peer.tokens
+        taking, posting = peer.taking, peer.posting
+        taking.arrive(seq)
+        posting.arrive(seq)
+        try:
+            await self._sync(peer_name, *sync)
+            if seq >= 0:
+                await taking.turn(seq, "get")
+            return await self._get(
+                peer, token, seq, max_items, max_bytes, block, timeout, key, target_weight
+            )
+        finally:
+            taking.passed(seq)
+            posting.passed(seq)
+
+    async def _get(
+        self,
+        peer: _Peer,
+        token: int,
+        seq: int,
+        max_items: int,
+        max_bytes: int | None,
+        block: bool,
+        timeout: float | None,
+        key: Any,
+        target_weight: int | None,
+    ) -> int:
+        tokens, taking, posting = peer.tokens, peer.taking, peer.posting
         if not tokens.start(token):
             return CANCELLED_ANSWER
+        # The take registers its place synchronously, before its first wait: the next
+        # get of this peer may go once this one is in line.
+        taking.passed(seq)
         try:
             items = await self._queue.take(
-                peer_name,
+                peer.name,
                 max_items,
                 max_bytes,
                 block=block,
@@ -374,6 +474,8 @@ class ChannelWorker(WorkerBase):
             return RESET_ANSWER
         if items is None:
             return NO_ROOM
+        if seq >= 0:
+            await posting.turn(seq, "get")
         group = self._group(peer)
         works = []
         for item in items:
