@@ -27,6 +27,8 @@ def check_group_name(name: object, arg: str = "name") -> str:
 def _check_ranks(ranks: int | Iterable[int], arg: str = "ranks") -> tuple[int, ...]:
     if isinstance(ranks, bool):
         raise TypeError(f"{arg} must be an int or a sequence of ints, got bool")
+    if not isinstance(ranks, (int, Iterable)) or isinstance(ranks, (str, bytes)):
+        raise TypeError(f"{arg} must be an int or a sequence of ints, got {type(ranks).__name__}")
     seq: tuple[Any, ...] = (ranks,) if isinstance(ranks, int) else tuple(ranks)
     for r in seq:
         if not isinstance(r, int) or isinstance(r, bool):
@@ -34,6 +36,66 @@ def _check_ranks(ranks: int | Iterable[int], arg: str = "ranks") -> tuple[int, .
         if r < 0:
             raise ValueError(f"{arg} must hold ranks >= 0, got {r}")
     return seq
+
+
+def parse_group_name(name: object, arg: str = "group_name") -> WorkerAddress:
+    """Read a group name as ``send``/``recv`` and collectives take it, as an address.
+
+    Two forms name a group of workers: a root group's name (``"trainer"``, whose workers
+    are ``trainer:0``, ``trainer:1``, ...) and the address of a worker whose children
+    form the group (``"trainer:0"``, whose children are ``trainer:0:0``, ...). The
+    latter is the ``name`` of a child :class:`~p2p_worker.WorkerGroup`.
+
+    Args:
+        name: The group name.
+        arg: Argument name used in error messages.
+
+    Returns:
+        The address of the group: no ranks for a root group, the parent's ranks for a
+        child group.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        ValueError: ``name`` is neither a valid group name nor a worker address.
+
+    Example:
+        >>> parse_group_name("trainer:0").get_child_address(1)
+        WorkerAddress('trainer:0:1')
+    """
+    if isinstance(name, str) and _SEP in name:
+        try:
+            return WorkerAddress.from_name(name)
+        except ValueError as exc:
+            raise ValueError(
+                f"{arg}={name!r} is neither a group name nor a worker address ('group:rank:...'"
+                f" names the children of that worker): {exc}"
+            ) from None
+    return WorkerAddress(check_group_name(name, arg))
+
+
+def member_address(
+    group_name: object, rank: object, group_arg: str = "group_name", rank_arg: str = "rank"
+) -> WorkerAddress:
+    """The address of worker ``rank`` (an int or a rank path) of group ``group_name``.
+
+    ``member_address("g", (0, 1))`` and ``member_address("g:0", 1)`` are both ``g:0:1``.
+
+    Raises:
+        TypeError: A name or a rank has the wrong type.
+        ValueError: The name is invalid or a rank is negative or the path is empty.
+
+    Example:
+        >>> member_address("g:0", 1) == member_address("g", [0, 1])
+        True
+    """
+    base = parse_group_name(group_name, group_arg)
+    try:
+        ranks = _check_ranks(rank, rank_arg)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{rank_arg}={rank!r}: {exc}") from None
+    if not ranks:
+        raise ValueError(f"{rank_arg}={rank!r}: give a rank or a non-empty rank path")
+    return WorkerAddress(base.root_group_name, (*base.ranks, *ranks))
 
 
 @total_ordering

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
-from p2p_worker._address import WorkerAddress, check_group_name
+from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+from p2p_asyncwork import AsyncWork
+from p2p_collective import Collective, MultiCollectiveGroup, create_multi_group
+from p2p_worker._address import WorkerAddress, member_address, parse_group_name
 from p2p_worker._errors import WorkerError
-from p2p_worker._runtime import import_lower
+
+if TYPE_CHECKING:
+    from p2p_worker._runtime import WorkerRuntime
 
 SIZE_KEY = "p2p/worker-group-size/{}"
 SIZE_TIMEOUT = 60.0
 
 
 def _members(
-    spec: object, own: WorkerAddress, own_size: int, store: Any, timeout: float | None
+    spec: object,
+    own: WorkerAddress,
+    own_size: int,
+    store: TCPStore | None,
+    timeout: float | None,
 ) -> list[WorkerAddress]:
     """Resolve a members spec into addresses (sizes of other groups come from the store)."""
     items: list[Any] = [spec] if isinstance(spec, (str, WorkerAddress, tuple)) else list(spec)  # type: ignore[call-overload]
@@ -27,16 +37,24 @@ def _members(
         if isinstance(item, WorkerAddress):
             out.append(item)
         elif isinstance(item, str):
-            check_group_name(item, f"members[{i}]")
-            size = own_size if item == own.root_group_name else _group_size(store, item, timeout)
-            out += [WorkerAddress(item, r) for r in range(size)]
+            group = parse_group_name(item, f"members[{i}]")
+            if group == own.get_parent_address():
+                size = own_size
+            elif store is None:
+                raise ValueError(
+                    f"members[{i}]: {item!r} names a whole other group, whose size is unknown"
+                    f" here; give ({item!r}, ranks)"
+                )
+            else:
+                size = _group_size(store, group.get_name(), timeout)
+            out += [group.get_child_address(r) for r in range(size)]
         elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
             name, ranks = item
             # As in RLinf: an int or a tuple (a rank path) is one worker, a list is several.
             ranks = list(ranks) if isinstance(ranks, list) else [ranks]
             if not ranks:
                 raise ValueError(f"members[{i}]: {item!r} lists no rank")
-            out += [WorkerAddress(name, r) for r in ranks]
+            out += [member_address(name, r, f"members[{i}]", f"members[{i}] ranks") for r in ranks]
         else:
             raise TypeError(
                 f"members[{i}]: got {item!r}; allowed: a group name, (group_name, ranks) or a"
@@ -49,7 +67,7 @@ def _members(
     return out
 
 
-def _group_size(store: Any, group: str, timeout: float | None) -> int:
+def _group_size(store: TCPStore, group: str, timeout: float | None) -> int:
     key = SIZE_KEY.format(group)
     wait = datetime.timedelta(seconds=SIZE_TIMEOUT if timeout is None else timeout)
     try:
@@ -70,14 +88,16 @@ class CollectivesMixin:
     if TYPE_CHECKING:  # provided by Worker
 
         @property
-        def collective(self) -> Any: ...
+        def collective(self) -> Collective: ...
 
         @property
         def worker_address(self) -> WorkerAddress: ...
 
+        def _p2p_worker_runtime(self) -> WorkerRuntime: ...
+
     def create_collective(
         self, members: Any, name: str | None = None, *, timeout: float | None = None
-    ) -> Any:
+    ) -> MultiCollectiveGroup:
         """The collective group (``p2p_collective.MultiCollectiveGroup``) of ``members``.
 
         Every member calls this with the same members (and name); ranks in the returned
@@ -105,11 +125,69 @@ class CollectivesMixin:
         """
         me = self.worker_address
         coll = self.collective
-        store = self.__dict__["_p2p_runtime"].store()  # the job's store client
-        store.set(SIZE_KEY.format(me.root_group_name), str(self._world_size).encode())
+        store = self._p2p_worker_runtime().store()  # the job's store client
+        own_group = me.get_parent_address()
+        assert own_group is not None  # a worker's address has at least one rank
+        store.set(SIZE_KEY.format(own_group.get_name()), str(self._world_size))
         addresses = _members(members, me, self._world_size, store, timeout)
-        create = import_lower("p2p_collective", "create_multi_group", "Worker collectives")
-        return create(coll, addresses, group_name=name)
+        return create_multi_group(coll, addresses, group_name=name)
+
+    @overload
+    def broadcast(
+        self,
+        object: Any = ...,
+        groups: Any = ...,
+        src: tuple[str, int | tuple[int, ...]] | None = ...,
+        async_op: Literal[False] = ...,
+        options: Any = ...,
+        *,
+        members: Any = ...,
+        src_group_name: str | None = ...,
+        src_rank: int | None = ...,
+        timeout: float | None = ...,
+    ) -> Any: ...
+    @overload
+    def broadcast(
+        self,
+        object: Any,
+        groups: Any,
+        src: tuple[str, int | tuple[int, ...]] | None,
+        async_op: Literal[True],
+        options: Any = ...,
+        *,
+        members: Any = ...,
+        src_group_name: str | None = ...,
+        src_rank: int | None = ...,
+        timeout: float | None = ...,
+    ) -> AsyncWork[Any]: ...
+    @overload
+    def broadcast(
+        self,
+        object: Any = ...,
+        groups: Any = ...,
+        src: tuple[str, int | tuple[int, ...]] | None = ...,
+        *,
+        async_op: Literal[True],
+        options: Any = ...,
+        members: Any = ...,
+        src_group_name: str | None = ...,
+        src_rank: int | None = ...,
+        timeout: float | None = ...,
+    ) -> AsyncWork[Any]: ...
+    @overload
+    def broadcast(
+        self,
+        object: Any,
+        groups: Any,
+        src: tuple[str, int | tuple[int, ...]] | None,
+        async_op: bool,
+        options: Any = ...,
+        *,
+        members: Any = ...,
+        src_group_name: str | None = ...,
+        src_rank: int | None = ...,
+        timeout: float | None = ...,
+    ) -> Any: ...
 
     def broadcast(
         self,
@@ -153,7 +231,8 @@ class CollectivesMixin:
             timeout: Seconds the broadcast may take (None: the job's default).
 
         Returns:
-            The object on every member, or an ``AsyncWork`` whose ``wait()`` returns it.
+            The object on every member, or (``async_op=True``) an ``AsyncWork`` whose
+            ``wait()`` returns it.
 
         Raises:
             TypeError: ``groups``, ``src`` or ``options`` has the wrong shape or type.
@@ -195,10 +274,16 @@ class CollectivesMixin:
                     f"src must be a (group_name, rank) tuple, got {src!r}; for p2p-worker's "
                     f"form use src_group_name= and src_rank="
                 )
-            src_addr = WorkerAddress(src[0], src[1])
+            src_addr = member_address(src[0], src[1], "src", "src")
         elif src_group_name is not None or src_rank is not None or groups is None:
-            own = self.worker_address.root_group_name
-            src_addr = WorkerAddress(src_group_name or own, 0 if src_rank is None else src_rank)
+            own = self.worker_address.get_parent_address()
+            assert own is not None  # a worker's address has at least one rank
+            src_addr = member_address(
+                src_group_name or own.get_name(),
+                0 if src_rank is None else src_rank,
+                "src_group_name",
+                "src_rank",
+            )
         else:
             src_addr = _members(groups, self.worker_address, self._world_size, None, None)[0]
         group = self.create_collective(members)

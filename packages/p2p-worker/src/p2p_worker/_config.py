@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,12 @@ from typing import Any
 import yaml
 
 from p2p_asyncwork import ConfigError
+from p2p_collective import (
+    CollectiveConfig,
+    NetEmulationConfig,
+    parse_collective_config,
+    parse_net_emulation,
+)
 
 ConfigSource = Mapping[str, Any] | str | os.PathLike[str] | None
 
@@ -27,7 +32,7 @@ class ClusterConfig:
         num_nodes: Number of nodes the job asks for, or ``None`` (use what is there).
         collective: The ``p2p_collective.CollectiveConfig`` every worker's ``Collective``
             is built with (compression, buffer pool, timeouts, and link emulation when
-            ``net_emulation`` is set), or ``None`` when p2p-collective is not installed.
+            ``net_emulation`` is set); ``None`` only in a ``ClusterConfig`` built by hand.
         net_emulation: The parsed ``net_emulation`` section, or ``None``.
 
     Example:
@@ -36,34 +41,14 @@ class ClusterConfig:
     """
 
     num_nodes: int | None = None
-    collective: Any = None
-    net_emulation: Any = None
+    collective: CollectiveConfig | None = None
+    net_emulation: NetEmulationConfig | None = None
 
     @property
     def codec_name(self) -> str | None:
         """The configured compression codec (``"lz4"``/``"zstd"``), or ``None`` when off."""
         compression = getattr(self.collective, "compression", None)
         return None if compression is None else str(compression.codec_name)
-
-
-def _collective_function(name: str, path: str) -> Callable[..., Any]:
-    """Import ``p2p_collective.<name>`` lazily; a missing one is a clear ConfigError."""
-    try:
-        module = importlib.import_module("p2p_collective")
-    except ImportError as exc:  # pragma: no cover - p2p-collective is a declared dependency
-        raise ConfigError(
-            f"{path}: configuring this section needs the p2p-collective package, which "
-            f"could not be imported ({exc}); install p2p-collective",
-            path,
-        ) from exc
-    func = getattr(module, name, None)
-    if func is None:
-        raise ConfigError(
-            f"{path}: the installed p2p-collective has no {name}(); this section needs a "
-            f"p2p-collective release that supports it",
-            path,
-        )
-    return func  # type: ignore[no-any-return]
 
 
 def load_config_source(source: ConfigSource) -> Any:
@@ -157,33 +142,19 @@ def parse_cluster_config(source: ConfigSource, path: str = "cluster") -> Cluster
         if key not in _KEYS:
             raise ConfigError.unknown_key(path, key, value, _KEYS)
     num_nodes = _parse_num_nodes(data.get("num_nodes"), f"{path}.num_nodes")
-    collective: Any = None
     coll_section = data.get("collective")
     coll_path = f"{path}.collective"
     if coll_section is not None and not isinstance(coll_section, Mapping):
         raise ConfigError.invalid(
             coll_path, coll_section, "a mapping of keys to values (or omit the section)"
         )
-    try:
-        parse_collective = _collective_function("parse_collective_config", coll_path)
-    except ConfigError:
-        if coll_section:
-            raise
-        parse_collective = None  # p2p-collective without config support; workers use defaults
-    if parse_collective is not None:
-        collective = parse_collective(coll_section, path=coll_path)
-    net: Any = None
+    collective = parse_collective_config(coll_section, path=coll_path)
+    net: NetEmulationConfig | None = None
     net_section = data.get("net_emulation")
     if net_section is not None:
         net_path = f"{path}.net_emulation"
-        net = _collective_function("parse_net_emulation", net_path)(net_section, path=net_path)
-        if net is not None and collective is not None:
-            if not any(f.name == "net_emulation" for f in dataclasses.fields(collective)):
-                raise ConfigError(
-                    f"{net_path}: the installed p2p-collective's CollectiveConfig has no "
-                    f"net_emulation field",
-                    net_path,
-                )
+        net = parse_net_emulation(net_section, path=net_path)
+        if net is not None:
             collective = dataclasses.replace(collective, net_emulation=net)
     return ClusterConfig(num_nodes=num_nodes, collective=collective, net_emulation=net)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
+from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+from p2p_collective import Collective, CollectiveConfig
+from p2p_compress import probe_codec_library
 from p2p_worker._address import WorkerAddress
 from p2p_worker._errors import WorkerError
 from p2p_worker._info import NodeInfo
@@ -32,28 +34,10 @@ class JobContext:
 
     store_host: str
     store_port: int
-    collective_config: Any
+    collective_config: CollectiveConfig | None
     codec_name: str | None
     nodes: tuple[NodeInfo, ...]
     job_token: str | None = field(default=None, repr=False)
-
-
-def import_lower(module: str, name: str, purpose: str) -> Any:
-    """Import ``module.name`` lazily; raise WorkerError saying what is missing.
-
-    Raises:
-        WorkerError: The package or the name is missing.
-    """
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:  # pragma: no cover - declared dependency
-        raise WorkerError(f"{purpose} needs the {module} package: {exc}") from exc
-    obj = getattr(mod, name, None)
-    if obj is None:
-        raise WorkerError(
-            f"{purpose} needs {module}.{name}, which the installed {module} does not provide"
-        )
-    return obj
 
 
 def probe_codec(codec_name: str | None) -> None:
@@ -64,8 +48,7 @@ def probe_codec(codec_name: str | None) -> None:
     """
     if codec_name is None:
         return
-    probe = import_lower("p2p_compress", "probe_codec_library", "probing the codec library")
-    probe(codec_name)
+    probe_codec_library(codec_name)
 
 
 class WorkerRuntime:
@@ -87,11 +70,11 @@ class WorkerRuntime:
         self.address = address
         self.node_ip = node_ip
         self._lock = threading.Lock()
-        self._store: Any = None
-        self._collective: Any = None
+        self._store: TCPStore | None = None
+        self._collective: Collective | None = None
         self._closed = False
 
-    def store(self) -> Any:
+    def store(self) -> TCPStore:
         """Return the TCPStore client to the job's rendezvous store (connecting once)."""
         with self._lock:
             if self._store is None:
@@ -100,11 +83,11 @@ class WorkerRuntime:
                 )
             return self._store
 
-    def collective(self) -> Any:
+    def collective(self) -> Collective:
         """Return this process's ``p2p_collective.Collective`` (creating it once).
 
         Raises:
-            WorkerError: The runtime is closed, or p2p-collective is missing.
+            WorkerError: The runtime is closed.
         """
         if self._collective is not None:
             return self._collective
@@ -113,8 +96,7 @@ class WorkerRuntime:
             if self._closed:
                 raise WorkerError(f"worker {self.address} is shutting down")
             if self._collective is None:
-                collective_cls = import_lower("p2p_collective", "Collective", "Worker send/recv")
-                self._collective = collective_cls(
+                self._collective = Collective(
                     self.address,
                     store,
                     host=self.node_ip,

@@ -9,16 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Literal, cast, overload
 
+import torch
+
+from p2p_asyncwork import AsyncWork
+from p2p_collective import Collective, CollectiveGroup
 from p2p_worker._accelerator import AcceleratorAttribute
-from p2p_worker._address import WorkerAddress, check_group_name
+from p2p_worker._address import WorkerAddress, member_address
 from p2p_worker._collectives import CollectivesMixin
 from p2p_worker._errors import WorkerError
 from p2p_worker._info import WorkerInfo
 from p2p_worker._options import CollectiveGroupOptions, check_options
 from p2p_worker._runtime import WorkerRuntime
 from p2p_worker._timer import timed, timer
+
+Ranks = int | Sequence[int]
+"""A rank in a group, or a rank path from a root group down (``(0, 1)``: child 1 of rank 0)."""
 
 
 class WorkerBase(CollectivesMixin):
@@ -50,10 +57,11 @@ class WorkerBase(CollectivesMixin):
         Raises:
             WorkerError: The worker was not launched in a group.
         """
-        info: WorkerInfo = self._p2p_launched(
-            "_p2p_info",
-            f"so it has no WorkerInfo; use {type(self).__name__}.create_group().launch(cluster)",
-        )
+        info: WorkerInfo | None = self.__dict__.get("_p2p_info")
+        if info is None:
+            raise self._p2p_not_launched(
+                f"so it has no WorkerInfo; use {type(self).__name__}.create_group().launch(cluster)"
+            )
         return info
 
     @property
@@ -89,22 +97,25 @@ class WorkerBase(CollectivesMixin):
     # -- communication -------------------------------------------------------------------
 
     @property
-    def collective(self) -> Any:
+    def collective(self) -> Collective:
         """This process's ``p2p_collective.Collective``, created on first use.
 
         Raises:
             WorkerError: The worker was not launched in a group.
         """
-        return self._p2p_launched("_p2p_runtime", "so it cannot communicate").collective()
+        return self._p2p_worker_runtime().collective()
 
-    def _p2p_launched(self, attr: str, consequence: str) -> Any:
-        """Return the launch-time attribute ``attr``, or explain that launching sets it."""
-        value = self.__dict__.get(attr)
-        if value is None:
-            raise WorkerError(
-                f"{type(self).__name__} was not launched in a WorkerGroup, {consequence}"
-            )
-        return value
+    def _p2p_worker_runtime(self) -> WorkerRuntime:
+        """This worker's runtime, or a WorkerError saying that launching creates it."""
+        runtime: WorkerRuntime | None = self.__dict__.get("_p2p_runtime")
+        if runtime is None:
+            raise self._p2p_not_launched("so it cannot communicate")
+        return runtime
+
+    def _p2p_not_launched(self, consequence: str) -> WorkerError:
+        return WorkerError(
+            f"{type(self).__name__} was not launched in a WorkerGroup, {consequence}"
+        )
 
     def _p2p_peer_group(
         self,
@@ -112,13 +123,9 @@ class WorkerBase(CollectivesMixin):
         rank: int | Sequence[int],
         arg: str,
         options: CollectiveGroupOptions | None = None,
-    ) -> Any:
-        check_group_name(group_name, f"{arg}_group_name")
+    ) -> CollectiveGroup:
+        peer = member_address(group_name, rank, f"{arg}_group_name", f"{arg}_rank")
         check_options(options)
-        try:
-            peer = WorkerAddress(group_name, rank)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{arg}_rank={rank!r}: {exc}") from None
         me = self.worker_address
         if peer == me:
             raise ValueError(
@@ -127,7 +134,9 @@ class WorkerBase(CollectivesMixin):
             )
         if options is not None:  # the first options between two workers count (as in RLinf)
             self.__dict__.setdefault("_p2p_options", {}).setdefault(peer.get_name(), options)
-        return self.collective.create_collective_group([me, peer])
+        group = self.collective.create_collective_group([me, peer])
+        assert isinstance(group, CollectiveGroup)  # two members: always a pair group
+        return group
 
     def collective_options(
         self, group_name: str, rank: int | Sequence[int]
@@ -148,20 +157,54 @@ class WorkerBase(CollectivesMixin):
             >>> self.collective_options("learner", 0)  # doctest: +SKIP
             CollectiveGroupOptions(accel_cluster_size=None, accel_max_ctas=1, ...)
         """
-        name = WorkerAddress(group_name, rank).get_name()
+        name = member_address(group_name, rank).get_name()
         found: CollectiveGroupOptions | None = self.__dict__.get("_p2p_options", {}).get(name)
         return found
+
+    @overload
+    def send(
+        self,
+        object: Any,
+        dst_group_name: str,
+        dst_rank: Ranks,
+        async_op: Literal[False] = ...,
+        options: CollectiveGroupOptions | None = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> None: ...
+    @overload
+    def send(
+        self,
+        object: Any,
+        dst_group_name: str,
+        dst_rank: Ranks,
+        async_op: Literal[True],
+        options: CollectiveGroupOptions | None = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> AsyncWork[None]: ...
+    @overload
+    def send(
+        self,
+        object: Any,
+        dst_group_name: str,
+        dst_rank: Ranks,
+        async_op: bool,
+        options: CollectiveGroupOptions | None = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> AsyncWork[None] | None: ...
 
     def send(
         self,
         object: Any,  # the name seed 004 uses
         dst_group_name: str,
-        dst_rank: int | Sequence[int],
+        dst_rank: Ranks,
         async_op: bool = False,
         options: CollectiveGroupOptions | None = None,
         *,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> AsyncWork[None] | None:
         """Send ``object`` to the worker ``dst_rank`` of group ``dst_group_name``.
 
         Tensors, lists/tuples of tensors, dicts of tensors and dataclasses with tensor
@@ -170,15 +213,18 @@ class WorkerBase(CollectivesMixin):
 
         Args:
             object: What to send.
-            dst_group_name: Name of the receiver's group.
+            dst_group_name: Name of the receiver's group: a root group's name, or a
+                child group's (its parent's address, e.g. ``"trainer:0"``).
             dst_rank: The receiver's rank (or rank path) in that group.
-            async_op: Return an ``AsyncWork`` at once instead of waiting.
+            async_op: Return an :class:`~p2p_asyncwork.AsyncWork` at once instead of
+                waiting.
             options: RLinf's :class:`CollectiveGroupOptions` (accelerator tuning; the
                 first options between two workers count).
             timeout: Seconds the send may take; ``None`` uses the job's default.
 
         Returns:
-            ``None``, or an ``AsyncWork`` completing when the send is done.
+            ``None``, or (``async_op=True``) an ``AsyncWork[None]`` completing when the
+            send is done.
 
         Raises:
             ValueError: The destination is this worker, or the payload is refused.
@@ -190,12 +236,43 @@ class WorkerBase(CollectivesMixin):
             >>> self.send({"w": torch.ones(4)}, dst_group_name="learner", dst_rank=0)  # doctest: +SKIP
         """  # noqa: E501
         group = self._p2p_peer_group(dst_group_name, dst_rank, "dst", options)
-        return group.send(object, async_op=async_op, timeout=timeout)
+        return cast("AsyncWork[None] | None", group.send(object, async_op, timeout=timeout))
+
+    @overload
+    def recv(
+        self,
+        src_group_name: str,
+        src_rank: Ranks,
+        async_op: Literal[False] = ...,
+        options: CollectiveGroupOptions | None = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> Any: ...
+    @overload
+    def recv(
+        self,
+        src_group_name: str,
+        src_rank: Ranks,
+        async_op: Literal[True],
+        options: CollectiveGroupOptions | None = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> AsyncWork[Any]: ...
+    @overload
+    def recv(
+        self,
+        src_group_name: str,
+        src_rank: Ranks,
+        async_op: bool,
+        options: CollectiveGroupOptions | None = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> Any: ...
 
     def recv(
         self,
         src_group_name: str,
-        src_rank: int | Sequence[int],
+        src_rank: Ranks,
         async_op: bool = False,
         options: CollectiveGroupOptions | None = None,
         *,
@@ -204,15 +281,18 @@ class WorkerBase(CollectivesMixin):
         """Receive the next object that worker ``src_rank`` of ``src_group_name`` sent.
 
         Args:
-            src_group_name: Name of the sender's group.
+            src_group_name: Name of the sender's group: a root group's name, or a
+                child group's (its parent's address, e.g. ``"trainer:0"``).
             src_rank: The sender's rank (or rank path) in that group.
-            async_op: Return an ``AsyncWork`` at once instead of waiting.
+            async_op: Return an :class:`~p2p_asyncwork.AsyncWork` at once instead of
+                waiting.
             options: RLinf's :class:`CollectiveGroupOptions` (accelerator tuning; the
                 first options between two workers count).
             timeout: Seconds to wait; ``None`` uses the job's default.
 
         Returns:
-            The object, or an ``AsyncWork`` whose ``wait()`` returns it.
+            The object, or (``async_op=True``) an ``AsyncWork`` whose ``wait()`` returns
+            it.
 
         Raises:
             ValueError: The source is this worker.
@@ -224,18 +304,52 @@ class WorkerBase(CollectivesMixin):
             >>> obj = self.recv(src_group_name="actor", src_rank=0)  # doctest: +SKIP
         """
         group = self._p2p_peer_group(src_group_name, src_rank, "src", options)
-        return group.recv(async_op=async_op, timeout=timeout)
+        return group.recv(async_op, timeout=timeout)
+
+    @overload
+    def send_tensor(
+        self,
+        tensor: torch.Tensor,
+        dst_group_name: str,
+        dst_rank: Ranks,
+        async_op: Literal[False] = ...,
+        options: CollectiveGroupOptions | None = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> None: ...
+    @overload
+    def send_tensor(
+        self,
+        tensor: torch.Tensor,
+        dst_group_name: str,
+        dst_rank: Ranks,
+        async_op: Literal[True],
+        options: CollectiveGroupOptions | None = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> AsyncWork[None]: ...
+    @overload
+    def send_tensor(
+        self,
+        tensor: torch.Tensor,
+        dst_group_name: str,
+        dst_rank: Ranks,
+        async_op: bool,
+        options: CollectiveGroupOptions | None = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> AsyncWork[None] | None: ...
 
     def send_tensor(
         self,
-        tensor: Any,
+        tensor: torch.Tensor,
         dst_group_name: str,
-        dst_rank: int | Sequence[int],
+        dst_rank: Ranks,
         async_op: bool = False,
         options: CollectiveGroupOptions | None = None,
         *,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> AsyncWork[None] | None:
         """Send one tensor with no metadata; the receiver must call :meth:`recv_tensor`.
 
         The receiver already holds a tensor of the same dtype and shape, so nothing but
@@ -243,15 +357,17 @@ class WorkerBase(CollectivesMixin):
 
         Args:
             tensor: A contiguous tensor.
-            dst_group_name: Name of the receiver's group.
+            dst_group_name: Name of the receiver's group: a root group's name, or a
+                child group's (its parent's address, e.g. ``"trainer:0"``).
             dst_rank: The receiver's rank (or rank path) in that group.
-            async_op: Return an ``AsyncWork`` at once instead of waiting.
+            async_op: Return an :class:`~p2p_asyncwork.AsyncWork` at once instead of
+                waiting.
             options: RLinf's :class:`CollectiveGroupOptions` (accelerator tuning; the
                 first options between two workers count).
             timeout: Seconds the send may take; ``None`` uses the job's default.
 
         Returns:
-            ``None``, or an ``AsyncWork``.
+            ``None``, or (``async_op=True``) an ``AsyncWork[None]``.
 
         Raises:
             ValueError: The destination is this worker, or the tensor is refused.
@@ -263,31 +379,69 @@ class WorkerBase(CollectivesMixin):
             >>> self.send_tensor(torch.ones(2, 1), "recv_group", 0)  # doctest: +SKIP
         """
         group = self._p2p_peer_group(dst_group_name, dst_rank, "dst", options)
-        return group.send_tensor(tensor, async_op=async_op, timeout=timeout)
+        work = group.send_tensor(tensor, async_op, timeout=timeout)
+        return cast("AsyncWork[None] | None", work)
+
+    @overload
+    def recv_tensor(
+        self,
+        tensor: torch.Tensor,
+        src_group_name: str,
+        src_rank: Ranks,
+        async_op: Literal[False] = ...,
+        options: CollectiveGroupOptions | None = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> torch.Tensor: ...
+    @overload
+    def recv_tensor(
+        self,
+        tensor: torch.Tensor,
+        src_group_name: str,
+        src_rank: Ranks,
+        async_op: Literal[True],
+        options: CollectiveGroupOptions | None = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> AsyncWork[torch.Tensor]: ...
+    @overload
+    def recv_tensor(
+        self,
+        tensor: torch.Tensor,
+        src_group_name: str,
+        src_rank: Ranks,
+        async_op: bool,
+        options: CollectiveGroupOptions | None = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> AsyncWork[torch.Tensor] | torch.Tensor: ...
 
     def recv_tensor(
         self,
-        tensor: Any,
+        tensor: torch.Tensor,
         src_group_name: str,
-        src_rank: int | Sequence[int],
+        src_rank: Ranks,
         async_op: bool = False,
         options: CollectiveGroupOptions | None = None,
         *,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> AsyncWork[torch.Tensor] | torch.Tensor:
         """Receive one tensor in place, sent by the peer's :meth:`send_tensor`.
 
         Args:
             tensor: The buffer to fill: same dtype and shape as the sent tensor.
-            src_group_name: Name of the sender's group.
+            src_group_name: Name of the sender's group: a root group's name, or a
+                child group's (its parent's address, e.g. ``"trainer:0"``).
             src_rank: The sender's rank (or rank path) in that group.
-            async_op: Return an ``AsyncWork`` at once instead of waiting.
+            async_op: Return an :class:`~p2p_asyncwork.AsyncWork` at once instead of
+                waiting.
             options: RLinf's :class:`CollectiveGroupOptions` (accelerator tuning; the
                 first options between two workers count).
             timeout: Seconds to wait; ``None`` uses the job's default.
 
         Returns:
-            ``tensor`` filled, or an ``AsyncWork`` whose ``wait()`` returns it.
+            ``tensor`` filled, or (``async_op=True``) an ``AsyncWork[torch.Tensor]`` whose
+            ``wait()`` returns it.
 
         Raises:
             ValueError: The source is this worker.
@@ -300,4 +454,5 @@ class WorkerBase(CollectivesMixin):
             >>> self.recv_tensor(buf, "send_group", 0)  # doctest: +SKIP
         """
         group = self._p2p_peer_group(src_group_name, src_rank, "src", options)
-        return group.recv_tensor(tensor, async_op=async_op, timeout=timeout)
+        work = group.recv_tensor(tensor, async_op, timeout=timeout)
+        return cast("AsyncWork[torch.Tensor] | torch.Tensor", work)

@@ -25,7 +25,7 @@ from typing import Any
 import ray
 import torch
 
-from p2p_collective import Collective, join_ranked_group
+from p2p_collective import Collective, CollectiveGroup, MultiCollectiveGroup, join_ranked_group
 from p2p_worker._oracle import actor_id_alive
 from p2p_worker._raycoll._checks import as_torch, check_not_self, check_rank
 from p2p_worker._raycoll._env import Meeting, meeting
@@ -84,8 +84,8 @@ class GroupHandle:
         self._where = where
         self._init_timeout = init_timeout
         self._lock = threading.Lock()
-        self._collective: Any = None
-        self._multi: Any = None
+        self._collective: Collective | None = None
+        self._multi: MultiCollectiveGroup | None = None
         self._buffer: torch.Tensor | None = None  # reducescatter's concatenation
         self._destroyed = False
 
@@ -175,7 +175,7 @@ class GroupHandle:
             return True
         return not actor or actor_id_alive(actor)
 
-    def _own_collective(self) -> Any:
+    def _own_collective(self) -> Collective:
         with self._lock:
             if self._destroyed:
                 raise CollectiveArgumentError(
@@ -196,13 +196,15 @@ class GroupHandle:
             return self._collective
 
     @property
-    def group(self) -> Any:
+    def group(self) -> MultiCollectiveGroup | None:
         """The ``p2p_collective.MultiCollectiveGroup`` (None for a group of one).
 
         Its methods take ``async_op=True`` for an ``AsyncWork`` instead of blocking.
         """
-        if self._world_size == 1:
-            return None
+        return None if self._world_size == 1 else self._members_group()
+
+    def _members_group(self) -> MultiCollectiveGroup:
+        """The N-member group (joined on first use); never called for a group of one."""
         if self._multi is None or self._multi.closed:
             name = f"{self._group_name}#{self._incarnation}"
             self._multi = join_ranked_group(
@@ -210,7 +212,7 @@ class GroupHandle:
             )
         return self._multi
 
-    def pair_group(self, peer: int) -> Any:
+    def pair_group(self, peer: int) -> CollectiveGroup:
         """The two-party ``p2p_collective.CollectiveGroup`` with member ``peer``.
 
         ``send`` / ``recv`` run on it; its ``stats()`` tell the transport (``"shm"``
@@ -222,7 +224,9 @@ class GroupHandle:
         peer = check_rank(peer, self._world_size, "peer")
         check_not_self(peer, self._rank, "peer")
         coll = self._own_collective()
-        return coll.create_collective_group([self.member_name(self._rank), self.member_name(peer)])
+        pair = coll.create_collective_group([self.member_name(self._rank), self.member_name(peer)])
+        assert isinstance(pair, CollectiveGroup)  # two members: always a pair group
+        return pair
 
     # -- operations (arguments already checked in Ray's terms) ----------------------------
 
@@ -232,7 +236,7 @@ class GroupHandle:
             if self._world_size == 1:
                 as_torch(tensor, "tensor", "allreduce", writable=True)
                 return
-            self.group.allreduce(tensor, op=op, timeout=timeout)
+            self._members_group().allreduce(tensor, op=op, timeout=timeout)
 
     def broadcast(self, tensor: Any, src_rank: int, timeout: float | None) -> None:
         """Copy ``tensor`` of ``src_rank`` into ``tensor`` of every member."""
@@ -240,7 +244,7 @@ class GroupHandle:
             if self._world_size == 1:
                 as_torch(tensor, "tensor", "broadcast")
                 return
-            self.group.broadcast_tensor(tensor, src=src_rank, timeout=timeout)
+            self._members_group().broadcast_tensor(tensor, src=src_rank, timeout=timeout)
 
     def reduce(self, tensor: Any, dst_rank: int, op: str, timeout: float | None) -> None:
         """Reduce ``tensor`` over the members into ``tensor`` of ``dst_rank``."""
@@ -248,7 +252,7 @@ class GroupHandle:
             if self._world_size == 1:
                 as_torch(tensor, "tensor", "reduce", writable=True)
                 return
-            self.group.reduce(tensor, dst=dst_rank, op=op, timeout=timeout)
+            self._members_group().reduce(tensor, dst=dst_rank, op=op, timeout=timeout)
 
     def allgather(self, tensor_list: list[Any], tensor: Any, timeout: float | None) -> None:
         """Gather every member's ``tensor`` into ``tensor_list`` by rank."""
@@ -258,7 +262,7 @@ class GroupHandle:
                 out = as_torch(tensor_list[0], "tensor_list[0]", "allgather", writable=True)
                 _copy(out, src, "allgather", "tensor_list[0]")
                 return
-            self.group.allgather(tensor, tensor_list, timeout=timeout)
+            self._members_group().allgather(tensor, tensor_list, timeout=timeout)
 
     def reducescatter(
         self, tensor: Any, tensor_list: list[Any], op: str, timeout: float | None
@@ -285,7 +289,7 @@ class GroupHandle:
                 return
             flat = self._scratch(out.dtype, out.numel() * len(items))
             torch.cat([x.reshape(-1) for x in items], out=flat)
-            self.group.allreduce(flat, op=op, timeout=timeout)
+            self._members_group().allreduce(flat, op=op, timeout=timeout)
             n = out.numel()
             out.copy_(flat[self._rank * n : (self._rank + 1) * n].view(out.shape))
 
@@ -299,7 +303,7 @@ class GroupHandle:
     def barrier(self, timeout: float | None) -> None:
         """Wait until every member reached the barrier."""
         if self._world_size > 1:
-            self.group.barrier(timeout=timeout)
+            self._members_group().barrier(timeout=timeout)
 
     def send(self, tensor: Any, dst_rank: int, timeout: float | None) -> None:
         """Send ``tensor``'s bytes to ``dst_rank``."""

@@ -40,7 +40,9 @@ class PayloadMismatchError(AssertionError):
     """What arrived is not what was sent (raised on the receiver's warm-up check)."""
 
 
-def sender_loop(send: Callable[[], None], wait_ack: Callable[[], None], reps: int) -> list[float]:
+def sender_loop(
+    send: Callable[[], object], wait_ack: Callable[[], object], reps: int
+) -> list[float]:
     """Run ``WARMUP + reps`` transfers; return the ``reps`` timed ones in seconds.
 
     Args:
