@@ -22,6 +22,9 @@ GPU_TESTS = ("tests/gpu", "packages/p2p-worker/tests/test_worker_gpu.py")
 
 # Ordered bottom-up: each package may depend on the ones before it.
 PACKAGES = ("asyncwork", "compress", "collective", "worker")
+# Optional extras installed wherever a session installs the package: p2p-worker's `bench`
+# (rich, matplotlib) is what p2p-bench, its tests and mypy over p2p_worker.bench need.
+EXTRAS = {"worker": "[bench]"}
 # Sessions run on the interpreter that runs nox; `nox --force-python 3.12 ...` picks another
 # one from the supported range (requires-python >=3.10,<3.14).
 
@@ -38,6 +41,11 @@ def dist_dir(pkg: str) -> str:
     return str(ROOT / "packages" / f"p2p-{pkg}")
 
 
+def dist_req(pkg: str) -> str:
+    """The package's directory with its extras, as pip takes it (``.../p2p-worker[bench]``)."""
+    return dist_dir(pkg) + EXTRAS.get(pkg, "")
+
+
 # pip byte-compiles every installed module by default; for torch that is most of the
 # install time (measured here: torch+lz4+zstandard+numpy into a fresh venv, 142 s with,
 # 69 s without). Modules are compiled on first import instead, only those used.
@@ -52,14 +60,14 @@ def install(session: nox.Session, *args: str, constraints: str = CONSTRAINTS) ->
 def install_stack(
     session: nox.Session, top: str, *extra: str, constraints: str = CONSTRAINTS
 ) -> None:
-    """Install ``top`` and every p2p package below it, as editable installs.
+    """Install ``top`` and every p2p package below it, as editable installs, with extras.
 
     Siblings are not on PyPI, so all of them go into one pip command.
     """
     upto = PACKAGES[: PACKAGES.index(top) + 1]
     args: list[str] = []
     for pkg in upto:
-        args += ["-e", dist_dir(pkg)]
+        args += ["-e", dist_req(pkg)]
     install(session, *args, *extra, constraints=constraints)
 
 
@@ -117,14 +125,14 @@ def shared_stack(session: nox.Session) -> Callable[..., Any]:
     """
     bin_dir = SHARED_STACK / "bin"
     inputs = [Path(CONSTRAINTS), *(Path(dist_dir(p)) / "pyproject.toml" for p in PACKAGES)]
-    digest = hashlib.sha256(repr(SHARED_TOOLS).encode())
+    digest = hashlib.sha256(repr((SHARED_TOOLS, EXTRAS)).encode())
     for path in inputs:
         digest.update(path.read_bytes())
     stamp = SHARED_STACK / ".p2p-installed"
     if not (stamp.is_file() and stamp.read_text() == digest.hexdigest()):
         if not (bin_dir / "python").exists():
             session.run(sys.executable, "-m", "venv", str(SHARED_STACK), external=True)
-        editable = [arg for p in PACKAGES for arg in ("-e", dist_dir(p))]
+        editable = [arg for p in PACKAGES for arg in ("-e", dist_req(p))]
         python = str(bin_dir / "python")
         pip = [python, "-m", "pip", "install", *PIP_INSTALL, "-c", CONSTRAINTS]
         session.run(*pip, *editable, *SHARED_TOOLS, external=True)

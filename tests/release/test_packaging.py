@@ -1,4 +1,5 @@
-"""What ships in each wheel: the Apache-2.0 LICENSE file and the same project metadata.
+"""What ships in each wheel: the Apache-2.0 LICENSE file and the same project metadata;
+p2p-worker's benchmark libraries only in its ``bench`` extra.
 
 Builds the four wheels from the working tree (pip wheel, no network: hatchling must be
 installed in the test environment) and reads them as an index would.
@@ -6,6 +7,7 @@ installed in the test environment) and reads them as an index would.
 
 from __future__ import annotations
 
+import ast
 import email.parser
 import subprocess
 import sys
@@ -81,3 +83,57 @@ def test_wheel_ships_license_and_metadata(pkg: str, wheels: dict[str, Path]) -> 
     assert not unknown
     assert not [c for c in classifiers if c.startswith("License ::")]  # PEP 639: the expression
     assert f"p2p_{pkg}/py.typed" in names
+
+
+BENCH_ONLY = ("rich", "matplotlib")
+
+
+@pytest.mark.timeout(300)
+def test_worker_wheel_puts_the_benchmark_libraries_in_the_bench_extra(
+    wheels: dict[str, Path],
+) -> None:
+    with zipfile.ZipFile(wheels["worker"]) as whl:
+        meta_name = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = email.parser.Parser().parsestr(whl.read(meta_name).decode())
+    assert meta.get_all("Provides-Extra") == ["bench"]
+    requires = meta.get_all("Requires-Dist") or []
+    for lib in BENCH_ONLY:
+        entries = [r for r in requires if r.split(";")[0].strip().startswith(lib)]
+        assert len(entries) == 1, (lib, requires)
+        assert entries[0].replace("'", '"').endswith('extra == "bench"'), entries[0]
+
+
+def test_only_the_benchmark_imports_the_bench_extra() -> None:
+    src = ROOT / "packages" / "p2p-worker" / "src" / "p2p_worker"
+    offenders = []
+    for path in src.rglob("*.py"):
+        if "bench" in path.relative_to(src).parts[:1]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            offenders += [
+                f"{path.relative_to(src)}: {n}" for n in names if n.split(".")[0] in BENCH_ONLY
+            ]
+    assert not offenders
+
+
+def test_nox_sessions_install_the_bench_extra_with_p2p_worker() -> None:
+    # Read, not executed: test_workflow.py registers the noxfile's sessions once per process.
+    text = (ROOT / "noxfile.py").read_text(encoding="utf-8")
+    extras = next(
+        ast.literal_eval(node.value)
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Assign)
+        and [getattr(t, "id", None) for t in node.targets] == ["EXTRAS"]
+    )
+    assert extras["worker"] == "[bench]"
+    # Every session installs p2p-worker through install_stack or the shared venv, both of
+    # which name the package by dist_req (demo and bench run p2p-bench; the shared venv
+    # holds the worker's unit tests, integration, release tests and docs).
+    assert 'args += ["-e", dist_req(pkg)]' in text
+    assert '("-e", dist_req(p))' in text
+    assert 'dist_dir("worker")' not in text

@@ -10,6 +10,7 @@ send/recv between two actors in the same run, and writes ``p2p-bench.json``,
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import tempfile
@@ -51,6 +52,25 @@ from p2p_worker.bench._spec import (
 )
 
 DEFAULT_OUT = "p2p-bench-out"
+BENCH_EXTRA = ("rich", "matplotlib")
+"""What ``p2p-worker[bench]`` adds: the live progress and tables, and the plot."""
+INSTALL_HINT = "pip install 'p2p-worker[bench]'"
+
+
+def missing_bench_extra() -> list[str]:
+    """The libraries of the ``bench`` extra that cannot be imported here (empty: all there).
+
+    Example:
+        >>> missing_bench_extra()  # with p2p-worker[bench] installed
+        []
+    """
+    missing = []
+    for name in BENCH_EXTRA:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -274,16 +294,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status: 0 when every requested part ran or is reported unavailable; 1
         when a part failed (the report is still written when the run got that far);
-        2 for bad arguments, an ``--out`` that cannot be written among them (checked
-        before any work starts).
+        2 for bad arguments, an ``--out`` that cannot be written among them, or a
+        missing ``bench`` extra (checked before any work starts).
 
     Example:
         >>> main(["--quick", "--out", "/tmp/p2p-bench-out"])  # doctest: +SKIP
         0
     """
+    options = resolve_options(sys.argv[1:] if argv is None else argv)
+    missing = missing_bench_extra()
+    if missing:
+        print(
+            f"p2p-bench: error: the benchmark needs {' and '.join(missing)}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not installed; they come with the "
+            f"bench extra of p2p-worker: {INSTALL_HINT} (from a clone: "
+            f"pip install './packages/p2p-worker[bench]' with its siblings)",
+            file=sys.stderr,
+        )
+        return 2
     from rich.console import Console
 
-    options = resolve_options(sys.argv[1:] if argv is None else argv)
     problem = check_out_dir(options.out)
     if problem is not None:
         print(f"p2p-bench: error: {problem}", file=sys.stderr)
