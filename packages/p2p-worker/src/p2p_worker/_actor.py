@@ -132,7 +132,8 @@ def _p2p_setup(self: Any, setup: Setup) -> Reply:
         self._rank = setup.info.rank
         self._world_size = setup.info.world_size
         # Attributes RLinf workers read (its tests compare and route with them).
-        self._group_name = setup.info.address.root_group_name
+        # A root worker's group is its root group; a child's is its parent's address.
+        self._group_name = str(setup.info.address.get_parent_address())
         self._worker_address = setup.info.address
         self._worker_name = setup.info.address.get_name()
         self._p2p_info = setup.info

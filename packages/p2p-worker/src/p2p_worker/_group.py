@@ -29,8 +29,15 @@ from p2p_worker._address import WorkerAddress, check_group_name
 from p2p_worker._args import looks_large
 from p2p_worker._errors import PlacementError, WorkerError
 from p2p_worker._handle import GroupCallHandle
-from p2p_worker._info import WorkerInfo
-from p2p_worker._placement import PlacementStrategy, WorkerPlacement, default_placement
+from p2p_worker._info import NodeInfo, WorkerInfo
+from p2p_worker._placement import (
+    NodeCapacity,
+    NodePlacementStrategy,
+    PlacementStrategy,
+    WorkerPlacement,
+    default_placement,
+)
+from p2p_worker._runtime import JobContext, WorkerRuntime, current_runtime
 from p2p_worker._worker_base import WorkerBase
 
 if TYPE_CHECKING:
@@ -80,10 +87,14 @@ class WorkerGroup(Generic[W]):
     clashes with the group's own API (``launch``, ``shutdown``, ``name``, ...) is
     reached with :meth:`call`.
 
+    A worker can launch a group of children from one of its methods with
+    :meth:`launch_children`: child ``r`` of worker ``trainer:0`` is ``trainer:0:r``.
+
     Attributes:
         worker_cls: The worker class.
-        name: The group name (root of its workers' addresses), once launched.
-        cluster: The cluster it runs on, once launched.
+        name: The group name once launched: the root of its workers' addresses, or for
+            a child group the address of the worker that launched it (``"trainer:0"``).
+        cluster: The cluster it runs on, once launched (``None`` for a child group).
 
     Example:
         >>> group = MyWorker.create_group(lr=0.1).launch(cluster, name="trainer")  # doctest: +SKIP
@@ -99,6 +110,9 @@ class WorkerGroup(Generic[W]):
         self._init_kwargs = kwargs
         self.name: str = ""
         self.cluster: Cluster | None = None
+        self._address: WorkerAddress | None = None  # of the group: its workers' parent
+        self._nodes: list[NodeInfo] = []
+        self._parent_runtime: WorkerRuntime | None = None  # set for a child group
         self._placements: list[WorkerPlacement] = []
         self._ray_node_ids: list[str] = []
         self._actors: list[Any] = []
@@ -115,7 +129,12 @@ class WorkerGroup(Generic[W]):
     @property
     def launched(self) -> bool:
         """Whether the workers run (launched and not shut down)."""
-        return self.cluster is not None and not self._closed
+        return self._address is not None and not self._closed
+
+    @property
+    def parent_address(self) -> WorkerAddress | None:
+        """The address of the worker that launched this group, or ``None`` for a root group."""
+        return self._address if self._address is not None and self._address.ranks else None
 
     def launch(
         self,
@@ -178,8 +197,7 @@ class WorkerGroup(Generic[W]):
         """
         from p2p_worker._cluster import Cluster
 
-        if self.cluster is not None:
-            raise ValueError(f"this group was already launched as {self.name!r}")
+        self._check_not_launched()
         if not isinstance(cluster, Cluster):
             raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
         for flag, value in (
@@ -190,11 +208,7 @@ class WorkerGroup(Generic[W]):
             optional = flag == "catch_system_failure" and value is None
             if not isinstance(value, bool) and not optional:
                 raise TypeError(f"{flag} must be a bool, got {value!r}")
-        if max_concurrency is not None:
-            if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
-                raise TypeError(f"max_concurrency must be an int or None, got {max_concurrency!r}")
-            if max_concurrency < 1:
-                raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
+        _check_max_concurrency(max_concurrency)
         group_name = check_group_name(
             f"Worker_group_{self.worker_cls.__name__}" if name is None else name
         )
@@ -207,31 +221,120 @@ class WorkerGroup(Generic[W]):
         strategy = (
             default_placement(cluster.nodes) if placement_strategy is None else (placement_strategy)
         )
-        if not isinstance(strategy, PlacementStrategy):
-            raise TypeError(
-                f"placement_strategy must be a PlacementStrategy, got {type(strategy).__name__}"
-            )
+        _check_strategy(strategy)
         placements = strategy.plan(cluster._capacity())
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self.name = group_name
         self._placements = placements
         self._ray_node_ids = [cluster.nodes[p.node_rank].ray_node_id for p in placements]
+        self.name = group_name
         cluster._register(self)
         self.cluster = cluster
+        job = cluster._job_context()
+        self._run(WorkerAddress(group_name), job, strategy, max_concurrency, runtime_env, timeout)
+        return self
+
+    def launch_children(
+        self,
+        placement_strategy: PlacementStrategy | None = None,
+        max_concurrency: int | None = None,
+        *,
+        runtime_env: dict[str, Any] | None = None,
+        timeout: float | None = 120.0,
+    ) -> WorkerGroup[W]:
+        """Start the workers as children of the worker whose method calls this.
+
+        Call it inside a method of a launched worker. Child ``r`` gets the address
+        ``<parent address>:r`` (``trainer:0:1`` for child 1 of ``trainer:0``), and the
+        group's :attr:`name` is the parent's address, which ``send``/``recv`` take as a
+        group name: ``self.send(x, "trainer:0", 1)`` and ``self.send(x, "trainer", (0, 1))``
+        reach the same child from any worker of the job. Children share the job's
+        rendezvous store, token and configuration, and get their own ``MASTER_ADDR``,
+        ``RANK``, ``WORLD_SIZE``, ... like any group. Resources are reserved in a Ray
+        placement group as for :meth:`launch`.
+
+        A worker runs one child group at a time. Shutting the parent's group down (or
+        the cluster) shuts its children down first. If the parent's process dies, Ray
+        ends the child processes with it.
+
+        Args:
+            placement_strategy: Where the children go; default: one CPU-only child on
+                the parent's node.
+            max_concurrency: As for :meth:`launch`.
+            runtime_env: As for :meth:`launch`.
+            timeout: Seconds for the whole launch.
+
+        Returns:
+            This group, launched.
+
+        Raises:
+            WorkerError: Called outside a launched worker (on the driver, for instance:
+                use :meth:`launch` there), the parent is shutting down, or a child
+                failed to start.
+            TypeError: An argument has the wrong type.
+            ValueError: The group is already launched, or this worker already runs a
+                live child group.
+            PlacementError: The cluster lacks the resources, or they stay held past
+                ``timeout``.
+
+        Example:
+            >>> class Trainer(Worker):
+            ...     def spawn(self):
+            ...         self.kids = Helper.create_group().launch_children(
+            ...             PackedPlacementStrategy(2, cpus_per_worker=0)
+            ...         )
+            ...         return self.kids.name  # "trainer:0" in trainer rank 0
+        """
+        self._check_not_launched()
+        runtime = current_runtime()
+        if runtime is None:
+            raise WorkerError(
+                f"{self.worker_cls.__name__}.create_group().launch_children() runs inside a "
+                f"method of a launched worker (children extend their parent's address); "
+                f"this process is no launched worker: on the driver use .launch(cluster)"
+            )
+        _check_max_concurrency(max_concurrency)
+        job, parent = runtime.job, runtime.address
+        if placement_strategy is None:
+            node = next((n.node_rank for n in job.nodes if n.ip == runtime.node_ip), 0)
+            placement_strategy = NodePlacementStrategy([node])
+        _check_strategy(placement_strategy)
+        capacity = [NodeCapacity(n, n.num_cpus, float(n.num_gpus)) for n in job.nodes]
+        placements = placement_strategy.plan(capacity)
+        self._placements = placements
+        self._ray_node_ids = [job.nodes[p.node_rank].ray_node_id for p in placements]
+        runtime.adopt(self)  # refuses a second live child group
+        self._parent_runtime = runtime
+        self.name = parent.get_name()
+        self._run(parent, job, placement_strategy, max_concurrency, runtime_env, timeout)
+        return self
+
+    def _check_not_launched(self) -> None:
+        if self._address is not None or self._closed:
+            raise ValueError(f"this group was already launched as {self.name!r}")
+
+    def _run(
+        self,
+        address: WorkerAddress,
+        job: JobContext,
+        strategy: PlacementStrategy,
+        max_concurrency: int | None,
+        runtime_env: dict[str, Any] | None,
+        timeout: float | None,
+    ) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._address = address
+        self._nodes = list(job.nodes)
         try:
-            self._start(cluster, strategy, max_concurrency, runtime_env, deadline, timeout)
+            self._start(job, strategy, max_concurrency, runtime_env, deadline, timeout)
         except BaseException:
             self._teardown(graceful=False, timeout=10.0)
-            self.cluster = None
             raise
         for method_name in self._methods:
             if not hasattr(type(self), method_name):
                 setattr(self, method_name, self._make_method(method_name))
-        return self
 
     def _start(
         self,
-        cluster: Cluster,
+        job: JobContext,
         strategy: PlacementStrategy,
         max_concurrency: int | None,
         runtime_env: dict[str, Any] | None,
@@ -243,7 +346,7 @@ class WorkerGroup(Generic[W]):
 
         bundles, selectors = [], []
         for p in self._placements:
-            node = cluster.nodes[p.node_rank]
+            node = self._nodes[p.node_rank]
             bundle: dict[str, float] = {}
             if p.num_cpus > 0:
                 bundle["CPU"] = p.num_cpus
@@ -266,7 +369,7 @@ class WorkerGroup(Generic[W]):
         self._methods = public_methods(self.worker_cls)
         actor_cls = make_actor_class(self.worker_cls, self._methods)
         for p in self._placements:
-            address = WorkerAddress(self.name, p.rank).get_name()
+            address = self._worker_address(p.rank).get_name()
             options: dict[str, Any] = {
                 "name": address,
                 "num_cpus": p.num_cpus,
@@ -289,7 +392,7 @@ class WorkerGroup(Generic[W]):
             self._actors.append(actor)
         probes = self._gather([a._p2p_probe.remote() for a in self._actors], left())
         self._probes = probes
-        setups = self._setups(cluster, probes)
+        setups = self._setups(job, probes)
         self._infos = [s.info for s in setups]
         self._gather(
             [a._p2p_setup.remote(s) for a, s in zip(self._actors, setups, strict=True)], left()
@@ -308,8 +411,11 @@ class WorkerGroup(Generic[W]):
                 method="__init__",
             ) from exc
 
-    def _setups(self, cluster: Cluster, probes: list[Probe]) -> list[Setup]:
-        job = cluster._job_context()
+    def _worker_address(self, rank: int) -> WorkerAddress:
+        assert self._address is not None  # set at launch
+        return self._address.get_child_address(rank)
+
+    def _setups(self, job: JobContext, probes: list[Probe]) -> list[Setup]:
         world = len(probes)
         master = probes[0]
         on_node: dict[int, list[int]] = {}
@@ -325,7 +431,7 @@ class WorkerGroup(Generic[W]):
             else:
                 local_rank = peers.index(p.rank)
                 cuda_visible = None
-            address = WorkerAddress(self.name, p.rank)
+            address = self._worker_address(p.rank)
             env = {
                 "MASTER_ADDR": master.ip,
                 "MASTER_PORT": str(master.port),
@@ -481,7 +587,7 @@ class WorkerGroup(Generic[W]):
         return GroupCallHandle(self.name, method, ranks, refs)
 
     def _check_launched(self) -> None:
-        if self.cluster is None:
+        if self._address is None:
             raise WorkerError(
                 f"this {self.worker_cls.__name__} group is not launched; call "
                 f".launch(cluster) first"
@@ -512,7 +618,7 @@ class WorkerGroup(Generic[W]):
         Args:
             timeout: Seconds to wait for the workers to close and exit.
         """
-        if self.cluster is None or self._closed:
+        if self._address is None or self._closed:
             return
         self._teardown(graceful=True, timeout=30.0 if timeout is None else timeout)
 
@@ -537,6 +643,8 @@ class WorkerGroup(Generic[W]):
         _wait_exit(local_pids, deadline)
         if self.cluster is not None:
             self.cluster._unregister(self)
+        if self._parent_runtime is not None:
+            self._parent_runtime.release(self)
 
     def __enter__(self) -> WorkerGroup[W]:
         return self
@@ -550,10 +658,25 @@ class WorkerGroup(Generic[W]):
         self.shutdown()
 
     def __repr__(self) -> str:
-        if self.cluster is None:
+        if self._address is None:
             return f"<WorkerGroup of {self.worker_cls.__name__}, not launched>"
         state = "shut down" if self._closed else f"{self.world_size} workers"
         return f"<WorkerGroup {self.name!r} of {self.worker_cls.__name__}, {state}>"
+
+
+def _check_max_concurrency(value: object) -> None:
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"max_concurrency must be an int or None, got {value!r}")
+        if value < 1:
+            raise ValueError(f"max_concurrency must be >= 1 or None, got {value}")
+
+
+def _check_strategy(strategy: object) -> None:
+    if not isinstance(strategy, PlacementStrategy):
+        raise TypeError(
+            f"placement_strategy must be a PlacementStrategy, got {type(strategy).__name__}"
+        )
 
 
 def _sorted_ids(ids: set[str]) -> list[str]:

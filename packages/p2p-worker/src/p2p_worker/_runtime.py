@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
@@ -16,6 +18,21 @@ from p2p_worker._oracle import actor_alive
 from p2p_worker._store import RendezvousStore
 
 STORE_TIMEOUT = 300.0
+CHILD_SHUTDOWN_TIMEOUT = 8.0
+"""Seconds a closing worker gives its child group (the driver waits 10 s for the worker)."""
+
+
+class ChildGroup(Protocol):
+    """What a worker's runtime needs of the child group it launched (a ``WorkerGroup``)."""
+
+    name: str
+
+    @property
+    def launched(self) -> bool:
+        """Whether the children run."""
+
+    def shutdown(self, *, timeout: float | None = ...) -> None:
+        """Stop the children."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +74,8 @@ class WorkerRuntime:
     Both are created on first use, so a worker that never communicates opens no
     connection. The Collective is built with the worker's address name, a TCPStore
     client to the job's store, the node IP as its host, the job's CollectiveConfig and
-    the job's token.
+    the job's token. The runtime also holds the group of children the worker launched,
+    which :meth:`close` shuts down first.
 
     Args:
         job: The job context from the driver.
@@ -72,6 +90,7 @@ class WorkerRuntime:
         self._lock = threading.Lock()
         self._store: TCPStore | None = None
         self._collective: Collective | None = None
+        self._children: ChildGroup | None = None
         self._closed = False
 
     def store(self) -> TCPStore:
@@ -106,12 +125,41 @@ class WorkerRuntime:
                 )
             return self._collective
 
+    def adopt(self, children: ChildGroup) -> None:
+        """Record ``children`` as the child group this worker launches (one at a time).
+
+        Raises:
+            WorkerError: The runtime is closed (the worker is shutting down).
+            ValueError: A child group launched before still runs.
+        """
+        with self._lock:
+            if self._closed:
+                raise WorkerError(f"worker {self.address} is shutting down; it launches no child")
+            live = self._children
+            if live is not None and live.launched:
+                raise ValueError(
+                    f"worker {self.address} already runs the child group {live.name!r}; a "
+                    f"worker runs one child group at a time (children's addresses extend "
+                    f"the parent's): shut it down before launching another"
+                )
+            self._children = children
+
+    def release(self, children: ChildGroup) -> None:
+        """Forget ``children`` (it was shut down, or failed to launch)."""
+        with self._lock:
+            if self._children is children:
+                self._children = None
+
     def close(self) -> None:
-        """Close the Collective (all its groups) and drop the store client. Idempotent."""
+        """Shut the child group down, close the Collective, drop the store. Idempotent."""
         with self._lock:
             self._closed = True
+            children, self._children = self._children, None
             collective, self._collective = self._collective, None
             self._store = None
+        if children is not None:
+            with contextlib.suppress(Exception):  # best effort: Ray kills them with us anyway
+                children.shutdown(timeout=CHILD_SHUTDOWN_TIMEOUT)
         if collective is not None:
             collective.close()
 
