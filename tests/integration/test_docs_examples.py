@@ -47,6 +47,10 @@ EXTRA_REQUIREMENTS: dict[str, list[str]] = {
         "p2p_worker:Worker.recv_tensor",
     ],
     "workers_torch_distributed.py": ["p2p_worker:Worker.create_group"],
+    "workers_children.py": [
+        "p2p_worker:Worker.create_group",
+        "p2p_worker:WorkerGroup.launch_children",
+    ],
     "workers_timers.py": [
         "p2p_worker:Worker.create_group",
         "p2p_worker:Worker.timer",

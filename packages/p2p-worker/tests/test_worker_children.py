@@ -74,6 +74,9 @@ class Child(Worker):
         got: torch.Tensor = self.recv(PEER, 0, timeout=60)
         return float(got.sum())
 
+    def family_allreduce(self) -> list[float]:
+        return family_allreduce(self, float(self._rank + 1))
+
     def talk_to_sibling(self) -> int:
         # Siblings by their own group's name (the parent's address) and rank.
         other = 1 - self._rank
@@ -83,6 +86,16 @@ class Child(Worker):
         buf = torch.empty(8, dtype=torch.int64)
         self.recv_tensor(buf, self._group_name, other, timeout=60)
         return int(buf.sum())
+
+
+FAMILY = [(ROOT, 0), f"{ROOT}:0"]  # the parent by (group, rank), its children by group name
+
+
+def family_allreduce(worker: Worker, value: float) -> list[float]:
+    group = worker.create_collective(FAMILY, timeout=60)
+    t = torch.full((2,), value)
+    group.allreduce(t, timeout=60)
+    return t.tolist()
 
 
 class Parent(Worker):
@@ -111,6 +124,12 @@ class Parent(Worker):
         assert self.kids is not None
         group = self.kids.execute_on(*ranks) if ranks else self.kids
         return list(group.call(method).wait(timeout=90))
+
+    def family_allreduce(self) -> list[Any]:
+        assert self.kids is not None
+        handle = self.kids.family_allreduce()
+        mine = family_allreduce(self, 10.0)
+        return [mine, *handle.wait(timeout=60)]
 
     def kids_shutdown(self) -> bool:
         assert self.kids is not None
@@ -201,6 +220,14 @@ def test_siblings_talk_by_their_group_name(
     parents, _ = family
     (sums,) = parents.execute_on(0).kids_call("talk_to_sibling").wait(timeout=120)
     assert sums == [0, 28]
+
+
+def test_collective_over_a_parent_and_its_children(
+    family: tuple[WorkerGroup[Parent], WorkerGroup[PeerWorker]],
+) -> None:
+    parents, _ = family
+    (results,) = parents.execute_on(0).family_allreduce().wait(timeout=120)
+    assert results == [[13.0, 13.0]] * 3
 
 
 def test_bad_launches_are_refused_and_the_children_stay_usable(
