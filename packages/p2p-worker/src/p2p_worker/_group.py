@@ -4,30 +4,35 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from p2p_worker._actor import (
     CONTROL_GROUP,
     Boot,
     Probe,
-    Setup,
     dispatcher_name,
     is_async_method,
     make_actor_class,
 )
 from p2p_worker._address import WorkerAddress, check_group_name
 from p2p_worker._args import looks_large
-from p2p_worker._errors import PlacementError, WorkerError
+from p2p_worker._errors import WorkerError
+from p2p_worker._group_start import (
+    build_setups,
+    check_max_concurrency,
+    check_strategy,
+    reserve,
+    wait_exit,
+)
 from p2p_worker._handle import GroupCallHandle
 from p2p_worker._info import NodeInfo, WorkerInfo
 from p2p_worker._placement import (
@@ -208,7 +213,7 @@ class WorkerGroup(Generic[W]):
             optional = flag == "catch_system_failure" and value is None
             if not isinstance(value, bool) and not optional:
                 raise TypeError(f"{flag} must be a bool, got {value!r}")
-        _check_max_concurrency(max_concurrency)
+        check_max_concurrency(max_concurrency)
         group_name = check_group_name(
             f"Worker_group_{self.worker_cls.__name__}" if name is None else name
         )
@@ -221,7 +226,7 @@ class WorkerGroup(Generic[W]):
         strategy = (
             default_placement(cluster.nodes) if placement_strategy is None else (placement_strategy)
         )
-        _check_strategy(strategy)
+        check_strategy(strategy)
         placements = strategy.plan(cluster._capacity())
         self._placements = placements
         self._ray_node_ids = [cluster.nodes[p.node_rank].ray_node_id for p in placements]
@@ -291,12 +296,12 @@ class WorkerGroup(Generic[W]):
                 f"method of a launched worker (children extend their parent's address); "
                 f"this process is no launched worker: on the driver use .launch(cluster)"
             )
-        _check_max_concurrency(max_concurrency)
+        check_max_concurrency(max_concurrency)
         job, parent = runtime.job, runtime.address
         if placement_strategy is None:
             node = next((n.node_rank for n in job.nodes if n.ip == runtime.node_ip), 0)
             placement_strategy = NodePlacementStrategy([node])
-        _check_strategy(placement_strategy)
+        check_strategy(placement_strategy)
         capacity = [NodeCapacity(n, n.num_cpus, float(n.num_gpus)) for n in job.nodes]
         placements = placement_strategy.plan(capacity)
         self._placements = placements
@@ -344,28 +349,7 @@ class WorkerGroup(Generic[W]):
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        bundles, selectors = [], []
-        for p in self._placements:
-            node = self._nodes[p.node_rank]
-            bundle: dict[str, float] = {}
-            if p.num_cpus > 0:
-                bundle["CPU"] = p.num_cpus
-            if p.num_gpus > 0:
-                bundle["GPU"] = p.num_gpus
-            if not bundle:  # Ray refuses empty bundles; a sliver of the node resource pins it
-                bundle[f"node:{node.ip}"] = 0.001
-            bundles.append(bundle)
-            selectors.append({"ray.io/node-id": node.ray_node_id})
-        self._pg = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
-        try:
-            ray.get(self._pg.ready(), timeout=left())
-        except ray.exceptions.GetTimeoutError as exc:
-            free = ray.available_resources()  # type: ignore[no-untyped-call]
-            raise PlacementError(
-                f"group {self.name!r}: Ray could not reserve the resources of {strategy!r} "
-                f"within {timeout} s although the cluster's totals suffice; other groups or "
-                f"jobs hold them ({free} available now)"
-            ) from exc
+        self._pg = reserve(self.name, self._nodes, self._placements, strategy, timeout, left())
         self._methods = public_methods(self.worker_cls)
         actor_cls = make_actor_class(self.worker_cls, self._methods)
         for p in self._placements:
@@ -392,7 +376,10 @@ class WorkerGroup(Generic[W]):
             self._actors.append(actor)
         probes = self._gather([a._p2p_probe.remote() for a in self._actors], left())
         self._probes = probes
-        setups = self._setups(job, probes)
+        assert self._address is not None  # set at launch
+        setups = build_setups(
+            job, self._address, self._placements, probes, self._init_args, self._init_kwargs
+        )
         self._infos = [s.info for s in setups]
         self._gather(
             [a._p2p_setup.remote(s) for a, s in zip(self._actors, setups, strict=True)], left()
@@ -414,52 +401,6 @@ class WorkerGroup(Generic[W]):
     def _worker_address(self, rank: int) -> WorkerAddress:
         assert self._address is not None  # set at launch
         return self._address.get_child_address(rank)
-
-    def _setups(self, job: JobContext, probes: list[Probe]) -> list[Setup]:
-        world = len(probes)
-        master = probes[0]
-        on_node: dict[int, list[int]] = {}
-        for p in self._placements:
-            on_node.setdefault(p.node_rank, []).append(p.rank)
-        setups = []
-        for p, probe in zip(self._placements, probes, strict=True):
-            peers = on_node[p.node_rank]
-            visible = _sorted_ids({g for r in peers for g in probes[r].gpu_ids})
-            if probe.gpu_ids:
-                local_rank = visible.index(probe.gpu_ids[0])
-                cuda_visible: str | None = ",".join(visible)
-            else:
-                local_rank = peers.index(p.rank)
-                cuda_visible = None
-            address = self._worker_address(p.rank)
-            env = {
-                "MASTER_ADDR": master.ip,
-                "MASTER_PORT": str(master.port),
-                "RANK": str(p.rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(local_rank),
-                "LOCAL_WORLD_SIZE": str(len(peers)),
-                "NODE_RANK": str(p.node_rank),
-                "P2P_WORKER_ADDRESS": address.get_name(),
-            }
-            info = WorkerInfo(
-                address=address,
-                rank=p.rank,
-                node_id=p.node_rank,
-                gpu_id=_gpu_int(probe.gpu_ids[0], 0) if probe.gpu_ids else None,
-                node_ip=probe.ip,
-                available_gpus=[_gpu_int(g, i) for i, g in enumerate(visible)]
-                if probe.gpu_ids
-                else [],
-                world_size=world,
-                local_rank=local_rank,
-                ray_node_id=probe.ray_node_id,
-                pid=probe.pid,
-            )
-            setups.append(
-                Setup(job, info, env, cuda_visible, self._init_args, dict(self._init_kwargs))
-            )
-        return setups
 
     # -- calling ---------------------------------------------------------------------------
 
@@ -640,7 +581,7 @@ class WorkerGroup(Generic[W]):
                 remove_placement_group(self._pg)
         here = ray.get_runtime_context().get_node_id()
         local_pids = [p.pid for p in self._probes if p.ray_node_id == here]
-        _wait_exit(local_pids, deadline)
+        wait_exit(local_pids, deadline)
         if self.cluster is not None:
             self.cluster._unregister(self)
         if self._parent_runtime is not None:
@@ -662,41 +603,3 @@ class WorkerGroup(Generic[W]):
             return f"<WorkerGroup of {self.worker_cls.__name__}, not launched>"
         state = "shut down" if self._closed else f"{self.world_size} workers"
         return f"<WorkerGroup {self.name!r} of {self.worker_cls.__name__}, {state}>"
-
-
-def _check_max_concurrency(value: object) -> None:
-    if value is not None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"max_concurrency must be an int or None, got {value!r}")
-        if value < 1:
-            raise ValueError(f"max_concurrency must be >= 1 or None, got {value}")
-
-
-def _check_strategy(strategy: object) -> None:
-    if not isinstance(strategy, PlacementStrategy):
-        raise TypeError(
-            f"placement_strategy must be a PlacementStrategy, got {type(strategy).__name__}"
-        )
-
-
-def _sorted_ids(ids: set[str]) -> list[str]:
-    return sorted(ids, key=lambda g: (0, int(g), g) if g.isdigit() else (1, 0, g))
-
-
-def _gpu_int(gpu: str, fallback: int) -> int:
-    return int(gpu) if gpu.isdigit() else fallback
-
-
-def _wait_exit(pids: Sequence[int], deadline: float) -> None:
-    """Wait until the processes ``pids`` (on this machine) are gone, or the deadline."""
-    pending = set(pids)
-    while pending and time.monotonic() < deadline:
-        for pid in list(pending):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                pending.discard(pid)
-            except PermissionError:  # pragma: no cover - pid reused by another user
-                pending.discard(pid)
-        if pending:
-            time.sleep(0.05)
