@@ -103,6 +103,8 @@ class Parent(Worker):
 
     def spawn(self, tag: str) -> str:
         self.kids = Child.create_group(tag).launch_children(TWO)
+        assert self.kids.parent_address == self.worker_address
+        assert self.kids.cluster is None
         return self.kids.name
 
     def kids_identity(self) -> list[dict[str, Any]]:
