@@ -111,27 +111,51 @@ def t_recv_corrupt_chunk(ctx: PeerContext, tag: str, cluster: dict[str, Any]) ->
     return out
 
 
-def t_send_adaptive(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int) -> list[Any]:
-    """Send ``n`` frames per phase while the emulated link goes slow, fast, slow again."""
+def _lz4_rate(adaptive: dict[str, Any]) -> float:
+    """An emulated rate (Mbit/s) where lz4 is the fastest: the wire keeps pace with lz4.
+
+    At ``link = lz4's rate / lz4's ratio`` lz4's compressed stream just fills the link,
+    so lz4 beats raw by its ratio and beats zstd when zstd compresses slower than lz4.
+    """
+    lz4 = adaptive["codecs"]["lz4"]["int64"]
+    zstd = adaptive["codecs"]["zstd"]["int64"]
+    assert lz4["mbps"] > 1.5 * zstd["mbps"], adaptive  # lz4 is the faster codec
+    return float(lz4["mbps"] / lz4["ratio"])
+
+
+def t_send_adaptive(
+    ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int, phases: list[str]
+) -> list[Any]:
+    """Send ``n`` frames per phase while the emulated link's rate changes between them.
+
+    A phase is ``slow`` (20 Mbit/s), ``fast`` (100 Gbit/s) or ``lz4`` (the rate at which
+    lz4 is the fastest, from the link's own figures so far).
+    """
     g = group(ctx, tag, cluster)
     pacer = g._pacer
     assert pacer is not None
-    phases: list[Any] = []
-    for i, mbps in enumerate((50.0, 100_000.0, 50.0)):
+    out: list[Any] = []
+    for i, phase in enumerate(phases):
+        if phase == "lz4":
+            mbps = _lz4_rate(g.stats()["send"]["adaptive"])
+        else:
+            mbps = {"slow": 20.0, "fast": 100_000.0}[phase]
         pacer.set_bandwidth(mbps)
         for k in range(n):
             g.send(token_ids(512 * KiB, seed=10 * i + k), timeout=60)
         st = g.stats()["send"]
-        phases.append({"adaptive": st["adaptive"], "raw_reasons": dict(st["raw_reasons"])})
+        out.append(
+            {"mbps": mbps, "adaptive": st["adaptive"], "raw_reasons": dict(st["raw_reasons"])}
+        )
     assert g.recv(timeout=60) == "done"
     close(tag)
-    return phases
+    return out
 
 
-def t_recv_adaptive(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int) -> bool:
+def t_recv_adaptive(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int, m: int) -> bool:
     g = group(ctx, tag, cluster)
     ok = True
-    for i in range(3):
+    for i in range(m):
         for k in range(n):
             ok = ok and bool(torch.equal(g.recv(timeout=60), token_ids(512 * KiB, seed=10 * i + k)))
     g.send("done", timeout=60)

@@ -285,8 +285,8 @@ def t_send_corrupted(ctx: PeerContext, tag: str, cluster: dict[str, Any], index:
     g = group(ctx, tag, cluster)
     original = _schedule.compress_frame
 
-    def corrupt(codec: Any, frame: Any) -> Any:
-        packed = original(codec, frame)
+    def corrupt(codec: Any, frame: Any, codec_id: int | None = None) -> Any:
+        packed = original(codec, frame, codec_id)
         packed.frame.payloads[index].fill_(0xFF)  # a pooled buffer, not the user's tensor
         return packed
 

@@ -282,14 +282,19 @@ def test_job_config_per_codec_and_link() -> None:
 def test_job_configs_are_valid_cluster_configs() -> None:
     from p2p_worker import parse_cluster_config
 
-    for codec in ("raw", "lz4", "zstd", "lz4_whole", "zstd_whole", "lz4_auto", "zstd_auto"):
+    for codec in ("raw", "lz4", "zstd", "lz4_whole", "zstd_whole", "lz4_auto", "zstd_auto", "auto"):
         for link in LINK_PROFILES.values():
             cfg = parse_cluster_config(job_config(codec, link))
-            assert cfg.codec_name == (None if codec == "raw" else codec.split("_")[0])
+            job_codec = "zstd" if codec == "auto" else codec.split("_")[0]
+            assert cfg.codec_name == (None if codec == "raw" else job_codec)
             assert (cfg.net_emulation is None) == (not link.emulated)
             chunk = cfg.collective.compression_pipeline.chunk_bytes
             assert chunk == (0 if codec.endswith("_whole") else 1 << 20)
-            assert cfg.collective.compression_pipeline.adaptive == codec.endswith("_auto")
+            adaptive = cfg.collective.compression_pipeline.adaptive
+            assert (adaptive is not None) == codec.endswith("auto")
+            if adaptive is not None:
+                want = ("lz4", "zstd") if codec == "auto" else (codec.split("_")[0],)
+                assert adaptive.codecs == want
 
 
 def test_codec_modes_default_and_all() -> None:
@@ -304,6 +309,7 @@ def test_codec_modes_default_and_all() -> None:
         "zstd_whole",
         "lz4_auto",
         "zstd_auto",
+        "auto",
     ]
     assert parse_codecs("zstd_whole,raw") == ["raw", "zstd_whole"]
     with pytest.raises(ValueError, match="lz5"):

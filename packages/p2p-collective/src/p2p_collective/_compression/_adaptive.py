@@ -1,6 +1,6 @@
-"""Adaptive compression per link: send compressed only where it pays, learned from traffic.
+"""Adaptive compression per link: raw, lz4 or zstd, whichever is fastest, learned from traffic.
 
-With ``compression_pipeline.adaptive: true`` each sending direction (one link) keeps a
+With ``compression_pipeline.adaptive`` each sending direction (one link) keeps a
 :class:`LinkAdvisor`. It learns, from the frames it sends:
 
 * the link's delivered rate: bytes over the time spent putting them on the link (the
@@ -8,30 +8,47 @@ With ``compression_pipeline.adaptive: true`` each sending direction (one link) k
   (a compressed stream is slowed by the receiver's decoding, which is not the link);
   an emulated link is judged by its emulated bandwidth instead, which is what it
   stands for;
-* the codec's throughput (raw bytes per second of compressing, per compressor thread,
-  times the threads that compress chunks in parallel) and its ratio on this link's data.
+* per codec and dtype: the codec's throughput (raw bytes per second of one compressor
+  call, measured in wall time, so a busy machine shows as a slower codec) and its ratio.
 
-A frame goes compressed when the codec keeps ahead of the link and shrinks the data:
-``ratio >= MIN_RATIO`` and ``codec rate >= MARGIN * link rate`` (with chunked frames the
-codec and the wire overlap, so the slower of the two sets the pace). Otherwise its
-eligible tensors go raw with the reason ``adaptive``. The first frame goes raw (learning
-the link), the next compressed (learning the codec). Every ``PROBE_EVERY``-th frame
-probes the other way: while sending raw, one chunk (or a frame too small for chunks) is
-compressed to refresh the codec's figures; while compressing over a real (not emulated)
-link, one frame goes raw to refresh the link's rate. So a change of data or link is
-noticed both ways. The decision and its reason are in ``stats()``.
+From these it predicts the seconds per raw byte of each way to send a frame:
+
+* raw: ``1 / link``;
+* a chunked frame with a codec (compression, wire and decoding overlap, the slowest
+  sets the pace): ``max(1 / (codec * threads), 1 / (ratio * link), 1 / (2 * codec))``
+  (decoding is taken as twice as fast as compressing: the sender cannot see it);
+* a frame too small for chunks (compress, send, decode one after another):
+  ``1 / codec + 1 / (ratio * link) + 1 / (2 * codec)``.
+
+The fastest wins; a codec must beat raw by ``MARGIN`` and a change of codec must beat
+the current one by ``HYSTERESIS`` (so near-ties do not flap). Eligible tensors sent raw
+get the reason ``adaptive``. Learning: the first frame goes raw (the link's rate; not
+needed on an emulated link), then one frame per codec per dtype compressed with it.
+Every ``probe_every``-th frame probes what is not in use, in turn: another codec on one
+chunk (a frame too small for chunks: the whole frame), or, while compressing over a
+real (not emulated) link, a raw frame to refresh the link's rate. So a change of data
+or link is noticed both ways. The decision, its reason and the figures are in
+``stats()``.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any, Final
+
+from p2p_compress import CODEC_NAMES
 
 EWMA: Final = 0.3
 """Weight of a new observation in the running estimates."""
-MIN_RATIO: Final = 1.1
-MARGIN: Final = 1.2
-PROBE_EVERY: Final = 8
+MIN_RATIO: Final = 1.05
+"""A codec whose ratio is below this is never chosen (the data does not shrink)."""
+MARGIN: Final = 1.1
+"""A codec must be predicted this much faster than raw to be chosen."""
+HYSTERESIS: Final = 1.05
+"""Another codec must be predicted this much faster than the current one."""
+DECODE_SPEEDUP: Final = 2.0
+"""Decoding is taken as this many times faster than compressing."""
 MIN_OBSERVED_BYTES: Final = 64 * 1024
 """Sends smaller than this say little about a link's rate (latency dominates)."""
 
@@ -40,24 +57,50 @@ def _blend(old: float | None, new: float) -> float:
     return new if old is None else (1 - EWMA) * old + EWMA * new
 
 
-class LinkAdvisor:
-    """Raw or compressed for one sending direction, decided from its own traffic.
+@dataclass(frozen=True)
+class Choice:
+    """How one frame's eligible tensors go.
 
-    Args:
-        threads: Compressor threads that can work on one frame's chunks at once.
+    Attributes:
+        codec: The codec id to compress them with; None: raw (reason ``adaptive``).
+        probe: A codec id to compress one chunk with instead (a frame too small for
+            chunks: the whole frame), refreshing that codec's figures; else None.
     """
 
-    def __init__(self, threads: int = 1) -> None:
+    codec: int | None
+    probe: int | None = None
+
+
+@dataclass
+class _Figures:
+    bps: float | None = None  # raw bytes per second of one compressor call
+    ratio: float | None = None  # raw / wire
+
+
+class LinkAdvisor:
+    """Raw or which codec for one sending direction, decided from its own traffic.
+
+    Args:
+        codec_ids: The codecs to choose from besides raw (wire ids).
+        threads: Compressor threads that can work on one frame's chunks at once.
+        probe_every: Every this many frames, what is not in use is measured again.
+    """
+
+    def __init__(self, codec_ids: tuple[int, ...], threads: int = 1, probe_every: int = 8) -> None:
         self._lock = threading.Lock()
+        self._ids = codec_ids
         self._threads = max(1, threads)
+        self._probe_every = max(2, probe_every)
         self.link_bps: float | None = None  # delivered bytes per second
         self.emulated_bps: float | None = None  # the emulated link's bandwidth, if any
-        self.codec_bps: float | None = None  # raw bytes per second, one thread
-        self.ratio: float | None = None  # raw / wire
-        self.compress = False
+        self._figures: dict[tuple[int, str], _Figures] = {}
+        self.choice: int | None = None  # the codec in use, None: raw
         self.reason = "learning the link"
+        self.dtype = ""
         self._frames = 0
+        self._turn = 0
         self.switches = 0
+        self._predicted: dict[str, float] = {}
 
     def observe_link(
         self, nbytes: int, seconds: float, emulated_bps: float | None, raw: bool = True
@@ -71,70 +114,121 @@ class LinkAdvisor:
             if raw and nbytes >= MIN_OBSERVED_BYTES and seconds > 0:
                 self.link_bps = _blend(self.link_bps, nbytes / seconds)
 
-    def observe_codec(self, raw: int, wire: int, seconds: float) -> None:
-        """Compressing ``raw`` bytes gave ``wire`` bytes in ``seconds`` (one thread)."""
+    def observe_codec(self, codec_id: int, dtype: str, raw: int, wire: int, seconds: float) -> None:
+        """Compressing ``raw`` bytes of ``dtype`` gave ``wire`` bytes in ``seconds`` (one call)."""
         if raw < MIN_OBSERVED_BYTES or seconds <= 0 or wire <= 0:
             return
         with self._lock:
-            self.codec_bps = _blend(self.codec_bps, raw / seconds)
-            self.ratio = _blend(self.ratio, raw / wire)
+            fig = self._figures.setdefault((codec_id, dtype), _Figures())
+            fig.bps = _blend(fig.bps, raw / seconds)
+            fig.ratio = _blend(fig.ratio, raw / wire)
 
-    def decide(self) -> str:
-        """How the next frame with eligible tensors goes.
+    def decide(self, dtype: str, chunked: bool) -> Choice:
+        """How the next frame goes, whose largest eligible tensor has ``dtype``.
 
-        Returns:
-            ``"compress"``, ``"raw"``, ``"probe_codec"`` (mostly raw, but compress a
-            little to refresh the codec's figures) or ``"probe_link"`` (raw, to refresh
-            the link's rate).
+        Args:
+            dtype: The dtype the figures are looked up by (e.g. ``"int64"``).
+            chunked: Whether the frame is large enough to be sent in chunks.
         """
         with self._lock:
-            compress, reason = self._judge()
-            if compress != self.compress:
-                self.switches += 1
-                self._frames = 0
-            self.compress, self.reason = compress, reason
+            self.dtype = dtype
+            link = self.emulated_bps if self.emulated_bps is not None else self.link_bps
+            if link is None:
+                self._set(None, "learning the link")
+                return Choice(None)
+            for cid in self._ids:
+                fig = self._figures.get((cid, dtype))
+                if fig is None or fig.bps is None:
+                    self._set(cid, f"learning {CODEC_NAMES[cid]} on {dtype}")
+                    return Choice(cid)
+            best, reason = self._judge(link, dtype, chunked)
+            self._set(best, reason)
             self._frames += 1
-            probe = self._frames % PROBE_EVERY == 0
-            if compress:
-                if self.link_bps is None and self.emulated_bps is None:
-                    return "probe_link"
-                if probe and self.emulated_bps is None:
-                    return "probe_link"
-                return "compress"
-            if self.link_bps is None and self.emulated_bps is None:
-                return "probe_link"
-            if self.codec_bps is None or probe:
-                return "probe_codec"
-            return "raw"
+            if self._frames % self._probe_every:
+                return Choice(best)
+            others: list[int | None] = [c for c in self._ids if c != best]
+            if best is not None and self.emulated_bps is None:
+                others.append(None)  # a raw frame refreshes a real link's rate
+            if not others:
+                return Choice(best)
+            self._turn += 1
+            other = others[self._turn % len(others)]
+            return Choice(None) if other is None else Choice(best, probe=other)
 
-    def _judge(self) -> tuple[bool, str]:
-        link = self.emulated_bps if self.emulated_bps is not None else self.link_bps
-        if link is None:
-            return False, "learning the link"
-        if self.codec_bps is None or self.ratio is None:
-            return True, "learning the codec"
-        codec = self.codec_bps * self._threads
-        figures = (
-            f"link {link * 8 / 1e6:.0f} Mbit/s, codec {codec * 8 / 1e6:.0f} Mbit/s,"
-            f" ratio {self.ratio:.2f}"
-        )
-        if self.ratio < MIN_RATIO:
-            return False, f"raw: the data does not shrink ({figures})"
-        if codec < MARGIN * link:
-            return False, f"raw: the link is faster than the codec ({figures})"
-        return True, f"compressed: the codec keeps ahead of the link ({figures})"
+    def _set(self, codec: int | None, reason: str) -> None:
+        if codec != self.choice:
+            self.switches += 1
+        self.choice, self.reason = codec, reason
+
+    def _seconds(self, cid: int, dtype: str, link: float, chunked: bool) -> float | None:
+        """Predicted seconds per raw byte with codec ``cid``; None if it does not shrink."""
+        fig = self._figures[(cid, dtype)]
+        assert fig.bps is not None
+        assert fig.ratio is not None
+        if fig.ratio < MIN_RATIO:
+            return None
+        codec, wire, decode = 1 / fig.bps, 1 / (fig.ratio * link), 1 / (DECODE_SPEEDUP * fig.bps)
+        if chunked:
+            return max(codec / self._threads, wire, decode)
+        return codec + wire + decode
+
+    def _judge(self, link: float, dtype: str, chunked: bool) -> tuple[int | None, str]:
+        raw = 1 / link
+        times = {cid: self._seconds(cid, dtype, link, chunked) for cid in self._ids}
+        self._predicted = {"raw": 1 / raw} | {
+            CODEC_NAMES[c]: 1 / t for c, t in times.items() if t is not None
+        }
+        shrink = {c: t for c, t in times.items() if t is not None}
+        figures = self._summary(link, dtype)
+        if not shrink:
+            return None, f"raw: the data does not shrink ({figures})"
+        best = min(shrink, key=lambda c: shrink[c])
+        current = self.choice
+        if current in shrink and shrink[current] <= HYSTERESIS * shrink[best]:
+            best = current  # near-tie: keep what is in use
+        if shrink[best] * MARGIN > raw:
+            return None, f"raw: the link is faster than the codecs ({figures})"
+        return best, f"{CODEC_NAMES[best]}: the fastest way on this link ({figures})"
+
+    def _summary(self, link: float, dtype: str) -> str:
+        parts = [f"link {link * 8 / 1e6:.0f} Mbit/s"]
+        for cid in self._ids:
+            fig = self._figures[(cid, dtype)]
+            assert fig.bps is not None
+            assert fig.ratio is not None
+            parts.append(
+                f"{CODEC_NAMES[cid]} {fig.bps * 8 / 1e6:.0f} Mbit/s x{self._threads}"
+                f" ratio {fig.ratio:.2f}"
+            )
+        pred = ", ".join(f"{k} {v * 8 / 1e6:.0f}" for k, v in self._predicted.items())
+        return "; ".join(parts) + f" on {dtype}; predicted Mbit/s of raw data: {pred}"
 
     def as_dict(self) -> dict[str, Any]:
-        """The decision, its reason and the figures behind it (for ``stats()``)."""
+        """The decision, its reason and the figures behind it (for ``stats()``).
+
+        Returns:
+            ``decision`` (``"raw"`` or the codec's name), ``reason``, ``switches`` (changes
+            of decision), ``dtype`` (of the last frame decided), ``link_mbps``
+            (delivered, from raw frames), ``emulated_mbps``, ``predicted_mbps`` (raw data
+            per second each way, for the last frame's dtype) and ``codecs``: per codec
+            name and dtype, ``mbps`` (one compressor call) and ``ratio``.
+        """
         with self._lock:
+            codecs: dict[str, dict[str, dict[str, float | None]]] = {}
+            for (cid, dtype), fig in sorted(self._figures.items()):
+                codecs.setdefault(CODEC_NAMES[cid], {})[dtype] = {
+                    "mbps": None if fig.bps is None else fig.bps * 8 / 1e6,
+                    "ratio": fig.ratio,
+                }
             return {
-                "decision": "compressed" if self.compress else "raw",
+                "decision": "raw" if self.choice is None else CODEC_NAMES[self.choice],
                 "reason": self.reason,
                 "switches": self.switches,
+                "dtype": self.dtype,
                 "link_mbps": None if self.link_bps is None else self.link_bps * 8 / 1e6,
                 "emulated_mbps": (
                     None if self.emulated_bps is None else self.emulated_bps * 8 / 1e6
                 ),
-                "codec_mbps": None if self.codec_bps is None else self.codec_bps * 8 / 1e6,
-                "ratio": self.ratio,
+                "predicted_mbps": {k: v * 8 / 1e6 for k, v in self._predicted.items()},
+                "codecs": codecs,
             }

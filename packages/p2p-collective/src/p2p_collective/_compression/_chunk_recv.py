@@ -17,7 +17,8 @@ from collections.abc import Callable
 import torch
 
 from p2p_collective._compression._chunks import CHUNK_MAGIC, DESCRIPTOR
-from p2p_collective._compression._state import WireCodec
+from p2p_collective._compression._decode import codec_name, decodes
+from p2p_collective._compression._state import CODEC_IDS, WireCodec
 from p2p_collective._compression._stats import WireStats
 from p2p_collective._direction import CleanFailure
 from p2p_collective._emulation import ArrivalGate
@@ -27,7 +28,6 @@ from p2p_collective._jobs import Job
 from p2p_collective._payload import flat_bytes
 from p2p_collective._transport import remaining
 from p2p_compress import (
-    CODEC_NAMES,
     CODEC_RAW,
     BufferLease,
     CompressionError,
@@ -64,12 +64,10 @@ def _descriptor(
             raise FramingError(
                 f"frame from {peer!r}: raw {where} has {wire_len} wire bytes for {raw_len}"
             )
-    elif codec is None or codec_id != codec.config.codec_id:
-        mine = "compression off" if codec is None else codec.config.codec_name
-        name = CODEC_NAMES.get(codec_id, f"unknown codec id {codec_id}")
+    elif codec is None or codec_id not in CODEC_IDS.values():
         raise FramingError(
-            f"frame from {peer!r}: {where} is compressed with {name} but this side is"
-            f" configured for {mine}"
+            f"frame from {peer!r}: {where} is compressed with {codec_name(codec_id)} but"
+            f" this side {decodes(codec)}"
         )
     elif not 0 < wire_len < raw_len:
         raise FramingError(
@@ -185,7 +183,7 @@ def _decode_job(
     lease: BufferLease | None,
     deadline: float | None,
 ) -> Job[float]:
-    provider = codec.provider()
+    provider = codec.provider(codec_id)
 
     def decode() -> float:
         t0 = time.perf_counter()

@@ -32,6 +32,7 @@ from typing import Final
 
 import torch
 
+from p2p_collective._compression._adaptive import Choice
 from p2p_collective._compression._state import WireCodec
 from p2p_collective._framing import Flag, TensorMeta, patch_flags
 from p2p_collective._jobs import Job
@@ -51,6 +52,7 @@ class Chunk:
     source: torch.Tensor  # flat uint8 view of the chunk's raw bytes
     eligible: bool
     reason: str = ""  # why it stayed raw ("" when compressed)
+    use: int | None = None  # the codec id to try (None: the job's codec)
     codec_id: int = CODEC_RAW
     payload: torch.Tensor | None = None  # what to send (the source when raw)
     lease: BufferLease | None = None
@@ -71,7 +73,9 @@ def compress_chunk(codec: WireCodec, chunk: Chunk) -> Chunk:
         CompressionError: The codec failed (no lease is kept).
     """
     t0 = time.perf_counter()
-    plan = plan_compression([chunk.source], codec.chunk_config, codec.provider(), codec.pool)
+    plan = plan_compression(
+        [chunk.source], codec.chunk_config_for(chunk.use), codec.provider(chunk.use), codec.pool
+    )
     entry = plan.entries[0]
     chunk.seconds = time.perf_counter() - t0
     chunk.codec_id, chunk.reason = entry.codec_id, entry.reason
@@ -146,32 +150,42 @@ class ChunkStream:
         return tensors, Counter(c.reason for c in self.chunks if c.reason)
 
 
-def chunk_frame(codec: WireCodec, frame: OutFrame, probe: bool = False) -> ChunkStream | None:
+def is_chunked(codec: WireCodec, frame: OutFrame) -> bool:
+    """Whether ``frame`` is large enough to travel in chunks."""
+    size = codec.pipeline.chunk_bytes
+    if not size or not frame.payloads:
+        return False
+    eligible = sum(m.raw_bytes for m in frame.metas if m.raw_bytes and codec.eligible(m))
+    return eligible >= 2 * size
+
+
+def chunk_frame(
+    codec: WireCodec, frame: OutFrame, choice: Choice | None = None
+) -> ChunkStream | None:
     """The chunk stream of ``frame`` when it is large enough to be chunked, else None.
 
     Marks the frame's header ``Flag.CHUNKED`` (its entries stay raw) and queues the
-    compression of the first chunks (a window ahead). With ``probe`` only the first
-    eligible chunk is compressed (an adaptive link sending raw, refreshing the codec's
-    figures); the others go raw with the reason ``adaptive``.
+    compression of the first chunks (a window ahead). An adaptive link's ``choice``
+    names the codec of the eligible chunks (None: raw, with the reason ``adaptive``)
+    and, for a probe, another codec for the first eligible chunk.
     """
+    if not is_chunked(codec, frame):
+        return None
     size = codec.pipeline.chunk_bytes
-    if not size or not frame.payloads:
-        return None
     with_bytes = [m for m in frame.metas if m.raw_bytes]
-    eligible = [codec.eligible(m) for m in with_bytes]
-    if sum(m.raw_bytes for m, ok in zip(with_bytes, eligible, strict=True) if ok) < 2 * size:
-        return None
+    main = codec.config.codec_id if choice is None else choice.codec
+    probe = None if choice is None else choice.probe
     chunks: list[Chunk] = []
-    tried = False  # probe: the one chunk to compress is taken
-    for i, (payload, meta, ok) in enumerate(zip(frame.payloads, with_bytes, eligible, strict=True)):
+    for i, (payload, meta) in enumerate(zip(frame.payloads, with_bytes, strict=True)):
+        ok = codec.eligible(meta)
         step = size if ok else meta.raw_bytes
         for off in range(0, meta.raw_bytes, step):
-            reason = "" if ok else codec.raw_reason(meta)
-            try_it = ok and not (probe and tried)
-            tried = tried or try_it
-            if ok and not try_it:
-                reason = "adaptive"
-            chunks.append(Chunk(i, payload[off : off + step], try_it, reason))
+            use = main
+            if ok and probe is not None:
+                use, probe = probe, None  # this one chunk refreshes the probed codec
+            try_it = ok and (choice is None or use is not None)
+            reason = "" if try_it else "adaptive" if ok else codec.raw_reason(meta)
+            chunks.append(Chunk(i, payload[off : off + step], try_it, reason, use))
     patch_flags(frame.view, Flag.CHUNKED)
     stream = ChunkStream(codec, chunks, window=max(2, 2 * codec.compressor_threads))
     stream.start(stream.window)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from p2p_collective._compression._state import WireCodec
+from p2p_collective._compression._state import CODEC_IDS, WireCodec
 from p2p_collective._compression._stats import WireStats
 from p2p_collective._errors import CollectiveTimeoutError, FramingError
 from p2p_collective._framing import TensorMeta
@@ -33,11 +33,26 @@ from p2p_compress import (
 )
 
 
+def codec_name(codec_id: int) -> str:
+    """A wire codec id in words, for messages."""
+    return CODEC_NAMES.get(codec_id, f"unknown codec id {codec_id}")
+
+
+def decodes(codec: WireCodec | None) -> str:
+    """What this side decodes, in words (the end of a refusal's sentence)."""
+    if codec is None:
+        return "has compression off"
+    return f"decodes only {' and '.join(CODEC_IDS)} (configured codec {codec.config.codec_name})"
+
+
 def check_entries(metas: list[TensorMeta], codec: WireCodec | None, peer: str) -> bool:
     """Validate the codec fields of a frame's tensor entries; True when any is compressed.
 
+    A side with compression on decodes lz4 and zstd whatever its own ``codec`` is (an
+    adaptive sender picks either per link).
+
     Raises:
-        FramingError: An entry names a codec this side is not configured for, or a wire
+        FramingError: An entry names an unknown codec or compression is off here, or a wire
             size no compressed payload can have (compressed payloads are always smaller
             than their tensor, and never empty).
     """
@@ -45,12 +60,10 @@ def check_entries(metas: list[TensorMeta], codec: WireCodec | None, peer: str) -
     for i, m in enumerate(metas):
         if m.codec_id == CODEC_RAW:
             continue
-        name = CODEC_NAMES.get(m.codec_id, f"unknown codec id {m.codec_id}")
-        if codec is None or m.codec_id != codec.config.codec_id:
-            mine = "compression off" if codec is None else codec.config.codec_name
+        if codec is None or m.codec_id not in CODEC_IDS.values():
             raise FramingError(
-                f"frame from {peer!r}: tensor {i} is compressed with {name} but this side"
-                f" is configured for {mine}"
+                f"frame from {peer!r}: tensor {i} is compressed with"
+                f" {codec_name(m.codec_id)} but this side {decodes(codec)}"
             )
         if not 0 < m.wire_bytes < m.raw_bytes:
             raise FramingError(
@@ -148,7 +161,7 @@ class FrameDecoder:
         lease: BufferLease | None,
         deadline: float | None,
     ) -> Job[float]:
-        provider = self._codec.provider()
+        provider = self._codec.provider(meta.codec_id)
 
         def decode() -> float:
             t0 = time.perf_counter()

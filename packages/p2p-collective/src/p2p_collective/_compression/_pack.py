@@ -47,9 +47,11 @@ class Packed:
 
     __slots__ = (
         "__weakref__",
+        "adaptive_dtype",
         "chunks",
         "codec_sample",
         "codec_seconds",
+        "codec_tried",
         "frame",
         "plan",
         "ready",
@@ -67,6 +69,8 @@ class Packed:
     ) -> None:
         self.chunks = chunks
         self.codec_sample = (0, 0)  # (raw, wire) bytes the codec was tried on
+        self.codec_tried: int | None = None  # the codec id of codec_sample
+        self.adaptive_dtype = ""  # an adaptive link: the dtype its figures are kept by
         self.frame = frame
         self.plan = plan
         self.reasons = reasons
@@ -90,11 +94,12 @@ def _inline(frame: OutFrame, head_len: int, entries: list[WireEntry]) -> OutFram
     return replace(frame, view=view, buffer=buffer, ext=False, payloads=[])
 
 
-def compress_frame(codec: WireCodec, frame: OutFrame) -> Packed:
+def compress_frame(codec: WireCodec, frame: OutFrame, codec_id: int | None = None) -> Packed:
     """Decide per tensor, compress the ones that shrink, patch the frame's metadata.
 
     An inline frame stays inline (its compressed bytes are smaller); a frame of payload
     messages becomes inline when its compressed bytes fit the header message.
+    ``codec_id`` picks the codec (an adaptive link's choice; None: the job's).
 
     Raises:
         CompressionError: A codec failed (the leases taken are returned first).
@@ -108,7 +113,8 @@ def compress_frame(codec: WireCodec, frame: OutFrame) -> Packed:
     else:  # inline: the tensors' bytes sit in the header message
         sources = [flat_bytes(frame.tensors[i]).view(m.dtype) for i, m in with_bytes]
     t0 = time.perf_counter()
-    plan = plan_compression(sources, codec.config, codec.provider(), codec.pool)
+    config = codec.config_for(codec_id)
+    plan = plan_compression(sources, config, codec.provider(codec_id), codec.pool)
     spent = time.perf_counter() - t0
     entries = plan.entries
     reasons = [e.reason for e in entries]
@@ -116,7 +122,7 @@ def compress_frame(codec: WireCodec, frame: OutFrame) -> Packed:
     sample = (sum(e.raw_bytes for e in tried), sum(e.wire_bytes for e in tried))
     if not any(e.compressed for e in entries):
         packed = Packed(frame, None, reasons, time.monotonic(), spent)
-        packed.codec_sample = sample
+        packed.codec_sample, packed.codec_tried = sample, config.codec_id
         return packed
     metas = list(frame.metas)
     payloads = list(frame.payloads)
@@ -140,10 +146,10 @@ def compress_frame(codec: WireCodec, frame: OutFrame) -> Packed:
         finally:
             plan.release_all()  # the bytes were copied into the header message
         packed = Packed(small, None, reasons, time.monotonic(), spent)
-        packed.codec_sample = sample
+        packed.codec_sample, packed.codec_tried = sample, config.codec_id
         return packed
     packed = Packed(replace(frame, metas=metas, payloads=payloads), plan, reasons, 0.0, spent)
-    packed.codec_sample = sample
+    packed.codec_sample, packed.codec_tried = sample, config.codec_id
     # A frame dropped unsent (its direction broke or closed) gives its buffers back.
     weakref.finalize(packed, plan.release_all)
     packed.ready = time.monotonic()

@@ -6,12 +6,22 @@ import time
 import weakref
 
 from p2p_collective._compression._adaptive import LinkAdvisor
-from p2p_collective._compression._chunks import chunk_frame
+from p2p_collective._compression._chunks import chunk_frame, is_chunked
 from p2p_collective._compression._pack import Packed, compress_frame
 from p2p_collective._compression._state import WireCodec
 from p2p_collective._compression._stats import WireStats
 from p2p_collective._jobs import Job
 from p2p_collective._payload import OutFrame
+
+
+def _main_dtype(codec: WireCodec, frame: OutFrame) -> str:
+    """The dtype of the frame's largest eligible tensor (an adaptive link's figures key)."""
+    sizes: dict[str, int] = {}
+    for m in frame.metas:
+        if m.raw_bytes and codec.eligible(m):
+            name = str(m.dtype).removeprefix("torch.")
+            sizes[name] = sizes.get(name, 0) + m.raw_bytes
+    return max(sizes, key=lambda k: sizes[k]) if sizes else ""
 
 
 class Outgoing:
@@ -45,31 +55,54 @@ class Outgoing:
         if not any(m.raw_bytes and codec.eligible(m) for m in frame.metas):
             reasons = [codec.raw_reason(m) for m in frame.metas if m.raw_bytes]
             return cls(Packed(frame, None, reasons, 0.0), None)
-        if codec.pipeline.adaptive and stats is not None:
+        adaptive = codec.pipeline.adaptive
+        if adaptive is not None and stats is not None:
             if stats.advisor is None:
-                stats.advisor = LinkAdvisor(codec.compressor_threads)
-            mode = stats.advisor.decide()
-            if mode in ("raw", "probe_link"):  # compression would not pay on this link
+                stats.advisor = LinkAdvisor(
+                    codec.adaptive_ids, codec.compressor_threads, adaptive.probe_every
+                )
+            dtype = _main_dtype(codec, frame)
+            chunked = is_chunked(codec, frame)
+            choice = stats.advisor.decide(dtype, chunked)
+            if chunked:
+                stream = chunk_frame(codec, frame, choice)
+                assert stream is not None
+                packed = Packed(frame, None, [], 0.0, chunks=stream)
+                packed.adaptive_dtype = dtype
+                weakref.finalize(packed, stream.abandon)
+                return cls(packed, None)
+            use = choice.probe if choice.probe is not None else choice.codec
+            if use is None:  # raw pays best on this link
                 reasons = [
                     "adaptive" if codec.eligible(m) else codec.raw_reason(m)
                     for m in frame.metas
                     if m.raw_bytes
                 ]
-                return cls(Packed(frame, None, reasons, 0.0), None)
-            if mode == "probe_codec":  # one chunk is enough to refresh the codec's figures
-                stream = chunk_frame(codec, frame, probe=True)
-                if stream is not None:
-                    packed = Packed(frame, None, [], 0.0, chunks=stream)
-                    weakref.finalize(packed, stream.abandon)
-                    return cls(packed, None)
+                packed = Packed(frame, None, reasons, 0.0)
+                packed.adaptive_dtype = dtype
+                return cls(packed, None)
+            return cls._compress(codec, frame, async_op, use, dtype)
         stream = chunk_frame(codec, frame)
         if stream is not None:  # compressed chunk by chunk, a window ahead of the wire
             packed = Packed(frame, None, [], 0.0, chunks=stream)
             weakref.finalize(packed, stream.abandon)  # dropped unsent: buffers go back
             return cls(packed, None)
+        return cls._compress(codec, frame, async_op, None, "")
+
+    @classmethod
+    def _compress(
+        cls, codec: WireCodec, frame: OutFrame, async_op: bool, codec_id: int | None, dtype: str
+    ) -> Outgoing:
+        """Compress a frame too small for chunks: now (synchronous send) or on a thread."""
+
+        def run() -> Packed:
+            packed = compress_frame(codec, frame, codec_id)
+            packed.adaptive_dtype = dtype
+            return packed
+
         if not async_op:
-            return cls(compress_frame(codec, frame), None)
-        job: Job[Packed] = Job(lambda: compress_frame(codec, frame))
+            return cls(run(), None)
+        job: Job[Packed] = Job(run)
         if codec.pipeline.overlap:
             codec.compressor.put(job)
         # else the direction thread compresses it right before sending it

@@ -22,6 +22,10 @@ DEFAULT_CHUNK_BYTES: Final = 1 << 20
 MIN_CHUNK_BYTES: Final = 1 << 16
 MAX_CHUNK_BYTES: Final = 1 << 30
 _KEYS: Final = ("overlap", "compressor_threads", "decoder_threads", "chunk_bytes", "adaptive")
+ADAPTIVE_CODECS: Final = ("lz4", "zstd")
+"""The codecs an adaptive link may choose from (besides raw)."""
+DEFAULT_PROBE_EVERY: Final = 8
+_ADAPTIVE_KEYS: Final = ("codecs", "probe_every")
 
 
 def _threads(value: object, path: str) -> int:
@@ -45,6 +49,77 @@ def _flag(value: object, path: str) -> bool:
     return value
 
 
+def _codecs(value: object, path: str) -> tuple[str, ...]:
+    allowed = f"a non-empty list of distinct codec names from {list(ADAPTIVE_CODECS)}"
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise _fail(path, value, allowed)
+    for i, name in enumerate(value):
+        if name not in ADAPTIVE_CODECS:
+            raise _fail(
+                f"{path}[{i}]", name, f"one of {list(ADAPTIVE_CODECS)}", choices=ADAPTIVE_CODECS
+            )
+    if len(set(value)) != len(value):
+        raise _fail(path, value, allowed)
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    """``compression_pipeline.adaptive`` as a mapping: how a link picks raw or a codec.
+
+    Attributes:
+        codecs: The codecs a link may choose from besides raw, any of ``lz4`` and
+            ``zstd`` (each with the parameters of ``tensor_compression`` when it is the
+            job's codec, else its defaults: lz4 acceleration 1, zstd level 1). The
+            receiver decodes either whatever its own ``codec`` is. Default both.
+        probe_every: Every this many frames a link re-measures what it is not using
+            (one chunk with another codec; on a real link, a raw frame while it
+            compresses), 2 to 1000. Default 8.
+
+    Example:
+        >>> AdaptiveConfig().codecs
+        ('lz4', 'zstd')
+        >>> AdaptiveConfig(codecs=("lz5",))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        p2p_asyncwork...ConfigError: codecs[0]: got 'lz5'; allowed: one of ['lz4', 'zstd']...
+    """
+
+    codecs: tuple[str, ...] = ADAPTIVE_CODECS
+    probe_every: int = DEFAULT_PROBE_EVERY
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "codecs", _codecs(self.codecs, "codecs"))
+        _probe_every(self.probe_every, "probe_every")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The mapping form that :func:`parse_compression_pipeline` accepts."""
+        return {"codecs": list(self.codecs), "probe_every": self.probe_every}
+
+
+def _probe_every(value: object, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= 1000:
+        raise _fail(path, value, "an integer from 2 to 1000")
+    return int(value)
+
+
+def _adaptive(value: object, path: str) -> AdaptiveConfig | None:
+    shape = "true (raw, lz4 or zstd per link), false, or a mapping with keys codecs, probe_every"
+    if isinstance(value, bool):
+        return AdaptiveConfig() if value else None
+    if isinstance(value, AdaptiveConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise _fail(path, value, shape)
+    sec = _mapping(value, path, _ADAPTIVE_KEYS, shape)
+    return AdaptiveConfig(
+        codecs=_codecs(sec.get("codecs", list(ADAPTIVE_CODECS)), f"{path}.codecs"),
+        probe_every=_probe_every(
+            sec.get("probe_every", DEFAULT_PROBE_EVERY), f"{path}.probe_every"
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class CompressionPipelineConfig:
     """Threads and overlap of compression on the wire (one Collective's codec work).
@@ -65,12 +140,15 @@ class CompressionPipelineConfig:
             while earlier chunks travel), and the receiver decodes chunk *k* while chunk
             *k* + 1 arrives. Keep-if-smaller and raw reasons apply per chunk. 0 turns
             chunking off; else 65536 to 1 GiB. Default 1 MiB.
-        adaptive: Per link, send compressed only where it pays: each sending direction
-            learns its link's delivered rate (an emulated link: its emulated bandwidth)
-            and the codec's throughput and ratio from its own traffic, and sends the
-            eligible tensors raw (reason ``adaptive``) where the codec would not keep
-            ahead of the link or the data does not shrink. The decision and its reason
-            are in the group's ``stats()`` under ``adaptive``. Default false.
+        adaptive: Per link, the fastest of raw and the codecs in
+            :attr:`AdaptiveConfig.codecs`: each sending direction learns its link's
+            delivered rate (an emulated link: its emulated bandwidth) and each codec's
+            throughput and ratio per dtype from its own traffic, predicts the time each
+            way would take, and takes the fastest (eligible tensors sent raw get the
+            reason ``adaptive``). The decision and its reason are in the group's
+            ``stats()`` under ``adaptive``. ``true`` is :class:`AdaptiveConfig`'s
+            defaults, a mapping sets its keys; None (``false``, the default) sends
+            every eligible tensor with the job's codec.
 
     Example:
         >>> CompressionPipelineConfig().compressor_threads
@@ -85,14 +163,15 @@ class CompressionPipelineConfig:
     compressor_threads: int = DEFAULT_COMPRESSOR_THREADS
     decoder_threads: int = DEFAULT_DECODER_THREADS
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    adaptive: bool = False
+    adaptive: AdaptiveConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.adaptive is not None:
+            object.__setattr__(self, "adaptive", _adaptive(self.adaptive, "adaptive"))
         _flag(self.overlap, "overlap")
         _threads(self.compressor_threads, "compressor_threads")
         _threads(self.decoder_threads, "decoder_threads")
         _chunk_bytes(self.chunk_bytes, "chunk_bytes")
-        _flag(self.adaptive, "adaptive")
 
     def to_dict(self) -> dict[str, Any]:
         """The section as a plain dict that :func:`parse_compression_pipeline` accepts."""
@@ -101,7 +180,7 @@ class CompressionPipelineConfig:
             "compressor_threads": self.compressor_threads,
             "decoder_threads": self.decoder_threads,
             "chunk_bytes": self.chunk_bytes,
-            "adaptive": self.adaptive,
+            "adaptive": False if self.adaptive is None else self.adaptive.to_dict(),
         }
 
 
@@ -123,7 +202,7 @@ def parse_compression_pipeline(
     sec = _mapping(section, path, _KEYS, "a mapping of keys to values (or omit the section)")
     return CompressionPipelineConfig(
         overlap=_flag(sec.get("overlap", True), f"{path}.overlap"),
-        adaptive=_flag(sec.get("adaptive", False), f"{path}.adaptive"),
+        adaptive=_adaptive(sec.get("adaptive", False), f"{path}.adaptive"),
         compressor_threads=_threads(
             sec.get("compressor_threads", DEFAULT_COMPRESSOR_THREADS), f"{path}.compressor_threads"
         ),

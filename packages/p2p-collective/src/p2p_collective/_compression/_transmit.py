@@ -62,13 +62,14 @@ def transmit(
     else:
         sent_raw = not any(m.codec_id for m in packed.frame.metas)
     advisor.observe_link(timed.nbytes, timed.seconds + paced, emulated, sent_raw)
+    dtype = packed.adaptive_dtype
     if packed.chunks is not None:
         for c in packed.chunks.chunks:
-            if c.seconds:
-                advisor.observe_codec(int(c.source.numel()), c.wire_len, c.seconds)
-    elif packed.codec_seconds:
+            if c.seconds and c.use is not None:
+                advisor.observe_codec(c.use, dtype, int(c.source.numel()), c.wire_len, c.seconds)
+    elif packed.codec_seconds and packed.codec_tried is not None:
         raw, wire = packed.codec_sample
-        advisor.observe_codec(raw, wire, packed.codec_seconds)
+        advisor.observe_codec(packed.codec_tried, dtype, raw, wire, packed.codec_seconds)
     return sent
 
 

@@ -29,6 +29,7 @@ COMPRESSION_SECTIONS["lz4_whole"] = COMPRESSION_SECTIONS["lz4"]
 COMPRESSION_SECTIONS["zstd_whole"] = COMPRESSION_SECTIONS["zstd"]
 COMPRESSION_SECTIONS["lz4_auto"] = COMPRESSION_SECTIONS["lz4"]
 COMPRESSION_SECTIONS["zstd_auto"] = COMPRESSION_SECTIONS["zstd"]
+COMPRESSION_SECTIONS["auto"] = COMPRESSION_SECTIONS["zstd"]
 
 
 def net_emulation_section(link: LinkProfile) -> dict[str, Any] | None:
@@ -49,8 +50,11 @@ def job_config(codec: str, link: LinkProfile) -> dict[str, Any]:
         cluster["collective"]["tensor_compression"] = dict(COMPRESSION_SECTIONS[codec])
         if codec.endswith("_whole"):  # the per-tensor design: no chunked frames
             cluster["collective"]["compression_pipeline"] = {"chunk_bytes": 0}
-        if codec.endswith("_auto"):  # raw where compression would not pay
+        if codec == "auto":  # raw, lz4 or zstd per link, whichever is fastest
             cluster["collective"]["compression_pipeline"] = {"adaptive": True}
+        elif codec.endswith("_auto"):  # raw or this one codec per link
+            only = {"codecs": [codec.split("_")[0]]}
+            cluster["collective"]["compression_pipeline"] = {"adaptive": only}
     net = net_emulation_section(link)
     if net is not None:
         cluster["net_emulation"] = net

@@ -27,6 +27,7 @@ STYLE: dict[str, dict[str, Any]] = {
     series_name("p2p", "zstd_whole"): {"color": "#2a9d3a", "linestyle": ":", "marker": "v"},
     series_name("p2p", "lz4_auto"): {"color": "#b5179e", "linestyle": "-.", "marker": "^"},
     series_name("p2p", "zstd_auto"): {"color": "#7209b7", "linestyle": "-.", "marker": "v"},
+    series_name("p2p", "auto"): {"color": "#d62828", "linestyle": "-", "marker": "*"},
 }
 _SHORT_DATA = {
     "tensor": "int64 token ids",

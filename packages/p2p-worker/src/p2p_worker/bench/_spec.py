@@ -19,12 +19,22 @@ KINDS: Final = ("tensor", "tensor_list", "tensor_dict", "dataclass", "object")
 TENSOR_KINDS: Final = ("tensor", "tensor_list", "tensor_dict", "dataclass")
 """Kinds whose size follows the ladder; ``object`` is a small control message of fixed size."""
 
-CODECS: Final = ("raw", "lz4", "zstd", "lz4_whole", "zstd_whole", "lz4_auto", "zstd_auto")
+CODECS: Final = (
+    "raw",
+    "lz4",
+    "zstd",
+    "lz4_whole",
+    "zstd_whole",
+    "lz4_auto",
+    "zstd_auto",
+    "auto",
+)
 """Modes of the p2p method. ``lz4`` / ``zstd`` are the job defaults (large frames go in
 compressed chunks, pipelined with the wire); ``*_whole`` turn chunking off
 (``compression_pipeline.chunk_bytes: 0``: each tensor compressed whole before it is sent);
-``*_auto`` are adaptive (``compression_pipeline.adaptive: true``: raw where compression
-would not pay on the link)."""
+``auto`` is adaptive (``compression_pipeline.adaptive: true``: per link raw, lz4 or
+zstd, whichever is predicted fastest from the link's own traffic); ``*_auto`` are
+adaptive with that one codec only (``adaptive: {codecs: [...]}``: raw or that codec)."""
 
 DEFAULT_CODECS: Final = ("raw", "lz4", "zstd")
 """What ``--codecs`` runs when not given."""
