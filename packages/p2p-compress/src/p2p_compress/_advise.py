@@ -155,16 +155,33 @@ class Recommendation:
     link_bytes_per_s: float
 
 
+DEFAULT_CHUNK_BYTES = 1 << 20
+"""p2p-collective's default ``compression_pipeline.chunk_bytes`` (chunked frames)."""
+
+
+def codec_seconds(m: Measurement, link: float, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> float:
+    """Estimated seconds to move ``m``'s tensor compressed over a link of ``link`` bytes/s.
+
+    A tensor of at least two chunks travels as p2p-collective's chunked frames do:
+    compressing, the wire and decoding overlap, so the slowest of the three sets the
+    pace, plus the first chunk's compression and the last one's decoding (the pipeline
+    filling and draining). A smaller one is compressed, sent and decoded in a row.
+    ``chunk_bytes`` 0: always in a row (``compression_pipeline.chunk_bytes: 0``).
+    """
+    wire = m.wire_bytes / link
+    if chunk_bytes and m.raw_bytes >= 2 * chunk_bytes:
+        fill = (m.compress_s + m.decompress_s) * chunk_bytes / m.raw_bytes
+        return max(m.compress_s, wire, m.decompress_s) + fill
+    return m.compress_s + wire + m.decompress_s
+
+
 def _estimate(
-    rows: Iterable[Measurement], small_bytes: int, link: float
+    rows: Iterable[Measurement], small_bytes: int, link: float, chunk_bytes: int
 ) -> tuple[float, tuple[torch.dtype, ...]]:
     by_dtype: dict[torch.dtype, tuple[float, float]] = {}
     for m in rows:
         raw_t = m.raw_bytes / link
-        if m.shrinks:
-            codec_t = m.compress_s + m.wire_bytes / link + m.decompress_s
-        else:
-            codec_t = m.compress_s + raw_t
+        codec_t = codec_seconds(m, link, chunk_bytes) if m.shrinks else m.compress_s + raw_t
         raw_sum, codec_sum = by_dtype.get(m.dtype, (0.0, 0.0))
         by_dtype[m.dtype] = (raw_sum + raw_t, codec_sum + codec_t)
     excluded = tuple(d for d, (r, c) in by_dtype.items() if c >= r)
@@ -179,13 +196,17 @@ def recommend(
     small_bytes: int = 0,
     min_bytes: int = DEFAULT_MIN_BYTES,
     min_gain: float = 0.03,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Recommendation:
     """Pick the setting with the lowest estimated message time over a link.
 
-    The estimate per tensor is compress + wire bytes / link + decompress when the codec
-    shrinks it, else compress + raw / link; a dtype is excluded when the codec does not
-    pay off over all its tensors. Compression is advised only when it saves at least
-    ``min_gain`` of the raw time.
+    The estimate per tensor is :func:`codec_seconds` when the codec shrinks it (the
+    slowest of compressing, the wire and decoding for a tensor of two chunks or more,
+    the three in a row for a smaller one), else compress + raw / link; a dtype is
+    excluded when the codec does not pay off over all its tensors. Compression is
+    advised only when it saves at least ``min_gain`` of the raw time. This is the model
+    p2p-collective's adaptive mode (``compression_pipeline.adaptive``) applies per link
+    to the figures it learns from live traffic.
 
     Args:
         measurements: the output of :func:`measure`.
@@ -193,6 +214,7 @@ def recommend(
         small_bytes: bytes of tensors below ``min_bytes`` (sent raw, not measured).
         min_bytes: the ``min_bytes`` to put in the advice.
         min_gain: the fraction of raw time compression must save.
+        chunk_bytes: p2p-collective's ``compression_pipeline.chunk_bytes`` (0: no chunks).
 
     Returns:
         The recommendation.
@@ -208,7 +230,7 @@ def recommend(
     settings = list(dict.fromkeys(m.setting for m in measurements))
     for setting in settings:
         rows = [m for m in measurements if m.setting == setting]
-        total, excluded = _estimate(rows, small_bytes, link_bytes_per_s)
+        total, excluded = _estimate(rows, small_bytes, link_bytes_per_s, chunk_bytes)
         per[setting_label(setting)] = total
         if best is None or total < best[0]:
             best = (total, setting, excluded)
@@ -225,12 +247,17 @@ def render_yaml(rec: Recommendation) -> str:
         f"# estimated per message over {gbit:g} Gbit/s: raw {rec.raw_s * 1e3:.3f} ms, "
         f"advised {rec.best_s * 1e3:.3f} ms"
     )
+    adaptive = (
+        "# links differ (shared memory, loopback, 10 Gbit, 1 Gbit)? compression_pipeline:"
+        " {adaptive: true} picks raw, lz4 or zstd per link from live traffic"
+    )
     if rec.config is None:
         return (
             f"{head}\n# compression does not pay off for this payload: omit the section\n"
+            f"{adaptive}\n"
             "cluster:\n  collective:\n    # tensor_compression: (omitted: raw path)\n"
         )
-    lines = [head, "cluster:", "  collective:", "    tensor_compression:"]
+    lines = [head, adaptive, "cluster:", "  collective:", "    tensor_compression:"]
     for key, value in rec.config.to_dict().items():
         if isinstance(value, bool):
             text = "true" if value else "false"

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from p2p_compress._advise import (
+    DEFAULT_CHUNK_BYTES,
     Measurement,
     Recommendation,
     measure,
@@ -93,6 +94,14 @@ def _build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MIN_BYTES,
         help="tensors below this stay raw and are not measured, as on the wire (the only"
         f" size rule: small frames are compressed too) [default: {DEFAULT_MIN_BYTES}]",
+    )
+    adv.add_argument(
+        "--chunk-bytes",
+        type=_size_arg("--chunk-bytes", 0),
+        default=DEFAULT_CHUNK_BYTES,
+        help="p2p-collective's compression_pipeline.chunk_bytes: tensors of two chunks or more"
+        " overlap compressing, the wire and decoding; 0 estimates each tensor whole"
+        f" [default: {DEFAULT_CHUNK_BYTES}]",
     )
     adv.add_argument("--max-tensors", type=int, default=32, help="measure the N largest")
     adv.add_argument("--repeat", type=int, default=3, help="timed runs per direction (best)")
@@ -271,6 +280,7 @@ def _advise(args: argparse.Namespace) -> int:
         link_bytes_per_s=args.link_gbps * 1e9 / 8,
         small_bytes=small_bytes,
         min_bytes=args.min_bytes,
+        chunk_bytes=args.chunk_bytes,
     )
     skipped = ""
     if small or dropped:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
+from functools import partial
 
 from p2p_collective._compression._adaptive import LinkAdvisor
 from p2p_collective._compression._chunks import chunk_frame, is_chunked
@@ -24,14 +26,27 @@ def _main_dtype(codec: WireCodec, frame: OutFrame) -> str:
     return max(sizes, key=lambda k: sizes[k]) if sizes else ""
 
 
+def _adaptive_chunks(
+    codec: WireCodec, frame: OutFrame, advisor: LinkAdvisor, dtype: str
+) -> Packed:
+    """A chunked frame of an adaptive link, its codec chosen now (as it goes on the wire)."""
+    stream = chunk_frame(codec, frame, advisor.decide(dtype, True))
+    assert stream is not None
+    packed = Packed(frame, None, [], 0.0, chunks=stream)
+    packed.adaptive_dtype = dtype
+    weakref.finalize(packed, stream.abandon)  # dropped unsent: buffers go back
+    return packed
+
+
 class Outgoing:
     """One queued send: its frame, compressed now or by the compressor thread."""
 
-    __slots__ = ("_job", "_packed", "submitted")
+    __slots__ = ("_job", "_later", "_packed", "submitted")
 
     def __init__(self, packed: Packed | None, job: Job[Packed] | None) -> None:
         self._packed = packed
         self._job = job
+        self._later: Callable[[], Packed] | None = None
         self.submitted = time.monotonic()
 
     @classmethod
@@ -62,15 +77,11 @@ class Outgoing:
                     codec.adaptive_ids, codec.compressor_threads, adaptive.probe_every
                 )
             dtype = _main_dtype(codec, frame)
-            chunked = is_chunked(codec, frame)
-            choice = stats.advisor.decide(dtype, chunked)
-            if chunked:
-                stream = chunk_frame(codec, frame, choice)
-                assert stream is not None
-                packed = Packed(frame, None, [], 0.0, chunks=stream)
-                packed.adaptive_dtype = dtype
-                weakref.finalize(packed, stream.abandon)
-                return cls(packed, None)
+            if is_chunked(codec, frame):  # decided as it goes, by then earlier frames taught more
+                out = cls(None, None)
+                out._later = partial(_adaptive_chunks, codec, frame, stats.advisor, dtype)
+                return out
+            choice = stats.advisor.decide(dtype, False)
             use = choice.probe if choice.probe is not None else choice.codec
             if use is None:  # raw pays best on this link
                 reasons = [
@@ -116,6 +127,9 @@ class Outgoing:
             CollectiveTimeoutError: The compressor did not finish before ``deadline``.
         """
         packed = self._packed
+        if packed is None and self._later is not None:
+            packed = self._packed = self._later()
+            self._later = None
         if packed is None:
             assert self._job is not None
             packed = self._packed = self._job.result(deadline)
