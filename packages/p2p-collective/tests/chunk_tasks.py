@@ -117,8 +117,9 @@ def _lz4_rate(adaptive: dict[str, Any]) -> float:
     At ``link = lz4's rate / lz4's ratio`` lz4's compressed stream just fills the link,
     so lz4 beats raw by its ratio and beats zstd when zstd compresses slower than lz4.
     """
-    lz4 = adaptive["codecs"]["lz4"]["int64"]
-    zstd = adaptive["codecs"]["zstd"]["int64"]
+    data = adaptive["dtype"]  # int64 and the class of its sample
+    lz4 = adaptive["codecs"]["lz4"][data]
+    zstd = adaptive["codecs"]["zstd"][data]
     assert lz4["mbps"] > 1.5 * zstd["mbps"], adaptive  # lz4 is the faster codec
     return float(lz4["mbps"] / lz4["ratio"])
 

@@ -243,8 +243,43 @@ def test_adaptive_switches_both_ways_when_the_emulated_rate_changes(
     assert fast["emulated_mbps"] == 100_000
     assert phases[3]["raw_reasons"].get("adaptive", 0) >= n - 2  # the first is decided before
     assert last["switches"] >= 5
-    assert last["codecs"]["zstd"]["int64"]["ratio"] > last["codecs"]["lz4"]["int64"]["ratio"] > 1.5
+    data = last["dtype"]
+    assert data.startswith("int64:c")  # int64 and the ratio class of its lz4 sample
+    assert last["codecs"]["zstd"][data]["ratio"] > last["codecs"]["lz4"][data]["ratio"] > 1.5
     assert set(last["predicted_mbps"]) == {"raw", "lz4", "zstd"}
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_an_adaptive_sender_mixing_codecs_is_bit_exact_for_every_kind_and_dtype(
+    peers: PeerPair, gname: str, async_op: bool
+) -> None:
+    # the receiver is configured for lz4 and still decodes the zstd the sender picks
+    send_cl = cluster("lz4", False)
+    send_cl["collective"]["compression_pipeline"] = {
+        "chunk_bytes": CHUNK,
+        "adaptive": {"codecs": ["lz4", "zstd"], "probe_every": 2},  # probes mix codecs
+    }
+    send_cl["net_emulation"] = {"bandwidth_mbps": 400, "delay_ms": 0}
+    recv_cl = cluster("lz4", False)
+    payloads = [p for _, p in wt.wire_payloads()] + [p for _, p in ck.odd_payloads()]
+    names = [n for n, _ in wt.wire_payloads()] + [n for n, _ in ck.odd_payloads()]
+    sent, got = peers.run(
+        ck.t_send_all,
+        (gname, send_cl, payloads + payloads, async_op),
+        ck.t_recv_all,
+        (gname, recv_cl, 2 * len(payloads)),
+    )
+    for name, want, have in zip(names + names, payloads + payloads, got["got"], strict=True):
+        assert same(want, have), name
+    s, r = sent["stats"], got["stats"]
+    assert s["compressed_chunks"] == r["compressed_chunks"] > 10
+    assert s["tensor_wire_bytes"] == r["tensor_wire_bytes"] < s["tensor_raw_bytes"]
+    assert s["adaptive"]["decision"] in ("raw", "lz4", "zstd")
+    # the receiver decoded zstd as well as its own lz4
+    assert got["pool"]["codec"]["codec"] == "lz4"
+    assert "zstd" in got["pool"]["other_codecs"], got["pool"]
+    for side in (sent, got):
+        assert side["pool"]["pool"]["active_bytes"] == 0
 
 
 def test_the_advisor_learns_then_decides_and_probes_both_ways() -> None:
@@ -290,6 +325,23 @@ def test_the_advisor_learns_then_decides_and_probes_both_ways() -> None:
     assert adv.reason.startswith("raw: the data does not shrink")
     assert adv.decide("int64", True).codec == zstd  # int64 figures were kept
     assert set(adv.as_dict()["codecs"]["lz4"]) == {"int64", "float32"}
+
+
+def test_the_sample_class_tells_sparse_from_random_data_of_one_dtype() -> None:
+    from p2p_collective._compression._adaptive import Sampler
+    from p2p_compress import make_synthetic_tensor
+
+    sampler = Sampler()
+
+    def cls(kind: str) -> int:
+        t = make_synthetic_tensor(kind, 256 * KiB, seed=3)
+        return sampler.sample_class(t.view(-1).view(torch.uint8))
+
+    assert cls("random_float32") == 0
+    assert cls("sparse_float32") >= 3  # lz4 shrinks it about 2.7x
+    assert 2 <= cls("int64_token_ids") <= 4  # about 2x
+    assert sampler.sample_class(torch.zeros(1 << 20, dtype=torch.uint8)) == 12
+    assert sampler.sample_class(torch.zeros(0, dtype=torch.uint8)) == 0
 
 
 def test_adaptive_is_validated() -> None:

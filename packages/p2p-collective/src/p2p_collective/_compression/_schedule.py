@@ -7,7 +7,7 @@ import weakref
 from collections.abc import Callable
 from functools import partial
 
-from p2p_collective._compression._adaptive import LinkAdvisor
+from p2p_collective._compression._adaptive import LinkAdvisor, Sampler
 from p2p_collective._compression._chunks import chunk_frame, is_chunked
 from p2p_collective._compression._pack import Packed, compress_frame
 from p2p_collective._compression._state import WireCodec
@@ -27,9 +27,21 @@ def _main_dtype(codec: WireCodec, frame: OutFrame) -> str:
 
 
 def _adaptive_chunks(
-    codec: WireCodec, frame: OutFrame, advisor: LinkAdvisor, dtype: str
+    codec: WireCodec, frame: OutFrame, advisor: LinkAdvisor, dtype: str, sampler: Sampler
 ) -> Packed:
-    """A chunked frame of an adaptive link, its codec chosen now (as it goes on the wire)."""
+    """A chunked frame of an adaptive link, its codec chosen now (as it goes on the wire).
+
+    Its data class is the dtype and the ratio class of a sample of its largest eligible
+    tensor.
+    """
+    with_bytes = [m for m in frame.metas if m.raw_bytes]
+    candidates = [
+        (m.raw_bytes, j)
+        for j, m in enumerate(with_bytes)
+        if codec.eligible(m) and str(m.dtype).removeprefix("torch.") == dtype
+    ]
+    _, largest = max(candidates)
+    dtype = f"{dtype}:c{sampler.sample_class(frame.payloads[largest])}"
     stream = chunk_frame(codec, frame, advisor.decide(dtype, True))
     assert stream is not None
     packed = Packed(frame, None, [], 0.0, chunks=stream)
@@ -79,7 +91,10 @@ class Outgoing:
             dtype = _main_dtype(codec, frame)
             if is_chunked(codec, frame):  # decided as it goes, by then earlier frames taught more
                 out = cls(None, None)
-                out._later = partial(_adaptive_chunks, codec, frame, stats.advisor, dtype)
+                if stats.sampler is None:
+                    stats.sampler = Sampler()
+                job = partial(_adaptive_chunks, codec, frame, stats.advisor, dtype, stats.sampler)
+                out._later = job
                 return out
             choice = stats.advisor.decide(dtype, False)
             use = choice.probe if choice.probe is not None else choice.codec

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2p_collective._compression._adaptive import LinkAdvisor
+from p2p_collective._compression._adaptive import LinkAdvisor, Sampler
 from p2p_collective._framing import TensorMeta
 from p2p_compress import CODEC_RAW
 
@@ -27,6 +27,7 @@ class WireStats:
     compressed_chunks: int = 0
     chunk_raw_reasons: dict[str, int] = field(default_factory=dict)
     advisor: LinkAdvisor | None = None  # compression_pipeline.adaptive: this link's choice
+    sampler: Sampler | None = None  # classifies chunked frames' data (direction thread only)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(
