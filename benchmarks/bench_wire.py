@@ -1,4 +1,4 @@
-"""Benchmark tensor compression on the wire over emulated links, raw vs lz4 vs zstd.
+"""Benchmark tensor compression on the wire over emulated links: raw, lz4, zstd, adaptive.
 
 Two spawned processes on loopback stream tensors of the p2p-compress benchmark's data
 kinds (``p2p_compress.SYNTHETIC_KINDS``) through ``CollectiveGroup.send`` / ``recv``: a
@@ -7,15 +7,18 @@ beforehand. Effective throughput is raw tensor bytes delivered per second, from 
 sender's first send to the receiver's last completed receive (one machine, one
 monotonic clock). Every (link, codec) pair has its own pair of Collectives configured
 with ``cluster.net_emulation`` and ``tensor_compression``; all pairs run in the same
-run, interleaved cell by cell within each round, and ratios compare against raw on the
-same link in the same round (best of rounds).
+run, interleaved cell by cell within each round (after a warm-up of two sends per cell,
+where the adaptive mode learns its link), and ratios compare medians of rounds against
+raw's on the same link.
 
-Links: emulated 100 Mbit/s, 1 Gbit/s, 10 Gbit/s (no delay) and plain loopback.
-Codecs: ``raw`` (no compression), ``lz4`` and ``zstd`` (level 1) trying every dtype
-(``excluded_dtypes: []``), and ``default`` (lz4 with the seed's defaults: float32
-excluded, min_bytes 16 KiB). A second table compares overlapped codec work (compressor
-and decoder threads) with codec work done in line by the direction threads, on the
-1 Gbit/s link, for single tensors and for lists of four.
+Links: emulated 100 Mbit/s, 1 Gbit/s, 10 Gbit/s (no delay, shared memory underneath),
+plain gloo over loopback and plain shared memory. Codecs: ``raw`` (no compression),
+``lz4`` and ``zstd`` (level 1) trying every dtype (``excluded_dtypes: []``),
+``default`` (lz4 with the seed's defaults: float32 excluded, min_bytes 16 KiB) and
+``auto`` (``compression_pipeline.adaptive: true``: raw, lz4 or zstd per link). A second
+table compares overlapped codec work (compressor and decoder threads) with codec work
+done in line by the direction threads, on the 1 Gbit/s link, for single tensors and
+for lists of four.
 
 Usage:
     python benchmarks/bench_wire.py --out bench-results [--quick]
@@ -181,7 +184,7 @@ def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
 
     cells = _cells(args)
     for i, cell in enumerate(cells):  # warm-up: connect, create codecs and pooled buffers
-        run_cell(cell, f"warm{i}", 1)
+        run_cell(cell, f"warm{i}", 2)  # auto learns its link and codecs here
     results = []
     for r in range(args["rounds"]):
         for i, cell in enumerate(cells):

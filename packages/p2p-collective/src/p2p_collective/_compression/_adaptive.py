@@ -11,9 +11,9 @@ With ``compression_pipeline.adaptive`` each sending direction (one link) keeps a
 * per codec and data class: the codec's throughput (raw bytes per second of one
   compressor call, measured in wall time, so a busy machine shows as a slower codec) and
   its ratio. A frame's data class is the dtype of its largest eligible tensor and, for
-  a chunked frame, the ratio class of a 64 KiB lz4 sample of that tensor
-  (:func:`sample_class`: ``float32:c0`` does not shrink, ``float32:c4`` shrinks about
-  2.5x), so sparse and random float32 on one link keep figures of their own.
+  a chunked frame, the ratio class of a 16 KiB lz4 sample of that tensor
+  (:meth:`Sampler.sample_class`: ``float32:c0`` does not shrink, ``float32:c2`` shrinks
+  1.5-3x), so sparse and random float32 on one link keep figures of their own.
 
 On a real link a waiting receiver only makes sends look slower, so the delivered rate
 is the larger of a new sample and the running estimate (which then follows a slower
@@ -31,24 +31,28 @@ From these it predicts the seconds per raw byte of each way to send a frame:
 The fastest wins; a codec must beat raw by ``MARGIN`` and a change of codec must beat
 the current one by ``HYSTERESIS`` (so near-ties do not flap). Eligible tensors sent raw
 get the reason ``adaptive``. Learning: the first frame goes raw (the link's rate; not
-needed on an emulated link), then one frame per codec per dtype compressed with it.
+needed on an emulated link), then one frame per data class whose chunks take turns
+with each codec (a frame too small for chunks: one frame per codec).
 Every ``probe_every``-th frame probes what is not in use, in turn: another codec on one
-chunk (a frame too small for chunks: the whole frame), or, while compressing over a
-real (not emulated) link, a raw frame to refresh the link's rate. So a change of data
+chunk (while sending raw: 256 KiB compressed aside, the frame still raw; a frame too
+small for chunks: the whole frame), or, while compressing over a real (not emulated)
+link, a raw frame to refresh the link's rate. A chunked frame sent raw goes as one
+plain frame, not in chunks (chunk descriptors cost on a fast link). So a change of data
 or link is noticed both ways. The decision, its reason and the figures are in
 ``stats()``.
 """
 
 from __future__ import annotations
 
-import math
+import bisect
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
 
-from p2p_compress import CODEC_NAMES, Lz4Codec
+from p2p_compress import CODEC_NAMES, Lz4Codec, TensorCodec
 
 EWMA: Final = 0.3
 """Weight of a new observation in the running estimates."""
@@ -62,15 +66,20 @@ DECODE_SPEEDUP: Final = 2.0
 """Decoding is taken as this many times faster than compressing."""
 MIN_OBSERVED_BYTES: Final = 64 * 1024
 """Sends smaller than this say little about a link's rate (latency dominates)."""
-SAMPLE_BYTES: Final = 64 * 1024
+SAMPLE_BYTES: Final = 16 * 1024
 """The bytes of a chunked frame's largest eligible tensor that classify its data."""
+PROBE_BYTES: Final = 256 * 1024
+"""The bytes a link sending raw compresses aside to refresh a codec's figures."""
+CLASS_BOUNDS: Final = (1.1, 1.5, 3.0, 6.0, 12.0)
+"""lz4 sample ratios that separate the data classes (wide, so data sits well inside one)."""
 
 
 class Sampler:
-    """Classifies a tensor's data by how well lz4 shrinks a 64 KiB sample of it.
+    """Classifies a tensor's data by how well lz4 shrinks a 16 KiB sample of it.
 
-    One per sending direction (only its direction thread uses it): an lz4 codec and a
-    scratch buffer, reused for every frame.
+    One per sending direction (only its direction thread uses it): an lz4 codec and
+    scratch buffers, reused for every frame. It also compresses a 256 KiB probe aside
+    (:meth:`measure`) for a link sending raw, so raw frames go unchunked.
     """
 
     def __init__(self) -> None:
@@ -78,18 +87,39 @@ class Sampler:
         bound = self._codec.max_compressed_size(SAMPLE_BYTES)
         assert bound is not None
         self._buffer = torch.empty(bound, dtype=torch.uint8)
+        self._scratch: torch.Tensor | None = None
+
+    def measure(self, codec: TensorCodec, data: torch.Tensor) -> tuple[int, int, float]:
+        """Compress ``data``'s first 256 KiB (flat uint8) aside with ``codec``.
+
+        Returns:
+            Raw bytes, compressed bytes and seconds (for :meth:`LinkAdvisor.observe_codec`).
+
+        Raises:
+            CompressionError: The codec failed.
+        """
+        head = data[:PROBE_BYTES]
+        n = int(head.numel())
+        bound = codec.max_compressed_size(n)
+        assert bound is not None
+        if self._scratch is None or self._scratch.numel() < bound:
+            self._scratch = torch.empty(bound, dtype=torch.uint8)
+        t0 = time.perf_counter()
+        wire = codec.compress_into(head, self._scratch)
+        return n, wire, time.perf_counter() - t0
 
     def sample_class(self, data: torch.Tensor) -> int:
-        """The ratio class of ``data``'s first 64 KiB (flat uint8): ``int(3 * log2(ratio))``.
+        """The ratio class of ``data``'s first 16 KiB (flat uint8) by :data:`CLASS_BOUNDS`.
 
-        0: shrinks less than 1.26x, 3: about 2x, 6: about 4x (at most 12).
+        0: lz4 shrinks it less than 1.1x, 1: 1.1-1.5x, 2: 1.5-3x, 3: 3-6x, 4: 6-12x,
+        5: more.
         """
         head = data[:SAMPLE_BYTES]
         n = int(head.numel())
         if n == 0:
             return 0
-        wire = self._codec.compress_into(head, self._buffer)
-        return min(12, max(0, int(3 * math.log2(n / max(wire, 1)))))
+        ratio = n / max(self._codec.compress_into(head, self._buffer), 1)
+        return bisect.bisect_right(CLASS_BOUNDS, ratio)
 
 
 def _blend(old: float | None, new: float) -> float:
@@ -104,10 +134,13 @@ class Choice:
         codec: The codec id to compress them with; None: raw (reason ``adaptive``).
         probe: A codec id to compress one chunk with instead (a frame too small for
             chunks: the whole frame), refreshing that codec's figures; else None.
+        learn: Codec ids to take turns chunk by chunk (a chunked frame learning the
+            figures of every codec at once); empty otherwise.
     """
 
     codec: int | None
     probe: int | None = None
+    learn: tuple[int, ...] = ()
 
 
 @dataclass
@@ -177,11 +210,16 @@ class LinkAdvisor:
             if link is None:
                 self._set(None, "learning the link")
                 return Choice(None)
+            unknown = []
             for cid in self._ids:
                 fig = self._figures.get((cid, dtype))
                 if fig is None or fig.bps is None:
-                    self._set(cid, f"learning {CODEC_NAMES[cid]} on {dtype}")
-                    return Choice(cid)
+                    unknown.append(cid)
+            if unknown:  # a chunked frame learns every codec at once, chunk by chunk
+                learn = tuple(unknown) if chunked else (unknown[0],)
+                names = " and ".join(CODEC_NAMES[c] for c in learn)
+                self._set(learn[0], f"learning {names} on {dtype}")
+                return Choice(learn[0], learn=learn if len(learn) > 1 else ())
             best, reason = self._judge(link, dtype, chunked)
             self._set(best, reason)
             self._frames += 1

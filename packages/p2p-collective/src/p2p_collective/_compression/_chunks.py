@@ -166,8 +166,9 @@ def chunk_frame(
 
     Marks the frame's header ``Flag.CHUNKED`` (its entries stay raw) and queues the
     compression of the first chunks (a window ahead). An adaptive link's ``choice``
-    names the codec of the eligible chunks (None: raw, with the reason ``adaptive``)
-    and, for a probe, another codec for the first eligible chunk.
+    names the codec of the eligible chunks (None: raw, with the reason ``adaptive``),
+    for a probe another codec for the first eligible chunk, and while learning the
+    codecs that take turns chunk by chunk.
     """
     if not is_chunked(codec, frame):
         return None
@@ -175,12 +176,17 @@ def chunk_frame(
     with_bytes = [m for m in frame.metas if m.raw_bytes]
     main = codec.config.codec_id if choice is None else choice.codec
     probe = None if choice is None else choice.probe
+    learn = () if choice is None else choice.learn
     chunks: list[Chunk] = []
+    turn = 0
     for i, (payload, meta) in enumerate(zip(frame.payloads, with_bytes, strict=True)):
         ok = codec.eligible(meta)
         step = size if ok else meta.raw_bytes
         for off in range(0, meta.raw_bytes, step):
             use = main
+            if ok and learn:  # learning: the codecs take turns
+                use = learn[turn % len(learn)]
+                turn += 1
             if ok and probe is not None:
                 use, probe = probe, None  # this one chunk refreshes the probed codec
             try_it = ok and (choice is None or use is not None)

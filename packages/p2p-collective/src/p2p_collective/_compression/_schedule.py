@@ -26,6 +26,13 @@ def _main_dtype(codec: WireCodec, frame: OutFrame) -> str:
     return max(sizes, key=lambda k: sizes[k]) if sizes else ""
 
 
+def _adaptive_reasons(codec: WireCodec, frame: OutFrame) -> list[str]:
+    """Why each tensor of a frame an adaptive link sends raw stays raw."""
+    return [
+        "adaptive" if codec.eligible(m) else codec.raw_reason(m) for m in frame.metas if m.raw_bytes
+    ]
+
+
 def _adaptive_chunks(
     codec: WireCodec, frame: OutFrame, advisor: LinkAdvisor, dtype: str, sampler: Sampler
 ) -> Packed:
@@ -41,8 +48,23 @@ def _adaptive_chunks(
         if codec.eligible(m) and str(m.dtype).removeprefix("torch.") == dtype
     ]
     _, largest = max(candidates)
-    dtype = f"{dtype}:c{sampler.sample_class(frame.payloads[largest])}"
-    stream = chunk_frame(codec, frame, advisor.decide(dtype, True))
+    data = frame.payloads[largest]
+    dtype = f"{dtype}:c{sampler.sample_class(data)}"
+    choice = advisor.decide(dtype, True)
+    if choice.codec is None:  # raw: one plain frame; a probe is compressed aside
+        if choice.probe is not None:
+            provider = codec.provider(choice.probe)
+            encoder = provider.acquire_encoder()
+            if encoder is not None:
+                try:
+                    raw, wire, seconds = sampler.measure(encoder, data)
+                finally:
+                    provider.release(encoder)
+                advisor.observe_codec(choice.probe, dtype, raw, wire, seconds)
+        packed = Packed(frame, None, _adaptive_reasons(codec, frame), 0.0)
+        packed.adaptive_dtype = dtype
+        return packed
+    stream = chunk_frame(codec, frame, choice)
     assert stream is not None
     packed = Packed(frame, None, [], 0.0, chunks=stream)
     packed.adaptive_dtype = dtype
@@ -99,12 +121,7 @@ class Outgoing:
             choice = stats.advisor.decide(dtype, False)
             use = choice.probe if choice.probe is not None else choice.codec
             if use is None:  # raw pays best on this link
-                reasons = [
-                    "adaptive" if codec.eligible(m) else codec.raw_reason(m)
-                    for m in frame.metas
-                    if m.raw_bytes
-                ]
-                packed = Packed(frame, None, reasons, 0.0)
+                packed = Packed(frame, None, _adaptive_reasons(codec, frame), 0.0)
                 packed.adaptive_dtype = dtype
                 return cls(packed, None)
             return cls._compress(codec, frame, async_op, use, dtype)
