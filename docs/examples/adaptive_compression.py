@@ -6,7 +6,9 @@ hold two links each, with the same job-level compression section and
 
 * ``slow``: an emulated 100 Mbit/s link, where the wire is the bottleneck, so the codec
   with the best ratio wins (zstd on token ids);
-* ``fast``: shared memory with no emulation, faster than any codec, so raw wins.
+* ``fast``: shared memory with no emulation, faster than any codec on an idle machine,
+  so raw wins there (on a machine whose cores are busy elsewhere the delivered rate
+  drops and lz4 may win: the choice follows what the link really delivers).
 
 Each sender streams the same token-id tensors and prints what its link decided and why
 (``group.stats()["send"]["adaptive"]``); the receivers check every tensor bit for bit.
@@ -22,7 +24,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from p2p_collective import Collective, CollectiveConfig, parse_collective_config, parse_net_emulation
+from p2p_collective import (
+    Collective,
+    CollectiveConfig,
+    parse_collective_config,
+    parse_net_emulation,
+)
 from p2p_compress import make_synthetic_tensor
 
 HOST = "127.0.0.1"
@@ -55,17 +62,15 @@ def run(role: str, store_port: int) -> None:
         collective = Collective(me, store, host=HOST, config=job_config(link), timeout=TIMEOUT)
         collectives.append(collective)
         group = collective.create_collective_group([me, f"{link}-{peer}"])
-        tensors = [
-            make_synthetic_tensor("int64_token_ids", NBYTES, seed=k) for k in range(FRAMES)
-        ]
+        tensors = [make_synthetic_tensor("int64_token_ids", NBYTES, seed=k) for k in range(FRAMES)]
         if role == "sender":
             for tensor in tensors:
                 group.send(tensor, timeout=TIMEOUT)
             assert group.recv(timeout=TIMEOUT) == "all arrived"
             adaptive = group.stats()["send"]["adaptive"]
             print(f"{link}: {adaptive['decision']} -- {adaptive['reason']}")
-            want = {"slow": "zstd", "fast": "raw"}[link]
-            assert adaptive["decision"] == want, adaptive
+            if link == "slow":  # the wire is the bottleneck: the better ratio wins
+                assert adaptive["decision"] == "zstd", adaptive
         else:
             for tensor in tensors:
                 assert torch.equal(group.recv(timeout=TIMEOUT), tensor)
