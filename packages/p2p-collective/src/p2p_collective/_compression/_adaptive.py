@@ -33,10 +33,11 @@ the current one by ``HYSTERESIS`` (so near-ties do not flap). Eligible tensors s
 get the reason ``adaptive``. Learning: the first frame goes raw (the link's rate; not
 needed on an emulated link), then one frame per data class whose chunks take turns
 with each codec (a frame too small for chunks: one frame per codec).
-Every ``probe_every``-th frame probes what is not in use, in turn: another codec on one
-chunk (while sending raw: 256 KiB compressed aside, the frame still raw; a frame too
-small for chunks: the whole frame), or, while compressing over a real (not emulated)
-link, a raw frame to refresh the link's rate. A chunked frame sent raw goes as one
+Every ``probe_every``-th frame probes another codec, in turn, on one chunk (while
+sending raw: 256 KiB compressed aside, the frame still raw; a frame too small for
+chunks: the whole frame); while compressing over a real (not emulated) link, that frame
+goes raw instead, to refresh the link's rate, and the codec probe comes half-way
+between. A chunked frame sent raw goes as one
 plain frame, not in chunks (chunk descriptors cost on a fast link). So a change of data
 or link is noticed both ways. The decision, its reason and the figures are in
 ``stats()``.
@@ -223,16 +224,15 @@ class LinkAdvisor:
             best, reason = self._judge(link, dtype, chunked)
             self._set(best, reason)
             self._frames += 1
-            if self._frames % self._probe_every:
-                return Choice(best)
-            others: list[int | None] = [c for c in self._ids if c != best]
-            if best is not None and self.emulated_bps is None:
-                others.append(None)  # a raw frame refreshes a real link's rate
-            if not others:
-                return Choice(best)
-            self._turn += 1
-            other = others[self._turn % len(others)]
-            return Choice(None) if other is None else Choice(best, probe=other)
+            k = self._frames % self._probe_every
+            real = best is not None and self.emulated_bps is None
+            if real and k == 0:
+                return Choice(None)  # a raw frame refreshes a real link's rate
+            others = [c for c in self._ids if c != best]
+            if others and (k == 0 or (real and k == self._probe_every // 2)):
+                self._turn += 1
+                return Choice(best, probe=others[self._turn % len(others)])
+            return Choice(best)
 
     def _set(self, codec: int | None, reason: str) -> None:
         if codec != self.choice:
