@@ -8,7 +8,7 @@ import random
 import pytest
 
 from p2p_worker import Cluster, create_channel
-from p2p_worker._channel_server import _Turns
+from p2p_worker._channels.server import _Turns
 
 
 def test_turns_let_calls_pass_in_issue_order_when_they_arrive_shuffled() -> None:
@@ -32,7 +32,7 @@ def test_turns_let_calls_pass_in_issue_order_when_they_arrive_shuffled() -> None
 def test_a_lost_call_is_skipped_but_one_that_arrived_is_waited_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import p2p_worker._channel_server as server
+    import p2p_worker._channels.server as server
 
     monkeypatch.setattr(server, "TURN_WAIT", 0.05)
 

@@ -21,7 +21,7 @@ from p2p_worker import (
     ChannelNotFoundError,
     WorkerError,
 )
-from p2p_worker._channel_queue import CANCELLED, RESET, ChannelQueue, Item, payload_nbytes
+from p2p_worker._channels.queue import CANCELLED, RESET, ChannelQueue, Item, payload_nbytes
 
 
 def run(coro: Any) -> Any:

@@ -19,14 +19,17 @@ Example:
 """
 
 from p2p_worker._address import WorkerAddress
-from p2p_worker._channel import Channel, ChannelWork, connect_channel, create_channel
-from p2p_worker._channel_errors import (
+from p2p_worker._channels import (
+    Channel,
     ChannelClosedError,
     ChannelEmpty,
     ChannelError,
     ChannelExistsError,
     ChannelFull,
     ChannelNotFoundError,
+    ChannelWork,
+    connect_channel,
+    create_channel,
 )
 from p2p_worker._cluster import Cluster
 from p2p_worker._config import ClusterConfig, parse_cluster_config

@@ -48,6 +48,18 @@ def live_clusters() -> list[Cluster]:
         return [c for c in list(_LIVE) if not c._closed]
 
 
+def open_job_context(cluster: Cluster) -> JobContext:
+    """The job context of ``cluster`` (what a process needs to take part in its job).
+
+    For modules that build a process's place in the job from the driver (channels).
+
+    Raises:
+        ClusterError: ``cluster`` was shut down.
+    """
+    cluster._check_open()
+    return cluster._job_context()
+
+
 class Cluster:
     """The Ray cluster a job runs on, with the job's configuration and rendezvous store.
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from p2p_worker._channel import ChannelMixin
+from p2p_worker._channels.handle import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_TRANSFER_TIMEOUT,
+    Channel,
+)
+from p2p_worker._channels.service import ChannelService
 from p2p_worker._worker_base import WorkerBase
 
 if TYPE_CHECKING:
@@ -13,7 +18,7 @@ if TYPE_CHECKING:
 W = TypeVar("W", bound="Worker")
 
 
-class Worker(ChannelMixin, WorkerBase):
+class Worker(WorkerBase):
     """Base class of a remote worker: one Ray actor process of a :class:`WorkerGroup`.
 
     Subclass it, then launch a group with ``MyWorker.create_group(...).launch(cluster)``.
@@ -80,3 +85,94 @@ class Worker(ChannelMixin, WorkerBase):
         from p2p_worker._group import WorkerGroup
 
         return WorkerGroup(cls, args, kwargs)
+
+    def _channel_service(self) -> ChannelService:
+        """The service that creates and connects this worker's channels."""
+        return ChannelService(self.__dict__.get("_p2p_runtime"), type(self).__name__)
+
+    def create_channel(
+        self,
+        channel_name: str | None = None,
+        maxsize: int = 0,
+        distributed: bool = False,
+        node_rank: int | None = None,
+        local: bool = False,
+        *,
+        name: str | None = None,
+        node_id: int | None = None,
+        transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
+        timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+    ) -> Channel:
+        """Create a channel named ``channel_name``, held by a channel worker on ``node_rank``.
+
+        RLinf's signature; p2p-worker's ``name=`` / ``node_id=`` keywords still work.
+        The channel outlives this worker: it lives until it is destroyed
+        (:meth:`Channel.destroy`) or the job ends. Any worker (or the driver) connects
+        to it by name. Unlike RLinf, a name already in use raises
+        :class:`ChannelExistsError` instead of connecting.
+
+        Args:
+            channel_name: Channel name, unique in the job (letters, digits, ``_ . -``).
+            maxsize: Most items the channel holds at once, over all keys, payloads in
+                transit included (0: no bound).
+            distributed: RLinf's one-worker-per-node channel; accepted on one node only.
+            node_rank: Node (``NodeInfo.node_rank``) whose channel worker holds the
+                items (default 0).
+            local: RLinf's in-process channel; not supported (must be False).
+            name: p2p-worker's name for ``channel_name``.
+            node_id: p2p-worker's name for ``node_rank``.
+            transfer_timeout: Seconds one payload transfer may take (None: no limit).
+            timeout: Seconds to wait for the channel worker to start and connect.
+
+        Returns:
+            This worker's :class:`Channel` handle.
+
+        Raises:
+            TypeError: An argument has the wrong type.
+            ValueError: ``name`` is invalid, ``node_id`` out of range, ``maxsize`` < 0.
+            ChannelExistsError: A channel of that name exists in the job.
+            ChannelError: The channel worker could not be reached.
+            WorkerError: This worker was not launched in a group.
+
+        Example:
+            >>> self.channel = self.create_channel("rollouts", maxsize=4, node_rank=0)  # doctest: +SKIP
+        """  # noqa: E501
+        return self._channel_service().create(
+            channel_name,
+            maxsize,
+            distributed,
+            node_rank,
+            local,
+            name=name,
+            node_id=node_id,
+            transfer_timeout=transfer_timeout,
+            timeout=timeout,
+        )
+
+    def connect_channel(
+        self,
+        channel_name: str | None = None,
+        *,
+        name: str | None = None,
+        timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+    ) -> Channel:
+        """Connect to the existing channel ``channel_name`` (created by any worker or the driver).
+
+        Args:
+            channel_name: The channel's name (RLinf's argument name).
+            name: p2p-worker's name for ``channel_name``.
+            timeout: Seconds to wait for the channel to exist and answer.
+
+        Returns:
+            This worker's :class:`Channel` handle (the same object on every call).
+
+        Raises:
+            ChannelNotFoundError: No channel of that name appeared within ``timeout``.
+            ChannelError: The channel worker could not be reached.
+            WorkerError: This worker was not launched in a group.
+
+        Example:
+            >>> channel = self.connect_channel("rollouts")  # doctest: +SKIP
+            >>> channel.put({"obs": torch.zeros(4)})  # doctest: +SKIP
+        """
+        return self._channel_service().connect(channel_name, name=name, timeout=timeout)

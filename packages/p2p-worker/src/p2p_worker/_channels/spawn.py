@@ -9,9 +9,9 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from p2p_worker._channel_client import check_timeout
-from p2p_worker._channel_errors import ChannelExistsError
-from p2p_worker._channel_proto import (
+from p2p_worker._channels.client import check_timeout
+from p2p_worker._channels.errors import ChannelExistsError
+from p2p_worker._channels.proto import (
     CHANNEL_NAMESPACE,
     ChannelSpec,
     actor_name,
@@ -63,7 +63,7 @@ def spawn_channel_worker(
     spec = ChannelSpec(name, uuid.uuid4().hex[:12], maxsize, job, node_id, transfer_timeout)
     with _lock:
         if _actor_cls is None:
-            from p2p_worker._channel_server import ChannelWorker  # imports Worker
+            from p2p_worker._channels.server import ChannelWorker  # imports Worker
 
             _actor_cls = ray.remote(ChannelWorker)
         actor_cls = _actor_cls

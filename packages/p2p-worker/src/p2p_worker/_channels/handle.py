@@ -7,23 +7,23 @@ from typing import Any
 
 import ray
 
-from p2p_worker._channel_client import (
+from p2p_worker._channels.client import (
     NO_CREDIT,
     ChannelLink,
     ChannelWork,
     check_timeout,
     connect_link,
 )
-from p2p_worker._channel_endpoint import (
+from p2p_worker._channels.endpoint import (
     cached_handle,
     endpoint_for_store,
     forget_handle,
     remember_handle,
 )
-from p2p_worker._channel_errors import ChannelClosedError
-from p2p_worker._channel_keys import DEFAULT_KEY, check_key, check_weight, wrap
-from p2p_worker._channel_proto import MAX_BATCH, check_channel_name
-from p2p_worker._channel_spawn import resolve_names, spawn_channel_worker
+from p2p_worker._channels.errors import ChannelClosedError
+from p2p_worker._channels.keys import DEFAULT_KEY, check_key, check_weight, wrap
+from p2p_worker._channels.proto import MAX_BATCH, check_channel_name
+from p2p_worker._channels.spawn import resolve_names, spawn_channel_worker
 
 DEFAULT_TRANSFER_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 30.0
@@ -140,8 +140,8 @@ class Channel:
         Example:
             >>> channel = Channel.create(name="rollouts", maxsize=64)  # doctest: +SKIP
         """
-        from p2p_worker._channel_endpoint import current_endpoint
-        from p2p_worker._channel_errors import ChannelExistsError
+        from p2p_worker._channels.endpoint import current_endpoint
+        from p2p_worker._channels.errors import ChannelExistsError
 
         del disable_distributed_log
         endpoint = current_endpoint(cluster)
@@ -180,7 +180,7 @@ class Channel:
         Example:
             >>> channel = Channel.connect("rollouts")  # doctest: +SKIP
         """
-        from p2p_worker._channel_endpoint import current_endpoint
+        from p2p_worker._channels.endpoint import current_endpoint
 
         del current_worker
         return connect_on(current_endpoint(cluster), name, timeout)

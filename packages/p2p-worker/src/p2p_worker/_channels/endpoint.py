@@ -15,7 +15,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from p2p_worker._address import WorkerAddress
-from p2p_worker._channel_errors import ChannelError
+from p2p_worker._channels.errors import ChannelError
 from p2p_worker._runtime import WorkerRuntime, current_runtime
 
 if TYPE_CHECKING:
@@ -33,18 +33,18 @@ def driver_endpoint(cluster: Cluster) -> WorkerRuntime:
         TypeError: ``cluster`` is not a Cluster.
         ClusterError: The cluster was shut down.
     """
-    from p2p_worker._cluster import Cluster
+    from p2p_worker._cluster import Cluster, open_job_context
 
     if not isinstance(cluster, Cluster):
         raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
-    cluster._check_open()
+    job = open_job_context(cluster)
     with _lock:
         endpoint = _drivers.get(cluster)
         if endpoint is None:
             host, _ = cluster.store_address
             ip = next((n.ip for n in cluster.nodes if n.is_driver_node), host)
             address = WorkerAddress(f"p2p_driver.{os.getpid()}", 0)
-            endpoint = WorkerRuntime(cluster._job_context(), address, ip)
+            endpoint = WorkerRuntime(job, address, ip)
             _drivers[cluster] = endpoint
             weakref.finalize(cluster, endpoint.close)
         return endpoint

@@ -38,9 +38,9 @@ from typing import Any
 import ray
 import torch
 
-from p2p_worker._channel_keys import DEFAULT_KEY, unwrap
-from p2p_worker._channel_proto import CANCELLED as CANCELLED_ANSWER
-from p2p_worker._channel_proto import (
+from p2p_worker._channels.keys import DEFAULT_KEY, unwrap
+from p2p_worker._channels.proto import CANCELLED as CANCELLED_ANSWER
+from p2p_worker._channels.proto import (
     NO_ROOM,
     ChannelSpec,
     Hello,
@@ -48,8 +48,8 @@ from p2p_worker._channel_proto import (
     granted,
     link_group_name,
 )
-from p2p_worker._channel_proto import RESET as RESET_ANSWER
-from p2p_worker._channel_queue import (
+from p2p_worker._channels.proto import RESET as RESET_ANSWER
+from p2p_worker._channels.queue import (
     CANCELLED,
     RESET,
     ChannelQueue,

@@ -23,15 +23,15 @@ import torch
 
 from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkCancelledError, WorkTimeoutError
 from p2p_collective import PeerGoneError
-from p2p_worker._channel_errors import (
+from p2p_worker._channels.errors import (
     ChannelClosedError,
     ChannelEmpty,
     ChannelError,
     ChannelFull,
     ChannelNotFoundError,
 )
-from p2p_worker._channel_keys import DEFAULT_KEY
-from p2p_worker._channel_proto import (
+from p2p_worker._channels.keys import DEFAULT_KEY
+from p2p_worker._channels.proto import (
     CANCELLED,
     CHANNEL_NAMESPACE,
     NO_ROOM,
@@ -41,7 +41,7 @@ from p2p_worker._channel_proto import (
     decode,
     link_group_name,
 )
-from p2p_worker._channel_queue import Void
+from p2p_worker._channels.queue import Void
 
 CONTROL_GRACE = 30.0  # seconds a blocking call waits past its own bounds for an answer
 CREDITS = 8  # put credits a put asks for (the channel worker may lend fewer)

@@ -14,7 +14,7 @@ a timeout) still waits for items that are arriving, so a completed put is never 
 
 Waiting producers and consumers are served strictly in arrival order; a freed slot or a
 new item is handed straight to the oldest waiter. Items are queued per key (one FIFO
-each, see :mod:`p2p_worker._channel_keys`); a getter waits on its key's FIFO only. The
+each, see :mod:`p2p_worker._channels.keys`); a getter waits on its key's FIFO only. The
 slots are shared by all keys: ``maxsize`` bounds the channel, not each key.
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from p2p_worker._channel_errors import ChannelClosedError
-from p2p_worker._channel_keys import DEFAULT_KEY, batch_weight
+from p2p_worker._channels.errors import ChannelClosedError
+from p2p_worker._channels.keys import DEFAULT_KEY, batch_weight
 
 
 class _Signal:
