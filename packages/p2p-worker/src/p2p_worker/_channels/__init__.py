@@ -4,7 +4,8 @@ A folder above :class:`~p2p_worker.Worker`: nothing here is imported by the work
 base, and ``Worker`` reaches channels only through :class:`ChannelService`.
 
 - :mod:`~p2p_worker._channels.handle`: :class:`Channel`, the public handle;
-- :mod:`~p2p_worker._channels.client`: one process's link to a channel worker;
+- :mod:`~p2p_worker._channels.client`: one process's link to a channel worker, and
+  :mod:`~p2p_worker._channels.work`: the handles of its operations;
 - :mod:`~p2p_worker._channels.server`: the channel worker (a Ray actor);
 - :mod:`~p2p_worker._channels.queue`: slots, items and waiters inside it;
 - :mod:`~p2p_worker._channels.proto`, :mod:`~p2p_worker._channels.keys`: what both
@@ -15,7 +16,6 @@ base, and ``Worker`` reaches channels only through :class:`ChannelService`.
   points of workers and of the driver.
 """
 
-from p2p_worker._channels.client import ChannelWork
 from p2p_worker._channels.driver import connect_channel, create_channel
 from p2p_worker._channels.errors import (
     ChannelClosedError,
@@ -27,6 +27,7 @@ from p2p_worker._channels.errors import (
 )
 from p2p_worker._channels.handle import Channel
 from p2p_worker._channels.service import ChannelService
+from p2p_worker._channels.work import ChannelWork
 
 __all__ = [
     "Channel",

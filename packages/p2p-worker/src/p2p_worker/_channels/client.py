@@ -1,27 +1,32 @@
 """Channel: a process's handle on a named FIFO channel held by a channel worker.
 
-Each operation is one Ray call on the channel worker (the control part) followed by
-``send``/``recv`` on this process's link to it (the payload). Answers to the control
-calls are processed in the order the operations were issued, puts among puts and gets
+A process talks to a channel worker over two collective groups (no Ray call per item):
+
+- the *control group* carries its requests (a put asking for room, a get asking for
+  items), one message each, in the order they were issued;
+- the *link* carries put payloads to the channel worker and, the other way, each
+  answer ``(token, answer, count)`` followed by the ``count`` items a get was granted.
+
+Answers are processed in the order the operations were issued, puts among puts and gets
 among gets, so one process's puts enter the channel in the order they were made and its
-gets receive items in channel order, however Ray happens to deliver the answers.
+gets receive items in channel order. Ray is used to find the channel worker, to say
+hello (open the groups), and for cancel, reset, sizes, stats and destroy.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 import ray
 import torch
 
-from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkCancelledError, WorkTimeoutError
+from p2p_asyncwork import AsyncWork, WorkCancelledError, WorkTimeoutError
 from p2p_collective import PeerGoneError
 from p2p_worker._channels.errors import (
     ChannelClosedError,
@@ -30,115 +35,27 @@ from p2p_worker._channels.errors import (
     ChannelFull,
     ChannelNotFoundError,
 )
-from p2p_worker._channels.keys import DEFAULT_KEY
 from p2p_worker._channels.proto import (
+    ACK,
     CANCELLED,
     CHANNEL_NAMESPACE,
     NO_ROOM,
     RESET,
     Hello,
     actor_name,
+    control_group_name,
     decode,
     link_group_name,
 )
 from p2p_worker._channels.queue import Void
+from p2p_worker._channels.work import CONTROL_GRACE, ChannelWork, Op
 
-CONTROL_GRACE = 30.0  # seconds a blocking call waits past its own bounds for an answer
 CREDITS = 8  # put credits a put asks for (the channel worker may lend fewer)
 CREDIT_LINGER = 0.05  # seconds without a put after which unused credits are handed back
 NO_CREDIT: Any = object()  # credit_put's answer when the put must ask the channel worker
+ACK_TIMEOUT = 5.0  # seconds an acknowledgement may take to leave (and close waits for it)
+PROBE_TIMEOUT = 10.0  # seconds to ask Ray whether a channel whose link failed still lives
 _LOOKUP_PAUSE = 0.1
-
-
-class ChannelWork(AsyncChannelWork):
-    """Handle of an asynchronous channel operation (``put``/``get`` with ``async_op=True``).
-
-    An :class:`~p2p_asyncwork.AsyncChannelWork` on the control call's Ray ``ObjectRef``
-    (:attr:`ref`) that completes only when the payload transfer behind it is done: a
-    put's handle stays pending while the channel is full and until its item is in the
-    channel; a get's handle completes with the item (a list for ``get_batch``).
-
-    :meth:`cancel` withdraws an operation that still waits for room or an item. When a
-    coroutine awaiting the handle is cancelled, the operation is withdrawn the same way;
-    if it was granted already, a put sends nothing and a got item is kept for this
-    process's next get, so no item is lost or duplicated.
-
-    Example:
-        >>> work = channel.get(async_op=True)  # doctest: +SKIP
-        >>> if not work.cancel():  # too late: the item is on its way  # doctest: +SKIP
-        ...     item = work.wait()
-    """
-
-    def __init__(
-        self, ref: Any, cancel: Callable[[bool, float | None], bool] | None = None
-    ) -> None:
-        AsyncWork.__init__(self)  # completed by the channel, not by the ref alone
-        self.ref = ref
-        self._transform = None
-        self._cancel = cancel
-        self.abandoned = False
-
-    def cancel(self, *, timeout: float | None = CONTROL_GRACE) -> bool:
-        """Withdraw the operation if it still waits for room (put) or an item (get).
-
-        Args:
-            timeout: Seconds to wait for the channel worker's answer.
-
-        Returns:
-            True when the operation was withdrawn: nothing was put or taken and the
-            handle fails with :class:`~p2p_asyncwork.WorkCancelledError`. False when it
-            is done or already granted (it then completes as usual).
-        """
-        if self.done() or self._cancel is None:
-            return False
-        withdrawn = self._cancel(True, check_timeout(timeout))
-        if withdrawn:
-            self._finish(exception=WorkCancelledError("the channel operation was cancelled"))
-        return withdrawn
-
-    async def async_wait(self) -> Any:
-        """Like :meth:`AsyncWork.async_wait`; cancelling the awaiting task withdraws the op."""
-        try:
-            return await super().async_wait()
-        except asyncio.CancelledError:
-            if not self.done() and self._cancel is not None:
-                self.abandoned = True
-                self._cancel(False, None)
-            raise
-
-    def _finish(self, result: Any = None, exception: BaseException | None = None) -> bool:
-        return self._complete(result=result, exception=exception)
-
-    @staticmethod
-    def _follow(work: AsyncWork[Any], fn: Callable[[AsyncWork[Any]], None]) -> None:
-        work._add_done_callback(fn)  # same handle family: success and failure
-
-
-class _Op:
-    __slots__ = ("batch", "item", "key", "kind", "seq", "work")
-
-    def __init__(self, seq: int, kind: str, work: ChannelWork, item: Any, batch: bool) -> None:
-        self.seq = seq
-        self.kind = kind
-        self.work = work
-        self.item = item
-        self.batch = batch
-        self.key: Any = DEFAULT_KEY  # a get's key: where its orphans belong
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    cause = getattr(exc, "cause", None)
-    if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, BaseException):
-        return cause
-    return exc
-
-
-def check_timeout(timeout: object, arg: str = "timeout") -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-        raise ValueError(f"{arg} must be a number of seconds >= 0 or None, got {timeout!r}")
-    return float(timeout)
 
 
 class ChannelLink:
@@ -155,17 +72,21 @@ class ChannelLink:
         self._lock = threading.RLock()
         self._gen = hello.gen
         self._group: Any = None
+        self._ctl: Any = None  # the control group: requests, in token order
+        self._pending: dict[int, Future[Any]] = {}  # token -> its answer, once it comes
+        self._broken: BaseException | None = None  # why the link failed (reconnect first)
+        self._last_ack: AsyncWork[Any] | None = None  # flushed before the groups close
         self._token = 0  # numbers every put/get (the channel worker tracks them for cancel)
         # Puts are ordered among puts and gets among gets: one kind never waits for the
         # other (a pending put must not hold up the get that would make room for it).
         self._seq = {"put": 0, "get": 0}
         self._next = {"put": 0, "get": 0}
-        self._answers: dict[str, dict[int, tuple[_Op, Any, BaseException | None]]] = {
+        self._answers: dict[str, dict[int, tuple[Op, Any, BaseException | None]]] = {
             "put": {},
             "get": {},
         }
         self._order = {"put": threading.Lock(), "get": threading.Lock()}
-        self._inbox: dict[str, deque[tuple[_Op, Any, BaseException | None]]] = {
+        self._inbox: dict[str, deque[tuple[Op, Any, BaseException | None]]] = {
             "put": deque(),
             "get": deque(),
         }
@@ -199,12 +120,19 @@ class ChannelLink:
         reborn_until = time.monotonic() + limit
         while True:
             group = self._group = self._make_group(self._gen)
+            ctl = self._ctl = self.endpoint.collective().create_collective_group(
+                [self.endpoint.address, self.hello.address],
+                group_name=control_group_name(self.hello.uid, self.peer, self._gen),
+            )
             try:
                 group.recv_tensor(empty, timeout=timeout)
                 group.send_tensor(empty, timeout=timeout)
+                ctl.send_tensor(empty, timeout=timeout)
+                self._read(group)
                 return
             except Exception as exc:
                 group.close(timeout=0.0)
+                ctl.close(timeout=0.0)
                 if isinstance(exc, PeerGoneError) and time.monotonic() < reborn_until:
                     time.sleep(_REBORN_PAUSE)
                     continue
@@ -239,12 +167,153 @@ class ChannelLink:
 
     # -- issuing and ordering -----------------------------------------------------------
 
-    def submit(
-        self, kind: str, call: Callable[[int, int], Any], item: Any = None, batch: bool = False
-    ) -> _Op:
-        """Issue control call ``call(token, seq)``; its answer is processed in issue order.
+    # -- answers on the link ------------------------------------------------------------
 
-        ``token`` numbers every call of this handle, ``seq`` the calls of this ``kind``.
+    def _read(self, group: Any) -> None:
+        """Post the receive of the next answer on ``group`` (one is always posted)."""
+        try:
+            work = group.recv(async_op=True, timeout=None)  # idle for as long as it likes
+        except Exception as exc:
+            self._break(group, exc)
+            return
+        ChannelWork._follow(work, lambda w: self._on_answer(group, w))
+
+    def _on_answer(self, group: Any, work: AsyncWork[Any]) -> None:
+        """An answer arrived: receive the items that follow it, then hand it to its op."""
+        failed = work.exception(0)
+        if failed is not None:
+            self._break(group, failed)
+            return
+        token, answer, count, *inline = work.wait(0)
+        if inline:  # items without tensors, inside the answer
+            self._read(group)
+            self._ack(group, token)
+            self._resolve(token, answer, [(obj, None) for obj in inline[0]])
+            return
+        timeout = self.hello.transfer_timeout
+        recvs: list[AsyncWork[Any]] = []
+        try:
+            for _ in range(count):
+                recvs.append(group.recv(async_op=True, timeout=timeout))
+        except Exception as exc:
+            self._break(group, exc)
+            return
+        self._read(group)
+        if not recvs:
+            self._resolve(token, answer, [])
+            return
+        left = [count]
+        lock = threading.Lock()
+
+        def received(_: AsyncWork[Any]) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            outcomes = [
+                (w.wait(0) if w.exception(0) is None else None, w.exception(0)) for w in recvs
+            ]
+            if all(exc is None for _, exc in outcomes):
+                self._ack(group, token)
+            self._resolve(token, answer, outcomes)
+
+        for w in recvs:
+            ChannelWork._follow(w, received)
+
+    def _ack(self, group: Any, token: int) -> None:
+        """Tell the channel worker the items of get ``token`` arrived (their slots free up)."""
+        with self._lock:
+            ctl = self._ctl
+            if group is not self._group or ctl is None:
+                return
+            try:
+                self._last_ack = ctl.send((ACK, token), async_op=True, timeout=ACK_TIMEOUT)
+            except Exception as exc:
+                failed: BaseException | None = exc
+            else:
+                failed = None
+        if failed is not None:
+            self._break(group, failed)
+
+    def _resolve(self, token: int, answer: Any, outcomes: list[tuple[Any, Any]]) -> None:
+        with self._lock:
+            fut = self._pending.pop(token, None)
+        if fut is None or fut.done():
+            return
+        if isinstance(answer, BaseException):
+            fut.set_exception(answer)
+        else:
+            fut.set_result((answer, [o for o in outcomes if not isinstance(o[0], Void)]))
+
+    def _break(self, group: Any, exc: BaseException) -> None:
+        """The link (or control group) failed: fail every waiting op; reconnect later.
+
+        Whether the channel itself is gone is asked of Ray (a reset link and a dead
+        channel worker look the same from here): its ops then fail with
+        :class:`ChannelClosedError`, else with :class:`ChannelError` (nothing was put or
+        taken; the next operation says hello again on fresh groups).
+        """
+        with self._lock:
+            if group is not self._group or self._broken is not None:
+                return
+            self._broken = exc
+            self._credits = 0
+            pending, self._pending = self._pending, {}
+        threading.Thread(
+            target=self._fail_pending, args=(pending, exc), name="p2p-channel-break", daemon=True
+        ).start()
+
+    def _fail_pending(self, pending: dict[int, Future[Any]], exc: BaseException) -> None:
+        name = self.hello.name
+        err: ChannelError
+        try:
+            alive = bool(ray.get(self.actor.alive.remote(), timeout=PROBE_TIMEOUT))
+        except Exception:  # RayActorError, or Ray refusing to submit to a dead actor
+            alive = False
+        if alive:
+            err = ChannelError(
+                f"channel {name!r}: the link to its channel worker failed ({exc}); nothing"
+                " was put or taken"
+            )
+        else:
+            with self._lock:
+                self.closed = True  # a later connect_channel looks the channel up again
+            err = ChannelClosedError(f"channel {name!r}: its channel worker is gone ({exc})")
+        err.__cause__ = exc
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+
+    def _reconnect(self) -> None:
+        """Say hello again and open fresh groups (holding ``_lock``) after a failed link."""
+        name = self.hello.name
+        try:
+            hello = ray.get(self.actor.hello.remote(self.peer), timeout=CONTROL_GRACE)
+        except ray.exceptions.RayError as exc:
+            self.closed = True
+            raise ChannelClosedError(
+                f"channel {name!r}: its channel worker is gone ({exc})"
+            ) from exc
+        for group in (self._group, self._ctl):
+            if group is not None:
+                group.close(timeout=0.0)
+        self.hello = hello
+        self._gen = hello.gen
+        self._credits = self._sent = 0
+        self._token = 0  # the channel worker numbers this peer's calls afresh
+        self._broken = None
+        self.open(hello.transfer_timeout)
+
+    # -- issuing and ordering -----------------------------------------------------------
+
+    def submit(
+        self,
+        kind: str,
+        request: Callable[[int], tuple[Any, ...]],
+        item: Any = None,
+        batch: bool = False,
+    ) -> Op:
+        """Send request ``request(token)``; its answer is processed in issue order.
 
         The caller either :meth:`follow` s the op (asynchronous use) or :meth:`run` s it
         (a blocking call: the answer is awaited and, when it is next in line, its
@@ -253,49 +322,70 @@ class ChannelLink:
         with self._lock:
             if self.closed:
                 raise ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
-            token, seq = self._token, self._seq[kind]
-            ref = call(token, seq)
+            if self._broken is not None:
+                self._reconnect()
+            token = self._token
             self._token += 1
+            fut: Future[Any] = Future()
+            self._pending[token] = fut
+            ctl, group = self._ctl, self._group
+            try:  # sent holding the lock: requests leave in token order
+                sent = ctl.send(request(token), async_op=True, timeout=self.hello.transfer_timeout)
+            except Exception as exc:
+                sent = None
+                self._pending.pop(token, None)
+                err = ChannelError(f"channel {self.hello.name!r}: sending the request failed")
+                err.__cause__ = exc
+                fut.set_exception(err)
+            seq = self._seq[kind]
             self._seq[kind] += 1
-        work = ChannelWork(ref, lambda wait, timeout: self._withdraw(token, wait, timeout))
-        return _Op(seq, kind, work, item, batch)
+        if sent is not None:
+            ChannelWork._follow(sent, lambda w: self._sent_request(group, w))
+        work = ChannelWork(fut, lambda wait, timeout: self._withdraw(token, wait, timeout))
+        return Op(seq, kind, work, item, batch)
 
-    def follow(self, op: _Op) -> ChannelWork:
+    def _sent_request(self, group: Any, work: AsyncWork[Any]) -> None:
+        exc = work.exception(0)
+        if exc is not None:
+            self._break(group, exc)
+
+    def follow(self, op: Op) -> ChannelWork:
         """Process ``op``'s answer whenever it comes; return its handle."""
-        op.work.ref.future().add_done_callback(lambda fut: self._on_future(op, fut))
+        fut = cast("Future[Any]", op.work.ref)
+        fut.add_done_callback(lambda done: self._on_future(op, done))
         return op.work
 
-    def run(self, op: _Op, limit: float | None) -> Any:
+    def run(self, op: Op, limit: float | None) -> Any:
         """Wait for ``op``'s answer and finish it (inline when possible); return its value.
 
         After ``limit`` seconds without an answer the op is abandoned with a
         :class:`ChannelClosedError`; its answer is still processed when it comes.
         """
-        ref: Any = op.work.ref
+        fut: Future[Any] = cast("Future[Any]", op.work.ref)
         try:
-            answer, error = ray.get(ref, timeout=limit), None
-        except ray.exceptions.GetTimeoutError:
-            op.work._finish(
-                exception=ChannelClosedError(
-                    f"channel {self.hello.name!r}: no answer from its channel worker within"
-                    f" {limit} s"
-                )
-            )
-            self.follow(op)
-            return op.work.wait(0)
+            answer, error = fut.result(timeout=limit), None
         except BaseException as exc:
-            answer, error = None, _unwrap(exc)
+            if not fut.done():  # no answer in time
+                op.work._finish(
+                    exception=ChannelClosedError(
+                        f"channel {self.hello.name!r}: no answer from its channel worker"
+                        f" within {limit} s"
+                    )
+                )
+                self.follow(op)
+                return op.work.wait(0)
+            answer, error = None, exc
         self._deliver(op, answer, error, inline=True)
         return self.wait(op.work, limit)
 
-    def _on_future(self, op: _Op, fut: Future[Any]) -> None:
+    def _on_future(self, op: Op, fut: Future[Any]) -> None:
         try:
             answer, error = fut.result(), None
         except BaseException as exc:
-            answer, error = None, _unwrap(exc)
+            answer, error = None, exc
         self._deliver(op, answer, error, inline=False)
 
-    def _deliver(self, op: _Op, answer: Any, error: BaseException | None, inline: bool) -> None:
+    def _deliver(self, op: Op, answer: Any, error: BaseException | None, inline: bool) -> None:
         """Hand in an answer; process every answer that is next in line, in order.
 
         Whoever holds the kind's lock processes; Ray's callback thread never waits for
@@ -327,25 +417,23 @@ class ChannelLink:
                 lock.release()
             inline = False  # our own op is processed; later rounds only drain
 
-    def _process(self, op: _Op, answer: Any, error: BaseException | None, inline: bool) -> None:
+    def _process(self, op: Op, answer: Any, error: BaseException | None, inline: bool) -> None:
         name = self.hello.name
         if error is not None:
-            if isinstance(error, ray.exceptions.RayActorError):
-                self.closed = True  # a later connect_channel looks the channel up again
-                error = ChannelClosedError(f"channel {name!r}: its channel worker died ({error})")
-            elif not isinstance(error, ChannelError):
+            if not isinstance(error, ChannelError):
                 err = ChannelError(f"channel {name!r}: {op.kind} failed: {error}")
                 err.__cause__ = error
                 error = err
             op.work._finish(exception=error)
             return
-        if answer == NO_ROOM and op.kind == "put":
+        code, outcomes = answer
+        if code == NO_ROOM and op.kind == "put":
             op.work._finish(exception=ChannelFull(f"channel {name!r} is full"))
-        elif answer == NO_ROOM:
+        elif code == NO_ROOM:
             op.work._finish(exception=ChannelEmpty(f"channel {name!r} is empty"))
-        elif answer == CANCELLED:
+        elif code == CANCELLED:
             op.work._finish(exception=WorkCancelledError("the channel operation was cancelled"))
-        elif answer == RESET:
+        elif code == RESET:
             op.work._finish(
                 exception=ChannelError(
                     f"channel {name!r}: {op.kind} interrupted, the link to the channel worker"
@@ -353,11 +441,11 @@ class ChannelLink:
                 )
             )
         elif op.kind == "put":
-            self._start_put(op, *decode(answer), inline)
+            self._start_put(op, *decode(code), inline)
         else:
-            self._start_get(op, *decode(answer), inline)
+            self._get_done(op, decode(code)[0], outcomes)
 
-    def _stale(self, op: _Op) -> None:
+    def _stale(self, op: Op) -> None:
         op.work._finish(
             exception=ChannelError(
                 f"channel {self.hello.name!r}: {op.kind} granted on a link that was reset"
@@ -400,7 +488,7 @@ class ChannelLink:
             self._last_put = time.monotonic()
             self._arm_linger()
             group, gen = self._group, self._gen
-            op = _Op(-1, "put", ChannelWork(None), item, False)
+            op = Op(-1, "put", ChannelWork(None), item, False)
             timeout = self.hello.transfer_timeout
             try:
                 send = group.send(item, async_op=async_op, timeout=timeout)
@@ -457,7 +545,7 @@ class ChannelLink:
 
     # -- payloads -------------------------------------------------------------------------
 
-    def _start_put(self, op: _Op, gen: int, lent: int, inline: bool) -> None:
+    def _start_put(self, op: Op, gen: int, lent: int, inline: bool) -> None:
         with self._lock:
             group = self._group_for(gen)
             if group is not None:
@@ -486,7 +574,7 @@ class ChannelLink:
         else:
             ChannelWork._follow(send, lambda w: self._put_done(op, gen, abandoned, w.exception(0)))
 
-    def _put_done(self, op: _Op, gen: int, abandoned: bool, exc: BaseException | None) -> None:
+    def _put_done(self, op: Op, gen: int, abandoned: bool, exc: BaseException | None) -> None:
         if exc is None:
             if abandoned:
                 op.work._finish(exception=WorkCancelledError("the put was cancelled"))
@@ -497,42 +585,7 @@ class ChannelLink:
         err.__cause__ = exc
         op.work._finish(exception=err)
 
-    def _start_get(self, op: _Op, gen: int, count: int, inline: bool) -> None:
-        with self._lock:
-            group = self._group_for(gen)
-        if group is None:
-            self._stale(op)
-            return
-        timeout = self.hello.transfer_timeout
-        if inline:
-            outcomes: list[tuple[Any, BaseException | None]] = []
-            for _ in range(count):
-                try:
-                    outcomes.append((group.recv(timeout=timeout), None))
-                except Exception as exc:
-                    outcomes.append((None, exc))
-            self._get_done(op, gen, outcomes)
-            return
-        recvs = [group.recv(async_op=True, timeout=timeout) for _ in range(count)]
-        left = [count]
-        lock = threading.Lock()
-
-        def done(_: AsyncWork[Any]) -> None:
-            with lock:
-                left[0] -= 1
-                if left[0]:
-                    return
-            outcomes = [
-                (w.wait(0) if w.exception(0) is None else None, w.exception(0)) for w in recvs
-            ]
-            self._get_done(op, gen, outcomes)
-
-        for w in recvs:
-            ChannelWork._follow(w, done)
-
-    def _get_done(
-        self, op: _Op, gen: int, outcomes: list[tuple[Any, BaseException | None]]
-    ) -> None:
+    def _get_done(self, op: Op, gen: int, outcomes: list[tuple[Any, BaseException | None]]) -> None:
         got = [value for value, exc in outcomes if exc is None]
         failures = [exc for _, exc in outcomes if exc is not None]
         if failures:
@@ -544,6 +597,14 @@ class ChannelLink:
             return
         if got:
             op.work._finish(got if op.batch else got[0])
+            return
+        if not failures:  # the channel worker could not encode the head item again
+            op.work._finish(
+                exception=ChannelError(
+                    f"channel {self.hello.name!r}: the channel worker could not send the head"
+                    " item (it stays in the channel)"
+                )
+            )
             return
         err = ChannelError(f"channel {self.hello.name!r}: receiving failed: {failures[0]}")
         err.__cause__ = failures[0]
@@ -580,8 +641,20 @@ class ChannelLink:
                 self._timer.cancel()
                 self._timer = None
             group, self._group = self._group, None
-        if group is not None:
-            group.close(timeout=0.0)
+            ctl, self._ctl = self._ctl, None
+            last_ack, self._last_ack = self._last_ack, None
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(
+                    ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
+                )
+        if last_ack is not None:  # items we got must not go back to the channel
+            with contextlib.suppress(Exception):
+                last_ack.wait(ACK_TIMEOUT)
+        for g in (group, ctl):
+            if g is not None:
+                g.close(timeout=0.0)
 
 
 def lookup_actor(job: Any, name: str, timeout: float | None) -> Any:

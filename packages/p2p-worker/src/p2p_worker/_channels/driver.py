@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from p2p_worker._channels.client import ChannelWork
 from p2p_worker._channels.endpoint import driver_endpoint
 from p2p_worker._channels.handle import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -22,6 +21,7 @@ from p2p_worker._channels.handle import (
     create_on,
 )
 from p2p_worker._channels.spawn import resolve_names
+from p2p_worker._channels.work import ChannelWork
 
 if TYPE_CHECKING:
     from p2p_worker._cluster import Cluster

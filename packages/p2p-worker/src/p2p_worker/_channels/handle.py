@@ -7,13 +7,7 @@ from typing import Any
 
 import ray
 
-from p2p_worker._channels.client import (
-    NO_CREDIT,
-    ChannelLink,
-    ChannelWork,
-    check_timeout,
-    connect_link,
-)
+from p2p_worker._channels.client import NO_CREDIT, ChannelLink, connect_link
 from p2p_worker._channels.endpoint import (
     cached_handle,
     endpoint_for_store,
@@ -22,8 +16,9 @@ from p2p_worker._channels.endpoint import (
 )
 from p2p_worker._channels.errors import ChannelClosedError
 from p2p_worker._channels.keys import DEFAULT_KEY, check_key, check_weight, wrap
-from p2p_worker._channels.proto import MAX_BATCH, check_channel_name
+from p2p_worker._channels.proto import GET, MAX_BATCH, PUT, check_channel_name
 from p2p_worker._channels.spawn import resolve_names, spawn_channel_worker
+from p2p_worker._channels.work import ChannelWork, check_timeout
 
 DEFAULT_TRANSFER_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 30.0
@@ -240,13 +235,7 @@ class Channel:
         done = link.credit_put(item, async_op)
         if done is not NO_CREDIT:
             return done
-        op = link.submit(
-            "put",
-            lambda t, _: link.actor.put_begin.remote(
-                link.peer, t, True, timeout, link.want_credits()
-            ),
-            item,
-        )
+        op = link.submit("put", lambda t: (PUT, t, True, timeout, link.want_credits()), item)
         return link.follow(op) if async_op else link.run(op, link.limit(timeout))
 
     def put_nowait(self, item: Any, weight: int = 0, key: Any = DEFAULT_KEY) -> None:
@@ -270,9 +259,7 @@ class Channel:
         link = self._link()
         if link.credit_put(item, False) is not NO_CREDIT:
             return
-        op = link.submit(
-            "put", lambda t, _: link.actor.put_begin.remote(link.peer, t, False, None), item
-        )
+        op = link.submit("put", lambda t: (PUT, t, False, None, 0), item)
         link.run(op, link.limit(0.0))
 
     # -- getting --------------------------------------------------------------------------
@@ -303,8 +290,8 @@ class Channel:
                 return work
         op = link.submit(
             "get",
-            lambda t, s: link.actor.get_begin.remote(
-                link.peer,
+            lambda t: (
+                GET,
                 t,
                 max_items,
                 max_bytes,
@@ -313,7 +300,6 @@ class Channel:
                 link.sync(),
                 key,
                 target_weight,
-                s,
             ),
             batch=batch,
         )

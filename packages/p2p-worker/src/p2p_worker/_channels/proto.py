@@ -62,6 +62,23 @@ def link_group_name(uid: str, peer: str, gen: int) -> str:
     return f"p2pch.{uid}.{peer}.{gen}"
 
 
+def control_group_name(uid: str, peer: str, gen: int) -> str:
+    """Name of the collective group that carries one peer's requests to the channel worker."""
+    return f"p2pch.{uid}.{peer}.{gen}.ctl"
+
+
+# Requests travel on a peer's control group as plain tuples (cheap to pickle):
+#   (PUT, token, block, timeout, credits)
+#   (GET, token, max_items, max_bytes, block, timeout, sync, key, target_weight)
+#   (ACK, token): the items of get ``token`` have arrived
+# Answers travel back on the peer's link as (token, answer, count) where answer is an int
+# as below or an exception, followed by ``count`` items (the items a get was granted), or
+# as (token, answer, 0, objects) with the items inline (items without tensors).
+PUT = 0
+GET = 1
+ACK = 2
+
+
 def actor_name(store_host: str, store_port: int, name: str) -> str:
     """The Ray actor name of a channel, scoped to its job by the job's store address."""
     return f"{store_host}:{store_port}/{name}"

@@ -1,29 +1,33 @@
 """The channel worker: an asyncio Ray actor (a :class:`Worker`) that holds one channel.
 
-Control travels as Ray actor calls on this actor; payloads travel as ``Worker``
-send/recv through the collective groups between each peer and this worker, so tensors
-take the optimized path and the job's compression applies as for any send/recv.
+Ray creates it, finds it and carries ``hello``, ``cancel``, ``reset_link``, ``qsize``,
+``state``, ``alive`` and ``destroy``; puts and gets never make a Ray call. Each peer has
+two collective groups to this worker, named with the peer's link generation:
 
-- ``put_begin``: waits (FIFO) for a free slot, takes it, posts a ``recv`` from the
-  producer and answers ``granted(gen)``; the producer then sends its item. When the
-  payload has arrived it is appended to the queue; a failed or abandoned transfer frees
-  the slot. No payload ever travels without a slot, so ``maxsize`` bounds memory.
-  A grant may also lend *credits*: further free slots, each with a receive posted
-  ahead, so the producer's next puts are plain sends without a call. Credits count
-  against ``maxsize`` like items; an idle producer hands unused ones back (it sends a
-  ``Void`` for each), and a caller's own credit payloads are waited for before its
-  ``get_begin``/``qsize``/``state`` (``sync``), so its own puts are always visible to it.
-- ``get_begin``: waits (FIFO) for items, removes up to the requested number from the
-  head, posts one ``send`` per item to the consumer and answers ``granted(gen, k)``; the
-  consumer then receives ``k`` objects. An item whose send fails goes back to the head;
-  a delivered item frees its slot.
+- the *control group* carries the peer's requests. One receive is always posted on it;
+  each request that arrives is served in turn (it takes its place among the channel's
+  waiters in the order the peer issued it, :meth:`ChannelWorker._serve`), so a
+  consumer's gets are served in the order it made them. A waiting request is an asyncio
+  future on this actor's loop; completions of collective operations arrive on other
+  threads and are handed to the loop with ``call_soon_threadsafe``.
+- the *link* carries put payloads in, and answers out: ``(token, answer, count)``
+  followed by the ``count`` items a get was granted (items without tensors ride inside
+  the answer). Sent items keep their slots until the peer acknowledges them (``ACK`` on
+  the control group); when the link fails first, they go back to the head of the
+  channel, in order, so a consumer that dies mid-get loses no item.
 
-Each peer has one link (a collective group with a generation number in its name). A
-failed transfer resets that peer's link: the group is closed (its queued operations
-fail at once), the generation is bumped, and the peer's waiting calls answer
-``RESET``. Peers learn the current generation from every answer and move to
-the new group, so a dead or confused peer never blocks the others for longer than one
-transfer timeout.
+A put request waits (FIFO) for a free slot, takes it and posts a receive on the link
+for the payload; its answer grants the slot, and the producer then sends its item. No
+payload ever travels without a slot, so ``maxsize`` bounds memory. A grant may also lend
+*credits*: further free slots, each with a receive posted ahead, so the producer's next
+puts are plain sends without a request. Credits count against ``maxsize`` like items; an
+idle producer hands unused ones back (a ``Void`` for each), and a get carries the
+caller's ``(gen, payloads sent)`` so its own puts are waited for first (``sync``).
+
+A failed transfer resets that peer's link: both groups are closed (their queued
+operations fail at once), the generation is bumped, the peer's waiting requests end, and
+its unacknowledged items go back to the head. The peer sees its link fail, asks Ray
+whether the channel lives, and says hello again on its next operation.
 """
 
 from __future__ import annotations
@@ -39,15 +43,18 @@ import ray
 import torch
 
 from p2p_worker._channels.keys import DEFAULT_KEY, unwrap
-from p2p_worker._channels.proto import CANCELLED as CANCELLED_ANSWER
 from p2p_worker._channels.proto import (
+    ACK,
     NO_ROOM,
+    PUT,
     ChannelSpec,
     Hello,
     channel_address,
+    control_group_name,
     granted,
     link_group_name,
 )
+from p2p_worker._channels.proto import CANCELLED as CANCELLED_ANSWER
 from p2p_worker._channels.proto import RESET as RESET_ANSWER
 from p2p_worker._channels.queue import (
     CANCELLED,
@@ -65,7 +72,6 @@ logger = logging.getLogger(__name__)
 
 WATCH_PERIOD = 2.0  # seconds between checks that the job's rendezvous store is alive
 MAX_CREDITS = 8  # most put credits one grant lends
-TURN_WAIT = 30.0  # seconds a call waits for a peer's earlier call of its kind to arrive
 
 
 class _Tokens:
@@ -101,96 +107,19 @@ class _Tokens:
         return True
 
 
-class _Turns:
-    """Lets a peer's calls of one kind pass a point in the order the peer issued them.
-
-    Ray may start the calls of one caller on an asyncio actor out of order, so a call
-    numbered ``seq`` waits in :meth:`turn` until every lower one has :meth:`passed`. A
-    lower number whose call has not even :meth:`arrive` d after ``TURN_WAIT`` seconds is
-    skipped (logged): that call was lost, and the later ones must not wait for it forever.
-    """
-
-    def __init__(self) -> None:
-        self.low = 0  # every seq below has passed
-        self.done: set[int] = set()
-        self.arrived: set[int] = set()
-        self.waiters: list[tuple[int, asyncio.Future[None]]] = []
-
-    def arrive(self, seq: int) -> None:
-        """Call ``seq`` has arrived (it will pass)."""
-        if seq >= self.low:
-            self.arrived.add(seq)
-
-    def passed(self, seq: int) -> None:
-        """Call ``seq`` is past the point (idempotent; a negative ``seq`` is not ordered)."""
-        if seq < self.low:
-            return
-        self.done.add(seq)
-        while self.low in self.done:
-            self.done.discard(self.low)
-            self.arrived.discard(self.low)
-            self.low += 1
-        keep = []
-        for want, fut in self.waiters:
-            if want <= self.low:
-                if not fut.done():
-                    fut.set_result(None)
-            else:
-                keep.append((want, fut))
-        self.waiters = keep
-
-    async def turn(self, seq: int, what: str) -> None:
-        """Wait until every call below ``seq`` has passed (or was skipped as lost)."""
-        while seq > self.low:
-            fut = asyncio.get_running_loop().create_future()
-            self.waiters.append((seq, fut))
-            done, _ = await asyncio.wait({fut}, timeout=TURN_WAIT)
-            if done:
-                return
-            lost = [n for n in range(self.low, seq) if n not in self.arrived]
-            if lost:
-                logger.warning(
-                    "channel: %s call %d waited %.0f s for its peer's calls %s, which never"
-                    " came; going on without them",
-                    what,
-                    seq,
-                    TURN_WAIT,
-                    lost,
-                )
-            for n in lost:
-                self.passed(n)
-
-
-class _Sends:
-    """The sends of one granted get, completing one by one."""
-
-    __slots__ = ("failed", "items", "left")
-
-    def __init__(self, items: list[Item]) -> None:
-        self.items = items
-        self.left = len(items)
-        self.failed: list[int] = []
-
-
 class _Peer:
-    __slots__ = ("gen", "group", "name", "posting", "seen", "syncs", "taking", "tokens")
+    __slots__ = ("ctl", "gate", "gen", "group", "name", "seen", "syncs", "tokens", "unacked")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.gen = 0
-        self.group: Any = None
+        self.group: Any = None  # the link: payloads in, answers (and got items) out
+        self.ctl: Any = None  # the control group: the peer's requests, in issue order
+        self.gate: asyncio.Future[None] | None = None  # set once the last request queued up
+        self.unacked: dict[int, list[Item]] = {}  # token -> items sent, not acknowledged yet
         self.tokens = _Tokens()
-        self.new_handle()
         self.seen = 0  # payloads (items or voids) received from the peer on this gen
         self.syncs: list[tuple[int, asyncio.Future[None]]] = []  # (count, woken at count)
-
-    def new_handle(self) -> None:
-        """The peer opened a new handle: it numbers its calls from 0 again."""
-        self.tokens = _Tokens()
-        # A peer's gets take items, and post their sends, in the order it issued them:
-        # it receives the items of its gets in that order.
-        self.taking = _Turns()
-        self.posting = _Turns()
 
     def wake(self, everyone: bool = False) -> None:
         """Wake the calls waiting for this peer's credit payloads to have arrived."""
@@ -233,6 +162,7 @@ class ChannelWorker(WorkerBase):
         )
         self._queue = ChannelQueue(spec.maxsize)
         self._peers: dict[str, _Peer] = {}
+        self._serving: set[asyncio.Future[None]] = set()  # requests being served
         self._loop: asyncio.AbstractEventLoop | None = None
         self._counts = {"puts": 0, "gets": 0, "failures": 0, "resets": 0, "voids": 0}
         self._stop = threading.Event()
@@ -269,7 +199,14 @@ class ChannelWorker(WorkerBase):
                 why,
             )
         peer.group = None
+        ctl, peer.ctl, peer.gate = peer.ctl, None, None
+        if ctl is not None:
+            ctl.close(timeout=0.0)
         peer.gen += 1
+        unacked, peer.unacked = peer.unacked, {}
+        if unacked:  # not known to have arrived: back to the head, in channel order
+            self._counts["failures"] += 1
+            self._queue.push_front([item for token in sorted(unacked) for item in unacked[token]])
         peer.seen = 0
         peer.wake(everyone=True)
         self._counts["resets"] += 1
@@ -290,7 +227,7 @@ class ChannelWorker(WorkerBase):
         """Open a fresh link to ``peer_name`` and connect both its directions."""
         peer = self._peer(peer_name)
         self._reset(peer, peer.group, None)
-        peer.new_handle()
+        peer.tokens = _Tokens()  # a new handle numbers its calls from 0
         group = self._group(peer)
         timeout = self._spec.transfer_timeout
         for work in (
@@ -298,6 +235,13 @@ class ChannelWorker(WorkerBase):
             group.recv_tensor(torch.empty(0, dtype=torch.uint8), async_op=True, timeout=timeout),
         ):
             self._when_done(work, self._finish_hello, peer, group)
+        me = self.worker_address.get_name()
+        ctl: Any = self.collective.create_collective_group(
+            [me, peer.name], group_name=control_group_name(self._spec.uid, peer.name, peer.gen)
+        )
+        peer.ctl = ctl
+        shake = ctl.recv_tensor(torch.empty(0, dtype=torch.uint8), async_op=True, timeout=timeout)
+        self._when_done(shake, self._control_open, peer, group, ctl)
         return Hello(
             self._spec.name,
             self._spec.uid,
@@ -312,6 +256,135 @@ class ChannelWorker(WorkerBase):
         if exc is not None:
             self._reset(peer, group, exc)
 
+    # -- requests over the control group ----------------------------------------------
+
+    def _control_open(self, peer: _Peer, group: Any, ctl: Any, work: Any) -> None:
+        """The peer's control group is connected: keep one receive posted on it."""
+        exc = work.exception(0)
+        if exc is not None:
+            self._reset(peer, group, exc)
+        elif peer.ctl is ctl:
+            self._post_request_recv(peer, group, ctl)
+
+    def _post_request_recv(self, peer: _Peer, group: Any, ctl: Any) -> None:
+        # No timeout: a peer may stay idle for as long as it likes; its death or a reset
+        # (which closes the group) ends the receive.
+        work = ctl.recv(async_op=True, timeout=None)
+        self._when_done(work, self._on_request, peer, group, ctl)
+
+    def _on_request(self, peer: _Peer, group: Any, ctl: Any, work: Any) -> None:
+        """One request of ``peer`` arrived: post the next receive, then serve it in turn."""
+        if peer.ctl is not ctl:
+            return  # a reset dropped this control group; its requests answer nothing
+        exc = work.exception(0)
+        if exc is not None:  # the peer closed its handle, died or went away
+            logger.debug("channel %r: %s left (%s)", self._spec.name, peer.name, exc)
+            self._reset(peer, group, None)  # its waiting requests end
+            return
+        request = work.wait(0)
+        self._post_request_recv(peer, group, ctl)
+        if request[0] == ACK:  # the peer has the items of its get ``token``: free their slots
+            items = peer.unacked.pop(request[1], None)
+            if items:
+                self._counts["gets"] += len(items)
+                self._queue.release(len(items))
+            return
+        gate, peer.gate = peer.gate, asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(self._serve(peer, group, request, gate, peer.gate))
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
+
+    async def _serve(
+        self,
+        peer: _Peer,
+        group: Any,
+        request: tuple[Any, ...],
+        gate: asyncio.Future[None] | None,
+        queued: asyncio.Future[None],
+    ) -> None:
+        """Serve one request; answer it on the peer's link (a get's items follow).
+
+        Requests of one peer queue up (take their place among the waiters) in the order
+        the peer issued them: each waits for ``gate``, its predecessor's ``queued``.
+        """
+        token = request[1]
+        try:
+            if gate is not None and not gate.done():
+                await gate
+            if request[0] == PUT:
+                _, _, block, timeout, credits = request
+                answer: Any = await self._put(peer, token, block, timeout, credits, group, queued)
+                self._answer(peer, group, token, answer, [])
+                return
+            _, _, max_items, max_bytes, block, timeout, sync, key, target_weight = request
+            await self._sync(peer.name, *sync)
+            got = await self._take(
+                peer, token, max_items, max_bytes, block, timeout, key, target_weight, queued
+            )
+            if isinstance(got, list):
+                if peer.group is not group:  # reset meanwhile: the items stay
+                    self._queue.push_front(got)
+                    return
+                self._answer(peer, group, token, granted(peer.gen, len(got)), got)
+            else:
+                self._answer(peer, group, token, got, [])
+        except Exception as exc:  # ChannelClosedError (destroyed), a bad request
+            self._answer(peer, group, token, exc, [])
+        finally:
+            if not queued.done():
+                queued.set_result(None)
+
+    def _answer(self, peer: _Peer, group: Any, token: int, answer: Any, items: list[Item]) -> None:
+        """Send ``(token, answer, count[, objects])`` on the peer's link; the items follow.
+
+        Items without tensors ride in the answer itself (one message); others follow it
+        as ``count`` messages on the tensor path. Sent items keep their slots until the
+        peer acknowledges them (an ``ACK`` request); if the link fails first they go back
+        to the head of the channel (see ``_reset``), so a consumer that dies mid-get
+        loses no item.
+        """
+        if peer.group is not group:
+            if items:
+                self._queue.push_front(items)
+            return
+        timeout = self._spec.transfer_timeout
+        try:
+            if not items:
+                head = group.send((token, answer, 0), async_op=True, timeout=timeout)
+            elif all(item.nbytes == 0 for item in items):
+                objs = [item.obj for item in items]
+                head = group.send((token, answer, 0, objs), async_op=True, timeout=timeout)
+                peer.unacked[token] = items
+            else:
+                head = group.send((token, answer, len(items)), async_op=True, timeout=timeout)
+                peer.unacked[token] = items
+                self._send_items(peer, group, token, items)
+        except Exception as exc:  # the link is closed or broken
+            if items and token not in peer.unacked:
+                self._queue.push_front(items)
+            self._reset(peer, group, exc)
+            return
+        self._when_done(head, self._finish_answer, peer, group)
+
+    def _send_items(self, peer: _Peer, group: Any, token: int, items: list[Item]) -> None:
+        """Send the items announced by an answer, in order.
+
+        An item that cannot be encoded again goes back to the head, a :class:`Void`
+        taking its place on the wire (the peer expects as many objects as announced).
+        """
+        timeout = self._spec.transfer_timeout
+        for i, item in enumerate(items):
+            try:
+                work = group.send(item.obj, async_op=True, timeout=timeout)
+            except Exception:
+                rest = items[i:]
+                peer.unacked[token] = items[:i]
+                self._queue.push_front(rest)
+                for _ in rest:
+                    group.send(Void(), async_op=True, timeout=timeout)
+                return
+            self._when_done(work, self._finish_answer, peer, group)
+
     async def put_begin(
         self, peer_name: str, token: int, block: bool, timeout: float | None, credits: int = 0
     ) -> int:
@@ -322,12 +395,31 @@ class ChannelWorker(WorkerBase):
         producer's next puts are then plain sends, without a call. The answer's count
         is the number of credits lent.
         """
-        peer = self._peer(peer_name)
+        return await self._put(self._peer(peer_name), token, block, timeout, credits)
+
+    async def _put(
+        self,
+        peer: _Peer,
+        token: int,
+        block: bool,
+        timeout: float | None,
+        credits: int,
+        expect: Any = None,
+        queued: asyncio.Future[None] | None = None,
+    ) -> int:
+        """Reserve a slot (and lend credits) for ``peer``; post the receives; the answer.
+
+        With ``expect`` (a request over the control group) the grant holds only while
+        ``expect`` is still the peer's link; else the slot is given back (RESET).
+        """
         tokens = peer.tokens
         if not tokens.start(token):
             return CANCELLED_ANSWER
         try:
-            got = await self._queue.reserve(peer_name, block=block, timeout=timeout, token=token)
+            reserving = self._queue.reserve(peer.name, block=block, timeout=timeout, token=token)
+            if queued is not None:
+                queued.set_result(None)  # reserve() takes its place before it first waits
+            got = await reserving
         finally:
             tokens.finish(token)
         if got is CANCELLED:
@@ -336,6 +428,9 @@ class ChannelWorker(WorkerBase):
             return RESET_ANSWER
         if not got:
             return NO_ROOM
+        if expect is not None and peer.group is not expect:
+            self._queue.arrival_failed()
+            return RESET_ANSWER
         group = self._group(peer)
         work = group.recv(async_op=True, timeout=self._spec.transfer_timeout)
         self._when_done(work, self._finish_recv, peer, group)
@@ -401,62 +496,24 @@ class ChannelWorker(WorkerBase):
             self._queue.arrived(_item(obj))
         self._seen(peer, group)
 
-    async def get_begin(
-        self,
-        peer_name: str,
-        token: int,
-        max_items: int,
-        max_bytes: int | None,
-        block: bool,
-        timeout: float | None,
-        sync: tuple[int, int] = (0, 0),
-        key: Any = DEFAULT_KEY,
-        target_weight: int | None = None,
-        seq: int = -1,
-    ) -> int:
-        """Take items from the head of ``key``'s FIFO and post their sends.
-
-        Up to ``max_items`` (and ``max_bytes``), or, with ``target_weight``, until their
-        weights reach it (see ``ChannelQueue.take``). ``sync`` is the caller's ``(gen,
-        payloads sent)``: its own puts are waited for first, so a process always gets
-        what it put before. ``seq`` numbers the caller's gets (0, 1, ...): they take
-        items and post their sends in that order, whatever order they arrive in.
-        """
-        peer = self._peer(peer_name)
-        taking, posting = peer.taking, peer.posting
-        taking.arrive(seq)
-        posting.arrive(seq)
-        try:
-            await self._sync(peer_name, *sync)
-            if seq >= 0:
-                await taking.turn(seq, "get")
-            return await self._get(
-                peer, token, seq, max_items, max_bytes, block, timeout, key, target_weight
-            )
-        finally:
-            taking.passed(seq)
-            posting.passed(seq)
-
-    async def _get(
+    async def _take(
         self,
         peer: _Peer,
         token: int,
-        seq: int,
         max_items: int,
         max_bytes: int | None,
         block: bool,
         timeout: float | None,
         key: Any,
         target_weight: int | None,
-    ) -> int:
-        tokens, taking, posting = peer.tokens, peer.taking, peer.posting
+        queued: asyncio.Future[None] | None = None,
+    ) -> list[Item] | int:
+        """Take items for ``peer`` (see ``ChannelQueue.take``); the items or a no-grant answer."""
+        tokens = peer.tokens
         if not tokens.start(token):
             return CANCELLED_ANSWER
-        # The take registers its place synchronously, before its first wait: the next
-        # get of this peer may go once this one is in line.
-        taking.passed(seq)
         try:
-            items = await self._queue.take(
+            taking = self._queue.take(
                 peer.name,
                 max_items,
                 max_bytes,
@@ -466,6 +523,9 @@ class ChannelWorker(WorkerBase):
                 key=key,
                 target_weight=target_weight,
             )
+            if queued is not None:
+                queued.set_result(None)  # take() takes its place before it first waits
+            items = await taking
         finally:
             tokens.finish(token)
         if items is CANCELLED:
@@ -474,37 +534,12 @@ class ChannelWorker(WorkerBase):
             return RESET_ANSWER
         if items is None:
             return NO_ROOM
-        if seq >= 0:
-            await posting.turn(seq, "get")
-        group = self._group(peer)
-        works = []
-        for item in items:
-            try:
-                works.append(
-                    group.send(item.obj, async_op=True, timeout=self._spec.transfer_timeout)
-                )
-            except Exception as exc:  # the object could not be encoded again: keep it
-                self._queue.push_front(items[len(works) :])
-                if not works:
-                    raise RuntimeError(f"cannot send the head item: {exc}") from exc
-                break
-        batch = _Sends(items[: len(works)])
-        for i, work in enumerate(works):
-            self._when_done(work, self._finish_send, peer, group, batch, i)
-        return granted(peer.gen, len(works))
+        return list(items)
 
-    def _finish_send(self, peer: _Peer, group: Any, batch: _Sends, index: int, work: Any) -> None:
+    def _finish_answer(self, peer: _Peer, group: Any, work: Any) -> None:
         exc = work.exception(0)
-        if exc is None:
-            self._counts["gets"] += 1
-            self._queue.release(1)  # delivered: its slot is free
-        else:
-            self._counts["failures"] += 1
-            batch.failed.append(index)
-            self._reset(peer, group, exc)  # fails the rest of the batch at once
-        batch.left -= 1
-        if not batch.left and batch.failed:  # back to the head, in channel order
-            self._queue.push_front([batch.items[i] for i in sorted(batch.failed)])
+        if exc is not None:
+            self._reset(peer, group, exc)
 
     async def cancel(self, peer_name: str, token: int) -> bool:
         """Withdraw the peer's call ``token`` if it still waits (or has not arrived yet).
@@ -519,6 +554,10 @@ class ChannelWorker(WorkerBase):
         if self._queue.cancel(peer_name, token):
             return True
         return peer.tokens.withdraw_early(token)
+
+    async def alive(self) -> bool:
+        """Whether the channel still serves (False once destroyed)."""
+        return not self._queue.closed
 
     async def reset_link(self, peer_name: str, gen: int) -> None:
         """A peer saw a transfer fail on generation ``gen``: reset its link if still current."""
@@ -563,9 +602,10 @@ class ChannelWorker(WorkerBase):
         """Fail every waiting call, close every link and stop the watchdog."""
         self._queue.close()
         for peer in self._peers.values():
-            if peer.group is not None:
-                peer.group.close(timeout=0.0)
-                peer.group = None
+            for group in (peer.group, peer.ctl):
+                if group is not None:
+                    group.close(timeout=0.0)
+            peer.group = peer.ctl = None
         self._stop.set()
 
 

@@ -9,7 +9,6 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from p2p_worker._channels.client import check_timeout
 from p2p_worker._channels.errors import ChannelExistsError
 from p2p_worker._channels.proto import (
     CHANNEL_NAMESPACE,
@@ -17,6 +16,7 @@ from p2p_worker._channels.proto import (
     actor_name,
     check_channel_name,
 )
+from p2p_worker._channels.work import check_timeout
 
 MAX_CONCURRENCY = 10_000  # waiting puts and gets a channel worker serves at once
 

@@ -1,0 +1,104 @@
+"""Handles of channel operations, and what the client and the handle share."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkCancelledError
+from p2p_worker._channels.keys import DEFAULT_KEY
+
+CONTROL_GRACE = 30.0  # seconds a blocking call waits past its own bounds for an answer
+
+
+class ChannelWork(AsyncChannelWork):
+    """Handle of an asynchronous channel operation (``put``/``get`` with ``async_op=True``).
+
+    An :class:`~p2p_asyncwork.AsyncChannelWork` whose :attr:`ref` is the future of the
+    channel worker's answer (a ``concurrent.futures.Future``; None when no request was
+    needed). It completes only when the payload transfer behind it is done: a
+    put's handle stays pending while the channel is full and until its item is in the
+    channel; a get's handle completes with the item (a list for ``get_batch``).
+
+    :meth:`cancel` withdraws an operation that still waits for room or an item. When a
+    coroutine awaiting the handle is cancelled, the operation is withdrawn the same way;
+    if it was granted already, a put sends nothing and a got item is kept for this
+    process's next get, so no item is lost or duplicated.
+
+    Example:
+        >>> work = channel.get(async_op=True)  # doctest: +SKIP
+        >>> if not work.cancel():  # too late: the item is on its way  # doctest: +SKIP
+        ...     item = work.wait()
+    """
+
+    def __init__(
+        self, ref: Any, cancel: Callable[[bool, float | None], bool] | None = None
+    ) -> None:
+        AsyncWork.__init__(self)  # completed by the channel, not by the ref alone
+        self.ref = ref
+        self._transform = None
+        self._cancel = cancel
+        self.abandoned = False
+
+    def cancel(self, *, timeout: float | None = CONTROL_GRACE) -> bool:
+        """Withdraw the operation if it still waits for room (put) or an item (get).
+
+        Args:
+            timeout: Seconds to wait for the channel worker's answer.
+
+        Returns:
+            True when the operation was withdrawn: nothing was put or taken and the
+            handle fails with :class:`~p2p_asyncwork.WorkCancelledError`. False when it
+            is done or already granted (it then completes as usual).
+        """
+        if self.done() or self._cancel is None:
+            return False
+        withdrawn = self._cancel(True, check_timeout(timeout))
+        if withdrawn:
+            self._finish(exception=WorkCancelledError("the channel operation was cancelled"))
+        return withdrawn
+
+    async def async_wait(self) -> Any:
+        """Like :meth:`AsyncWork.async_wait`; cancelling the awaiting task withdraws the op."""
+        try:
+            return await super().async_wait()
+        except asyncio.CancelledError:
+            if not self.done() and self._cancel is not None:
+                self.abandoned = True
+                self._cancel(False, None)
+            raise
+
+    def _finish(self, result: Any = None, exception: BaseException | None = None) -> bool:
+        return self._complete(result=result, exception=exception)
+
+    @staticmethod
+    def _follow(work: AsyncWork[Any], fn: Callable[[AsyncWork[Any]], None]) -> None:
+        work._add_done_callback(fn)  # same handle family: success and failure
+
+
+class Op:
+    """One issued put or get: its place in issue order, handle, item and get key."""
+
+    __slots__ = ("batch", "item", "key", "kind", "seq", "work")
+
+    def __init__(self, seq: int, kind: str, work: ChannelWork, item: Any, batch: bool) -> None:
+        self.seq = seq
+        self.kind = kind
+        self.work = work
+        self.item = item
+        self.batch = batch
+        self.key: Any = DEFAULT_KEY  # a get's key: where its orphans belong
+
+
+def check_timeout(timeout: object, arg: str = "timeout") -> float | None:
+    """Return ``timeout`` as float seconds (or None).
+
+    Raises:
+        ValueError: ``timeout`` is not a number >= 0 or None.
+    """
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ValueError(f"{arg} must be a number of seconds >= 0 or None, got {timeout!r}")
+    return float(timeout)

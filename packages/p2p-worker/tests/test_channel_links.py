@@ -1,0 +1,93 @@
+"""Channel requests over collective links: issue order, and a consumer killed mid-get.
+
+Puts and gets travel as messages on the process's control group to the channel worker
+(no Ray call per item); a get's answer carries its items on the process's link. These
+tests use real worker processes, a real channel worker and a real local Ray cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from p2p_worker import ChannelEmpty, Cluster, NodePlacementStrategy, Worker, create_channel
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
+
+ONE = NodePlacementStrategy([0], cpus_per_worker=0)
+
+
+class Getter(Worker):
+    def ordered_gets(self, name: str, count: int, keys: int) -> list[Any]:
+        """Issue ``count`` async gets at once (round robin over ``keys`` keys); their items."""
+        ch = self.connect_channel(name)
+        works = [ch.get(key=f"k{i % keys}", async_op=True) for i in range(count)]
+        return [w.wait(60) for w in works]
+
+    def park_gets(self, name: str, count: int) -> int:
+        """Issue ``count`` async gets on an empty channel and leave them waiting."""
+        ch = self.connect_channel(name)
+        self._parked = [ch.get(async_op=True) for _ in range(count)]
+        return os.getpid()
+
+    def get_n(self, name: str, count: int) -> list[Any]:
+        ch = self.connect_channel(name)
+        return [ch.get(timeout=60) for _ in range(count)]
+
+
+def wait_for(cond: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def test_async_gets_of_one_consumer_are_served_in_issue_order(cluster: Cluster) -> None:
+    getter = Getter.create_group().launch(cluster, ONE, name="orderly")
+    ch = create_channel(cluster, "ordered", maxsize=0)
+    # Items first, then gets: each get takes the next item of its key.
+    for i in range(12):
+        ch.put(i, key=f"k{i % 3}")
+    assert getter.ordered_gets("ordered", 12, 3).wait(60) == [list(range(12))]
+    # Gets first (all waiting), then items: still served in the order they were issued.
+    waiting = getter.ordered_gets("ordered", 16, 1)
+    wait_for(lambda: ch.stats()["waiting_getters"] == 16)
+    for i in range(16):
+        ch.put(100 + i, key="k0")
+    assert waiting.wait(60) == [[100 + i for i in range(16)]]
+    assert ch.stats()["resets"] == 0
+    ch.destroy()
+
+
+def test_consumer_killed_mid_get_loses_no_item(cluster: Cluster) -> None:
+    doomed = Getter.create_group().launch(cluster, ONE, name="doomed_getter")
+    survivor = Getter.create_group().launch(cluster, ONE, name="survivor_getter")
+    ch = create_channel(cluster, "midget", maxsize=4, transfer_timeout=30.0)
+    [pid] = doomed.park_gets("midget", 4).wait(60)
+    wait_for(lambda: ch.stats()["waiting_getters"] == 4)
+    # Frozen, the consumer still counts as alive: its four gets are served, their items
+    # sent on its link, but it never acknowledges them. Then it dies, mid-get.
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for i in range(4):
+            ch.put(i, timeout=30)
+        wait_for(lambda: ch.stats()["waiting_getters"] == 0)
+        st = ch.stats()
+        assert (st["held"], st["queued"], st["gets"]) == (4, 0, 0)  # taken, not delivered
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    # The channel worker sees the death and puts the four items back at the head, in order.
+    assert survivor.get_n("midget", 4).wait(60) == [[0, 1, 2, 3]]
+    with pytest.raises(ChannelEmpty):
+        ch.get_nowait()
+    wait_for(lambda: ch.stats()["held"] == 0)
+    st = ch.stats()
+    assert (st["queued"], st["gets"]) == (0, 4)  # each item delivered exactly once
+    assert st["failures"] >= 1
+    ch.put("still works")
+    assert ch.get(timeout=30) == "still works"
+    ch.destroy()
