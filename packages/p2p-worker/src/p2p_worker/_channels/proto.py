@@ -84,8 +84,8 @@ def actor_name(store_host: str, store_port: int, name: str) -> str:
     return f"{store_host}:{store_port}/{name}"
 
 
-# Answers of put_begin/get_begin travel as one int: Ray serializes a plain int far more
-# cheaply than a tuple. Negative: no grant; otherwise gen * _SPLIT + count.
+# An answer travels as one int, cheap to pickle (and to return from put_begin over Ray).
+# Negative: no grant; otherwise gen * _SPLIT + count.
 NO_ROOM = -1  # put: full; get: empty
 CANCELLED = -2
 RESET = -3
