@@ -79,7 +79,7 @@ class ChannelLink:
         self._token = 0  # numbers every put/get (the channel worker tracks them for cancel)
         # Puts are ordered among puts and gets among gets: one kind never waits for the
         # other (a pending put must not hold up the get that would make room for it).
-        self._seq = {"put": 0, "get": 0}
+        self._seq = {"put": 0, "get": 0, "query": 0}
         self._next = {"put": 0, "get": 0}
         self._answers: dict[str, dict[int, tuple[Op, Any, BaseException | None]]] = {
             "put": {},
@@ -343,6 +343,27 @@ class ChannelLink:
             ChannelWork._follow(sent, lambda w: self._sent_request(group, w))
         work = ChannelWork(fut, lambda wait, timeout: self._withdraw(token, wait, timeout))
         return Op(seq, kind, work, item, batch)
+
+    def query(self, request: Callable[[int], tuple[Any, ...]], timeout: float | None) -> Any:
+        """Send request ``request(token)`` and wait for its answer (no put or get: no order).
+
+        Raises:
+            ChannelClosedError: No answer within ``timeout``, or the channel is gone.
+            ChannelError: The link failed.
+        """
+        op = self.submit("query", request)
+        fut = cast("Future[Any]", op.work.ref)
+        try:
+            answer, _ = fut.result(timeout=timeout)
+        except BaseException as exc:
+            if fut.done():
+                raise
+            raise ChannelClosedError(
+                f"channel {self.hello.name!r}: no answer from its channel worker within {timeout} s"
+            ) from exc
+        if isinstance(answer, BaseException):  # pragma: no cover - set as the exception
+            raise answer
+        return answer
 
     def _sent_request(self, group: Any, work: AsyncWork[Any]) -> None:
         exc = work.exception(0)

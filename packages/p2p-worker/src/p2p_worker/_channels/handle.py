@@ -16,7 +16,7 @@ from p2p_worker._channels.endpoint import (
 )
 from p2p_worker._channels.errors import ChannelClosedError
 from p2p_worker._channels.keys import DEFAULT_KEY, check_key, check_weight, wrap
-from p2p_worker._channels.proto import GET, MAX_BATCH, PUT, check_channel_name
+from p2p_worker._channels.proto import GET, MAX_BATCH, PUT, QSIZE, check_channel_name
 from p2p_worker._channels.spawn import resolve_names, spawn_channel_worker
 from p2p_worker._channels.work import ChannelWork, check_timeout
 
@@ -469,7 +469,10 @@ class Channel:
             >>> channel.qsize()  # doctest: +SKIP
             3
         """
-        return int(self._query("qsize", timeout, check_key(key)))
+        check_key(key)
+        timeout = check_timeout(timeout)
+        link = self._link()
+        return int(link.query(lambda t: (QSIZE, t, link.sync(), key), timeout))
 
     def empty(
         self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT

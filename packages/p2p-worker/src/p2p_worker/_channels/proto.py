@@ -71,12 +71,14 @@ def control_group_name(uid: str, peer: str, gen: int) -> str:
 #   (PUT, token, block, timeout, credits)
 #   (GET, token, max_items, max_bytes, block, timeout, sync, key, target_weight)
 #   (ACK, token): the items of get ``token`` have arrived
+#   (QSIZE, token, sync, key): how many items ``key`` holds (the answer is the count)
 # Answers travel back on the peer's link as (token, answer, count) where answer is an int
 # as below or an exception, followed by ``count`` items (the items a get was granted), or
 # as (token, answer, 0, objects) with the items inline (items without tensors).
 PUT = 0
 GET = 1
 ACK = 2
+QSIZE = 3
 
 
 def actor_name(store_host: str, store_port: int, name: str) -> str:

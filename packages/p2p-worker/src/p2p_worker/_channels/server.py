@@ -1,7 +1,8 @@
 """The channel worker: an asyncio Ray actor (a :class:`Worker`) that holds one channel.
 
-Ray creates it, finds it and carries ``hello``, ``cancel``, ``reset_link``, ``qsize``,
-``state``, ``alive`` and ``destroy``; puts and gets never make a Ray call. Each peer has
+Ray creates it, finds it and carries ``hello``, ``cancel``, ``reset_link``, ``state``,
+``alive`` and ``destroy`` (``put_begin`` and ``qsize`` remain as Ray methods too); puts,
+gets and ``Channel.qsize`` never make a Ray call. Each peer has
 two collective groups to this worker, named with the peer's link generation:
 
 - the *control group* carries the peer's requests. One receive is always posted on it;
@@ -47,6 +48,7 @@ from p2p_worker._channels.proto import (
     ACK,
     NO_ROOM,
     PUT,
+    QSIZE,
     ChannelSpec,
     Hello,
     channel_address,
@@ -316,6 +318,16 @@ class ChannelWorker(WorkerBase):
                 answer: Any = await self._put(peer, token, block, timeout, credits, group, queued)
                 self._answer(peer, group, token, answer, [])
                 return
+            if request[0] == QSIZE:
+                _, _, sync, key = request
+                queued.set_result(None)
+                peer.tokens.start(token)  # never withdrawn: numbered like every request
+                try:
+                    await self._sync(peer.name, *sync)
+                finally:
+                    peer.tokens.finish(token)
+                self._answer(peer, group, token, self._count(key), [])
+                return
             _, _, max_items, max_bytes, block, timeout, sync, key, target_weight = request
             await self._sync(peer.name, *sync)
             got = await self._take(
@@ -574,6 +586,10 @@ class ChannelWorker(WorkerBase):
         known yet).
         """
         await self._sync(peer_name, *sync)
+        return self._count(key)
+
+    def _count(self, key: Any) -> int:
+        """Items under ``key``; the default key also counts arriving items (key unknown yet)."""
         arriving = self._queue.arriving if key == DEFAULT_KEY else 0
         return self._queue.queued_for(key) + arriving
 
