@@ -25,7 +25,7 @@ from typing import Any
 import ray
 import torch
 
-from p2p_collective import Collective, CollectiveGroup, MultiCollectiveGroup, join_ranked_group
+from p2p_collective import Collective, CollectiveGroup, MultiCollectiveGroup
 from p2p_worker._oracle import actor_id_alive
 from p2p_worker._raycoll._checks import as_torch, check_not_self, check_rank
 from p2p_worker._raycoll._env import Meeting, meeting
@@ -207,8 +207,8 @@ class GroupHandle:
         """The N-member group (joined on first use); never called for a group of one."""
         if self._multi is None or self._multi.closed:
             name = f"{self._group_name}#{self._incarnation}"
-            self._multi = join_ranked_group(
-                self._own_collective(), name, self._world_size, self._rank
+            self._multi = self._own_collective().join_ranked_group(
+                name, self._world_size, self._rank
             )
         return self._multi
 
@@ -224,9 +224,7 @@ class GroupHandle:
         peer = check_rank(peer, self._world_size, "peer")
         check_not_self(peer, self._rank, "peer")
         coll = self._own_collective()
-        pair = coll.create_collective_group([self.member_name(self._rank), self.member_name(peer)])
-        assert isinstance(pair, CollectiveGroup)  # two members: always a pair group
-        return pair
+        return coll.create_pair_group([self.member_name(self._rank), self.member_name(peer)])
 
     # -- operations (arguments already checked in Ray's terms) ----------------------------
 
