@@ -31,6 +31,8 @@ GRACE = 2.0
 SLICE = 0.05
 """Seconds one blocking slice of :func:`wait_sliced` lasts before liveness is checked."""
 
+_SLICE = to_timedelta(SLICE)
+
 Gone = Callable[[], BaseException | None]
 """Returns the error that ends every wait (a peer or member is gone), or None."""
 
@@ -80,7 +82,7 @@ def wait_sliced(work: Any, deadline: float | None, gone: Gone, what: str) -> Non
         CollectiveTimeoutError: The deadline passed by :data:`GRACE` seconds.
         Exception: The work's own failure.
     """
-    timeout = to_timedelta(SLICE)
+    timeout = _SLICE
     while True:
         err = gone()
         if err is not None:
