@@ -27,11 +27,14 @@ from p2p_collective._multi_frames import OBJ_HEADER, Incoming, encode_object, re
 from p2p_collective._multi_ops import check_reducible, like, liveness_mesh, reduce_op
 from p2p_collective._peer import Life, Peer, announce, new_instance
 from p2p_collective._rendezvous import claim_incarnation, private_client, wait_key
+from p2p_collective._ring import ring_op, ring_reduce_scatter
 from p2p_collective._torch_gloo import op_options
 from p2p_collective._transport import StoreLike
 from p2p_collective._waiter import Waiter, gloo_failure, wait_sliced
 
 _P2P_TAG = 1 << 28  # far from the tags gloo numbers its collectives with (0, 1, ...)
+RING_MIN_BYTES = 256 << 10
+"""``reduce_scatter`` outputs from this size on run as a ring (see :mod:`._ring`)."""
 
 
 class MultiCollectiveGroup:
@@ -268,11 +271,10 @@ class MultiCollectiveGroup:
         """
         label = f"coll[{self.name}]: {what}"
         try:
-            for work in works:
-                if p2p:
-                    self._waiter.wait(work, deadline, self._gone_now, poll=0.1)
-                else:
-                    wait_sliced(work, deadline, self._gone_now, label)
+            if p2p:  # one hand-off to the waiter thread for all of them
+                self._waiter.wait(works, deadline, self._gone_now, poll=0.1)
+            for work in [] if p2p else works:
+                wait_sliced(work, deadline, self._gone_now, label)
         except (PeerError, CollectiveTimeoutError):
             raise
         except Exception as exc:
@@ -593,22 +595,27 @@ class MultiCollectiveGroup:
                 )
 
         def run(pg: Any, dl: float | None) -> Any:
-            # gloo's own reduce_scatter hangs on torch 2.13 (measured), so one reduce per
-            # rank: inputs[r] of every member reduced into member r's output.
-            works = []
+            # gloo's own reduce_scatter hangs on torch 2.13 (measured). Large: a ring over
+            # point-to-point messages (half the bytes of an allreduce); small: one
+            # allreduce of the inputs laid end to end (one gloo operation, lowest latency).
             n = out.numel()
-            spare = self._scratch(out.dtype, n * (self.world_size - 1))
-            for dst, x in enumerate(ins):
-                if dst == self.rank:
-                    out.copy_(x)
-                    buf = out
-                else:  # a copy: gloo overwrites a non-root input (inputs stay unchanged)
-                    i = dst if dst < self.rank else dst - 1
-                    buf = spare[i * n : (i + 1) * n].view(out.shape)
-                    buf.copy_(x)
-                opts = self._opts("ReduceOptions", dl, reduceOp=red, rootRank=dst)
-                works.append(pg.reduce([buf], opts))
-            self._wait(works, "reduce_scatter", dl)
+            if n * out.element_size() >= RING_MIN_BYTES and ring_op(red):
+                ring_reduce_scatter(
+                    pg,
+                    self.rank,
+                    self.world_size,
+                    out,
+                    ins,
+                    red,
+                    self._scratch(out.dtype, 2 * n),
+                    lambda works: self._wait(works, "reduce_scatter", dl, p2p=True),
+                )
+                return output
+            flat = self._scratch(out.dtype, n * self.world_size)
+            torch.cat([x.reshape(-1) for x in ins], out=flat)
+            opts = self._opts("AllreduceOptions", dl, reduceOp=red)
+            self._wait([pg.allreduce([flat], opts)], "reduce_scatter", dl)
+            out.copy_(flat[self.rank * n : (self.rank + 1) * n].view(out.shape))
             return output
 
         return self._submit("reduce_scatter", run, timeout, async_op)

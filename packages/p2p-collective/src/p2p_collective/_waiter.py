@@ -129,7 +129,7 @@ class Waiter:
         """Hand ``work`` to the thread; return when it is done, or raise.
 
         Args:
-            work: A gloo work, waited for once.
+            work: A gloo work, or a list of works, each waited for once, in order.
             deadline: ``time.monotonic()`` instant (None: no limit).
             gone: Checked after every wake-up (see :meth:`wake`) and every ``poll`` s.
             poll: Seconds between checks of the deadline without a wake-up.
@@ -183,7 +183,9 @@ def _loop(waits: queue.SimpleQueue[_Wait | None]) -> None:
         if wait is None:
             return
         try:
-            wait.work.wait(to_timedelta(remaining(wait.deadline)))
+            works = wait.work if isinstance(wait.work, list) else [wait.work]
+            for work in works:
+                work.wait(to_timedelta(remaining(wait.deadline)))
             wait.finished = True
         except BaseException as exc:
             wait.error = exc

@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import ray
-import torch
 
 from p2p_collective import Collective, CollectiveGroup, MultiCollectiveGroup
 from p2p_worker._oracle import actor_id_alive
@@ -86,7 +85,6 @@ class GroupHandle:
         self._lock = threading.Lock()
         self._collective: Collective | None = None
         self._multi: MultiCollectiveGroup | None = None
-        self._buffer: torch.Tensor | None = None  # reducescatter's concatenation
         self._destroyed = False
 
     @classmethod
@@ -267,9 +265,10 @@ class GroupHandle:
     ) -> None:
         """Reduce ``tensor_list[r]`` over the members into ``tensor`` of member ``r``.
 
-        One allreduce of the concatenated list (the same bytes as Ray's one allreduce
-        per item, in one operation; gloo's reduce is slower than its allreduce), then
-        this member's slice is copied out. ``tensor_list`` is left unchanged.
+        The N-member group's ``reduce_scatter``: large tensors go round a ring (each
+        member sends its ``(N - 1) / N`` once: half the bytes of Ray's one allreduce per
+        item), small ones as one allreduce of the list laid end to end.
+        ``tensor_list`` is left unchanged.
         """
         with _arguments():
             out = as_torch(tensor, "tensor", "reducescatter", writable=True)
@@ -285,18 +284,7 @@ class GroupHandle:
             if self._world_size == 1:
                 out.copy_(items[0])
                 return
-            flat = self._scratch(out.dtype, out.numel() * len(items))
-            torch.cat([x.reshape(-1) for x in items], out=flat)
-            self._members_group().allreduce(flat, op=op, timeout=timeout)
-            n = out.numel()
-            out.copy_(flat[self._rank * n : (self._rank + 1) * n].view(out.shape))
-
-    def _scratch(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        """A buffer of ``numel`` items kept for the next call (fresh pages cost more)."""
-        buf = self._buffer
-        if buf is None or buf.dtype != dtype or buf.numel() != numel:
-            buf = self._buffer = torch.empty(numel, dtype=dtype)
-        return buf
+            self._members_group().reduce_scatter(out, items, op=op, timeout=timeout)
 
     def barrier(self, timeout: float | None) -> None:
         """Wait until every member reached the barrier."""
@@ -321,7 +309,6 @@ class GroupHandle:
             self._destroyed = True
             coll, self._collective = self._collective, None
             self._multi = None
-            self._buffer = None
         if coll is not None:
             coll.close()
 
