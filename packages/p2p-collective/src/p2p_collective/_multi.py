@@ -282,17 +282,28 @@ class MultiCollectiveGroup:
                 raise self._gone from exc
             raise gloo_failure(exc, label, f"{label} did not complete in time") from exc
 
-    def _opts(self, cls: str, deadline: float | None, **fields: Any) -> Any:
+    def _opts(self, cls: str, deadline: float | None, op: Any = None, root: int = -1) -> Any:
         """The options object of a collective, with the time left as its timeout.
 
-        One object per kind and fields is kept and reused (gloo copies what it reads at
-        the call), so an operation builds no options object on the hot path.
+        One object per kind, reduce op and root is kept and reused (gloo copies what it
+        reads at the call), so an operation builds no options object on the hot path.
+
+        Args:
+            cls: ``"AllreduceOptions"``, ``"BroadcastOptions"``, ...
+            deadline: The operation's deadline.
+            op: The ``reduceOp`` field (None: the class has none).
+            root: The ``rootRank`` field (-1: the class has none).
         """
-        key = (cls, *fields.values())
+        key = (cls, op, root)
         opts = self._options.get(key)
         if opts is None:
+            fields: dict[str, Any] = {}
+            if op is not None:
+                fields["reduceOp"] = op
+            if root >= 0:
+                fields["rootRank"] = root
             opts = self._options[key] = op_options(cls, to_timedelta(None), **fields)
-        opts.timeout = to_timedelta(remaining(deadline))
+        opts.timeout = to_timedelta(None if deadline is None else deadline - time.monotonic())
         return opts
 
     def _scratch(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
@@ -413,9 +424,7 @@ class MultiCollectiveGroup:
     def _bcast(
         self, pg: Any, tensors: list[torch.Tensor], src: int, dl: float | None, what: str
     ) -> None:
-        works = [
-            pg.broadcast([t], self._opts("BroadcastOptions", dl, rootRank=src)) for t in tensors
-        ]
+        works = [pg.broadcast([t], self._opts("BroadcastOptions", dl, root=src)) for t in tensors]
         self._wait(works, what, dl)
 
     def broadcast_tensor(
@@ -470,7 +479,7 @@ class MultiCollectiveGroup:
 
         def run(pg: Any, dl: float | None) -> Any:
             self._wait(
-                [pg.allreduce([t], self._opts("AllreduceOptions", dl, reduceOp=red))],
+                [pg.allreduce([t], self._opts("AllreduceOptions", dl, red))],
                 "allreduce",
                 dl,
             )
@@ -505,7 +514,7 @@ class MultiCollectiveGroup:
             else:  # gloo overwrites a non-root input: reduce a copy in a kept buffer
                 buf = self._scratch(t.dtype, t.numel()).view(t.shape)
                 buf.copy_(t)
-            opts = self._opts("ReduceOptions", dl, reduceOp=red, rootRank=dst)
+            opts = self._opts("ReduceOptions", dl, red, dst)
             self._wait([pg.reduce([buf], opts)], "reduce", dl)
             return tensor
 
@@ -613,7 +622,7 @@ class MultiCollectiveGroup:
                 return output
             flat = self._scratch(out.dtype, n * self.world_size)
             torch.cat([x.reshape(-1) for x in ins], out=flat)
-            opts = self._opts("AllreduceOptions", dl, reduceOp=red)
+            opts = self._opts("AllreduceOptions", dl, red)
             self._wait([pg.allreduce([flat], opts)], "reduce_scatter", dl)
             out.copy_(flat[self.rank * n : (self.rank + 1) * n].view(out.shape))
             return output
