@@ -239,3 +239,23 @@ def t_send_recv(ctx: Ctx, gname: str) -> list[float]:
         g.recv_tensor(t, 0, timeout=60)
     g.barrier(timeout=60)
     return t.tolist()
+
+
+def t_ring_reduce_scatter(ctx: Ctx, gname: str) -> dict[str, list[float]]:
+    """reduce_scatter large enough for the ring, every op, output aliasing an input."""
+    g = ctx.group(gname)
+    r = ctx.rank
+    numel = 1 << 16  # 512 KiB of float64 per input: over RING_MIN_BYTES
+    base = torch.arange(numel, dtype=torch.float64) % 7
+    out: dict[str, list[float]] = {}
+    for op in ("sum", "product", "min", "max"):
+        ins = [base + (i + 1) * (r + 1) for i in range(N)]
+        keep = [x.clone() for x in ins]
+        res = torch.empty(numel, dtype=torch.float64)
+        g.reduce_scatter(res, ins, op=op, timeout=120)
+        assert all(torch.equal(a, b) for a, b in zip(ins, keep, strict=True))  # unchanged
+        out[op] = res[:8].tolist() + res[-8:].tolist()
+    ins = [torch.full((numel,), float(i + r), dtype=torch.float32) for i in range(N)]
+    g.reduce_scatter(ins[r], ins, timeout=120)  # the output is this member's own input
+    out["alias"] = [ins[r][0].item(), ins[r][-1].item()]
+    return out

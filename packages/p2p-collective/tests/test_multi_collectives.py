@@ -169,3 +169,21 @@ def test_errors_pickle_with_cause() -> None:
     back = pickle.loads(pickle.dumps(err))
     assert str(back) == "member gone"
     assert isinstance(back.__cause__, RuntimeError)
+
+
+def test_large_reduce_scatter_runs_the_ring_and_matches_local_values(quad: mt.Quad) -> None:
+    outs = quad.run(mt.t_ring_reduce_scatter, "ring")
+    numel = 1 << 16
+    base = torch.arange(numel, dtype=torch.float64) % 7
+    for rank, got in enumerate(outs):
+        block = torch.stack([base + (rank + 1) * (m + 1) for m in range(mt.N)])
+        expect = {
+            "sum": block.sum(0),
+            "product": block.prod(0),
+            "min": block.min(0).values,
+            "max": block.max(0).values,
+        }
+        for op, value in expect.items():
+            assert got[op] == value[:8].tolist() + value[-8:].tolist(), (rank, op)
+        alias = float(sum(rank + m for m in range(mt.N)))
+        assert got["alias"] == [alias, alias]

@@ -13,6 +13,7 @@ Example:
     >>> group.send({"x": torch.ones(3)})  # the peer "b" calls group.recv()  # doctest: +SKIP
 """
 
+from p2p_collective._arrays import as_tensor
 from p2p_collective._collective import Collective
 from p2p_collective._compression import CompressionPipelineConfig
 from p2p_collective._config import (
@@ -49,6 +50,7 @@ __all__ = [
     "MultiCollectiveGroup",
     "create_multi_group",
     "join_ranked_group",
+    "as_tensor",
     "Store",
     "CollectiveConfig",
     "NetEmulationConfig",

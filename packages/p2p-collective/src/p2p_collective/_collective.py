@@ -16,7 +16,7 @@ from p2p_collective._config import CollectiveConfig
 from p2p_collective._errors import GroupClosedError
 from p2p_collective._group import CollectiveGroup
 from p2p_collective._multi import MultiCollectiveGroup
-from p2p_collective._multi_create import create_multi_group
+from p2p_collective._multi_create import create_multi_group, join_ranked_group
 from p2p_collective._peer import LivenessOracle, Peers, new_instance
 from p2p_collective._rendezvous import as_torch_store
 from p2p_collective._transport import LinkFactory
@@ -175,7 +175,93 @@ class Collective:
     def create_collective_group(
         self, worker_addresses: Sequence[object], group_name: str | None = None
     ) -> CollectiveGroup | MultiCollectiveGroup:
-        """Return the group of these two addresses, creating it on first request.
+        """Return the group of these addresses: a pair for two, an N-member group for more.
+
+        Two addresses give what :meth:`create_pair_group` gives (ordered send/recv);
+        three or more give what :meth:`create_multi_group` gives (collectives). Call those
+        two directly for a return type that does not depend on the argument count, or
+        for collectives over two members (:meth:`create_multi_group`).
+
+        Args:
+            worker_addresses: Two or more distinct addresses (str or ``get_name()``), one
+                of them this process's own.
+            group_name: Optional key shared by all members, instead of the member names.
+
+        Returns:
+            A :class:`CollectiveGroup` (two addresses) or a :class:`MultiCollectiveGroup`.
+
+        Raises:
+            TypeError: An address is neither a string nor has ``get_name()``.
+            ValueError: Fewer than two distinct addresses, or none of them is this
+                process's own address.
+            GroupClosedError: This Collective was closed.
+
+        Example:
+            >>> group = coll.create_collective_group(["trainer", "rollout"])  # doctest: +SKIP
+            >>> group.rank, group.peer_name  # doctest: +SKIP
+            (1, 'rollout')
+        """
+        names = self._address_names(worker_addresses)
+        if len(names) > 2:
+            return create_multi_group(self, names, group_name)
+        return self.create_pair_group(names, group_name)
+
+    def create_multi_group(
+        self, worker_addresses: Sequence[object], group_name: str | None = None
+    ) -> MultiCollectiveGroup:
+        """Return the N-member group (collectives) of these addresses, N >= 2, cached.
+
+        Ranks are the indices of the sorted member names; every member must call the
+        group's operations in the same order. Over two addresses this is a different
+        group from the pair group of :meth:`create_pair_group`.
+
+        Args:
+            worker_addresses: Two or more distinct addresses, one of them this process's.
+            group_name: Optional key shared by all members, instead of the member names.
+
+        Returns:
+            The :class:`MultiCollectiveGroup`.
+
+        Raises:
+            TypeError: An address is neither a string nor has ``get_name()``.
+            ValueError: Fewer than two distinct addresses, or this process's is missing.
+            GroupClosedError: This Collective was closed.
+
+        Example:
+            >>> g = coll.create_multi_group(["a", "b", "c"])  # doctest: +SKIP
+            >>> g.allreduce(torch.ones(4))  # doctest: +SKIP
+        """
+        return create_multi_group(self, worker_addresses, group_name)
+
+    def join_ranked_group(
+        self, group_name: str, world_size: int, rank: int
+    ) -> MultiCollectiveGroup:
+        """Join the N-member group ``group_name`` of ``world_size`` members as ``rank``.
+
+        The members need not know each other's addresses: they meet in the rendezvous
+        store under ``group_name`` (what p2p-worker's ``compat`` module uses).
+
+        Args:
+            group_name: Name shared by all members.
+            world_size: Number of members (>= 2).
+            rank: This member's rank in ``0..world_size-1``.
+
+        Returns:
+            The :class:`MultiCollectiveGroup` (cached by name).
+
+        Raises:
+            ValueError: Bad name, size or rank.
+            GroupClosedError: This Collective was closed.
+
+        Example:
+            >>> g = coll.join_ranked_group("default", 4, rank)  # doctest: +SKIP
+        """
+        return join_ranked_group(self, group_name, world_size, rank)
+
+    def create_pair_group(
+        self, worker_addresses: Sequence[object], group_name: str | None = None
+    ) -> CollectiveGroup:
+        """Return the two-party group (ordered send/recv) of these two addresses.
 
         Groups are cached by their key: ``group_name`` when given, else the sorted member
         names joined with ``"+"``. Nothing touches the network here (except to look for a
@@ -199,18 +285,10 @@ class Collective:
             GroupClosedError: This Collective was closed.
 
         Example:
-            >>> group = coll.create_collective_group(["trainer", "rollout"])  # doctest: +SKIP
-            >>> group.rank, group.peer_name  # doctest: +SKIP
-            (1, 'rollout')
+            >>> group = coll.create_pair_group(["trainer", "rollout"])  # doctest: +SKIP
+            >>> group.send({"step": 1})  # doctest: +SKIP
         """
-        if isinstance(worker_addresses, (str, bytes)) or not isinstance(worker_addresses, Sequence):
-            raise TypeError(
-                "worker_addresses: expected a sequence of two addresses, got"
-                f" {type(worker_addresses).__name__}"
-            )
-        names = [address_name(a, f"worker_addresses[{i}]") for i, a in enumerate(worker_addresses)]
-        if len(names) > 2:  # an N-member group (collectives), see _multi.py
-            return create_multi_group(self, names, group_name)
+        names = self._address_names(worker_addresses)
         if len(names) != 2 or names[0] == names[1]:
             raise ValueError(
                 f"worker_addresses: got {names!r}; allowed: exactly two distinct addresses"
@@ -258,6 +336,16 @@ class Collective:
         if stale is not None:
             stale.close(timeout=0.0)
         return group
+
+    @staticmethod
+    def _address_names(worker_addresses: Sequence[object]) -> list[str]:
+        if isinstance(worker_addresses, (str, bytes)) or not isinstance(worker_addresses, Sequence):
+            raise TypeError(
+                "worker_addresses: expected a sequence of two addresses (or more, for an"
+                f" N-member group), got"
+                f" {type(worker_addresses).__name__}"
+            )
+        return [address_name(a, f"worker_addresses[{i}]") for i, a in enumerate(worker_addresses)]
 
     def _forget(self, group: CollectiveGroup) -> None:
         with self._lock:

@@ -8,25 +8,22 @@ Header messages and payload messages travel under two tags (see
 
 from __future__ import annotations
 
-import queue
 import socket
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from p2p_collective._deadline import is_timeout, remaining, to_timedelta
+from p2p_collective._deadline import remaining
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
 from p2p_collective._liveness import Watcher
 from p2p_collective._recvpool import PostedRecv
+from p2p_collective._waiter import Waiter, first_line, gloo_failure, wait_direct
 
 PAYLOAD_TAG = 0
 HEADER_TAG = 1
 """gloo tags: header messages (each operation's first) and all others travel apart, so
 header receives posted ahead never catch a payload (see :mod:`p2p_collective._headers`)."""
-_WAIT_GRACE = 2.0
 
 DIRECT_WAIT_MAX = 1 << 20
 """Messages up to this many bytes are waited for in the executing thread."""
@@ -57,9 +54,7 @@ class GlooLink:
         self._watcher = watcher
         self._gone: str | None = None
         self._on_gone: Callable[[PeerError, bool], None] | None = None
-        self._waits: queue.SimpleQueue[_Wait | None] = queue.SimpleQueue()
-        self._waiter: threading.Thread | None = None
-        self._inflight: _Wait | None = None
+        self._waiter = Waiter("p2p-gloo-wait")
         self.transport_reason = ""
         watcher.watch(watch, self._peer_gone)
 
@@ -72,9 +67,7 @@ class GlooLink:
 
     def _peer_gone(self, reason: str, died: bool) -> None:
         self._gone = reason
-        wait = self._inflight
-        if wait is not None:
-            wait.done.set()
+        self._waiter.wake()
         if self._on_gone is not None:
             self._on_gone(self._gone_error(), died)
 
@@ -101,8 +94,7 @@ class GlooLink:
                 return pg.send([tensor], self._peer_rank, tag)
             return pg.recv([tensor], self._peer_rank, tag)
         except Exception as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise PeerError(f"{what} with peer {self.peer!r} failed: {first}") from exc
+            raise PeerError(f"{what} with peer {self.peer!r} failed: {first_line(exc)}") from exc
 
     def _finish(self, what: str, work: Any, nbytes: int, deadline: float | None) -> None:
         """Wait for a posted operation; map gloo's failures to ours."""
@@ -111,39 +103,21 @@ class GlooLink:
             if left == 0.0:
                 raise TimeoutError("deadline already passed")
             if nbytes <= DIRECT_WAIT_MAX:
-                work.wait(to_timedelta(left))
+                wait_direct(work, deadline)
             else:
-                self._watched_wait(work, deadline)
+                self._waiter.wait(work, deadline, self._gone_or_none)
         except PeerError:
             raise
         except Exception as exc:
-            if is_timeout(exc):
-                raise CollectiveTimeoutError(
-                    f"{what} of {nbytes} bytes with peer {self.peer!r} did not"
-                    f" complete in time ({left if left is not None else 'no'} s left)"
-                ) from exc
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise PeerError(f"{what} with peer {self.peer!r} failed: {first}") from exc
+            raise gloo_failure(
+                exc,
+                f"{what} with peer {self.peer!r}",
+                f"{what} of {nbytes} bytes with peer {self.peer!r} did not complete in time"
+                f" ({left if left is not None else 'no'} s left)",
+            ) from exc
 
-    def _watched_wait(self, work: Any, deadline: float | None) -> None:
-        wait = _Wait(work, deadline)
-        self._inflight = wait
-        if self._waiter is None:
-            self._waiter = threading.Thread(
-                target=_waiter_loop, args=(self._waits,), name="p2p-gloo-wait", daemon=True
-            )
-            self._waiter.start()
-        self._waits.put(wait)
-        try:
-            while not wait.done.wait(0.5):
-                if deadline is not None and time.monotonic() > deadline + _WAIT_GRACE:
-                    raise TimeoutError("the gloo wait did not return by the deadline")
-            if wait.error is not None:
-                raise wait.error
-            if not wait.finished and self._gone is not None:
-                raise self._gone_error()
-        finally:
-            self._inflight = None
+    def _gone_or_none(self) -> PeerError | None:
+        return None if self._gone is None else self._gone_error()
 
     def send(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
         """Send the bytes of a flat uint8 tensor as one message (``header``: a frame's first)."""
@@ -187,35 +161,5 @@ class GlooLink:
         The process group's sockets close once no pending operation holds it.
         """
         self._pg = None
-        self._waits.put(None)
-        waiter = self._waiter
-        if waiter is not None and self._inflight is None:
-            waiter.join(timeout=1.0)
+        self._waiter.close()
         self._watcher.forget(self._watch)
-
-
-class _Wait:
-    __slots__ = ("deadline", "done", "error", "finished", "work")
-
-    def __init__(self, work: Any, deadline: float | None) -> None:
-        self.work = work
-        self.deadline = deadline
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        self.finished = False
-
-
-def _waiter_loop(waits: queue.SimpleQueue[_Wait | None]) -> None:
-    while True:
-        wait = waits.get()
-        if wait is None:
-            return
-        try:
-            wait.work.wait(to_timedelta(remaining(wait.deadline)))
-            wait.finished = True
-        except BaseException as exc:
-            wait.error = exc
-        finally:
-            wait.work = None  # drop the gloo work (and its process group) at once
-            wait.done.set()
-        del wait

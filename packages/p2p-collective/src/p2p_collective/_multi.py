@@ -11,14 +11,9 @@ from typing import Any
 import torch
 
 from p2p_asyncwork import AsyncResultWork
+from p2p_collective._arrays import as_tensor
 from p2p_collective._auth import JobAuth
-from p2p_collective._deadline import (
-    deadline_after,
-    is_timeout,
-    min_timeout,
-    remaining,
-    to_timedelta,
-)
+from p2p_collective._deadline import deadline_after, min_timeout, remaining, to_timedelta
 from p2p_collective._direction import CleanFailure, Direction
 from p2p_collective._errors import (
     CollectiveError,
@@ -28,56 +23,18 @@ from p2p_collective._errors import (
     PeerError,
     PeerGoneError,
 )
-from p2p_collective._multi_ops import (
-    OBJ_HEADER,
-    allocate_from,
-    as_tensor,
-    check_reducible,
-    encode_object,
-    header_for,
-    inline_meta,
-    like,
-    liveness_mesh,
-    meta_length,
-    new_gloo_group,
-    rebuild,
-    reduce_op,
-)
+from p2p_collective._multi_frames import OBJ_HEADER, Incoming, encode_object, read_head
+from p2p_collective._multi_ops import check_reducible, like, liveness_mesh, reduce_op
 from p2p_collective._peer import Life, Peer, announce, new_instance
-from p2p_collective._plain import refusal_message
 from p2p_collective._rendezvous import claim_incarnation, private_client, wait_key
+from p2p_collective._ring import ring_op, ring_reduce_scatter
 from p2p_collective._torch_gloo import op_options
 from p2p_collective._transport import StoreLike
+from p2p_collective._waiter import Waiter, gloo_failure, wait_sliced
 
-_WAIT_GRACE = 2.0
-_WAIT_SLICE = 0.05  # seconds a blocking wait lasts before liveness and deadline are checked
 _P2P_TAG = 1 << 28  # far from the tags gloo numbers its collectives with (0, 1, ...)
-
-
-def _threaded_wait(work: Any, deadline: float | None) -> Callable[[], bool]:
-    """Run ``work.wait()`` on a helper thread; return a probe that is True once it returned.
-
-    The probe raises what ``wait`` raised. (A second ``wait()`` on a gloo send/recv work
-    blocks forever, so the caller must not call it again.)
-    """
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def waiter() -> None:
-        try:
-            work.wait(to_timedelta(remaining(deadline)))
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            done.set()
-
-    def probe() -> bool:
-        if done.is_set() and errors:
-            raise errors[0]
-        return done.is_set()
-
-    threading.Thread(target=waiter, name="p2p-coll-p2p-wait", daemon=True).start()
-    return probe
+RING_MIN_BYTES = 256 << 10
+"""``reduce_scatter`` outputs from this size on run as a ring (see :mod:`._ring`)."""
 
 
 class MultiCollectiveGroup:
@@ -146,6 +103,9 @@ class MultiCollectiveGroup:
         self._prefix: str | None = None
         self._private: StoreLike | None = None
         self._direction = Direction(f"coll[{name}]")
+        self._waiter = Waiter("p2p-coll-wait")  # send_tensor / recv_tensor works
+        self._options: dict[tuple[Any, ...], Any] = {}  # see _opts
+        self._spare: torch.Tensor | None = None  # see _scratch
         self._object_seq = 0  # object broadcasts so far: every member counts alike
         # The members' fate (see _peer.py): one Peer per other member, bound to its life.
         self.instance = instance if instance is not None else new_instance()
@@ -268,18 +228,13 @@ class MultiCollectiveGroup:
             lambda key, t: wait_key(store, key, t, cancelled),
         )
         try:
-            pg = new_gloo_group(
-                store, prefix, self.rank, self.world_size, self.links.device(), self.init_timeout
+            pg = self.links.gloo_group(
+                store, prefix, self.rank, self.world_size, self.init_timeout, "the members"
             )
-        except Exception as exc:
+        except BaseException:
             for sock in socks.values():
                 sock.close()
-            if is_timeout(exc):
-                raise CollectiveTimeoutError(
-                    f"coll[{self.name}]: the process group did not connect within"
-                    f" {self.init_timeout} s"
-                ) from exc
-            raise CollectiveError(f"coll[{self.name}]: could not connect: {exc}") from exc
+            raise
         with self._lock:
             self._socks = socks
             self._pg = pg
@@ -303,61 +258,66 @@ class MultiCollectiveGroup:
             return
         self._gone = exc
         self._direction.abort(exc)
+        self._waiter.wake()
+
+    def _gone_now(self) -> PeerError | None:
+        return self._gone
 
     def _wait(self, works: list[Any], what: str, deadline: float | None, p2p: bool = False) -> None:
-        pause = 0.00005
+        """Wait for gloo works (see :mod:`p2p_collective._waiter`); map failures to ours.
+
+        Collectives are waited for in slices on this thread; gloo's send/recv works never
+        report ``is_completed()``, so the group's waiter thread waits for them.
+        """
+        label = f"coll[{self.name}]: {what}"
         try:
-            for work in works:
-                if not p2p:
-                    self._wait_collective(work, what, deadline)
-                    continue
-                # gloo's send/recv works never report is_completed(): wait in a helper.
-                probe = _threaded_wait(work, deadline)
-                while not probe():
-                    if self._gone is not None:
-                        raise self._gone
-                    if deadline is not None and time.monotonic() > deadline + _WAIT_GRACE:
-                        raise CollectiveTimeoutError(
-                            f"coll[{self.name}]: {what} did not complete in time"
-                        )
-                    time.sleep(pause)
-                    pause = min(pause * 2, 0.002)
+            if p2p:  # one hand-off to the waiter thread for all of them
+                self._waiter.wait(works, deadline, self._gone_now, poll=0.1)
+            for work in [] if p2p else works:
+                wait_sliced(work, deadline, self._gone_now, label)
         except (PeerError, CollectiveTimeoutError):
             raise
         except Exception as exc:
             if self._gone is not None:
                 raise self._gone from exc
-            if is_timeout(exc):
-                raise CollectiveTimeoutError(
-                    f"coll[{self.name}]: {what} did not complete in time"
-                ) from exc
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise PeerError(f"coll[{self.name}]: {what} failed: {first}") from exc
+            raise gloo_failure(exc, label, f"{label} did not complete in time") from exc
 
-    def _wait_collective(self, work: Any, what: str, deadline: float | None) -> None:
-        """Block on a collective's work in slices, checking liveness and the deadline between.
+    def _opts(self, cls: str, deadline: float | None, op: Any = None, root: int = -1) -> Any:
+        """The options object of a collective, with the time left as its timeout.
 
-        A blocking ``wait`` wakes the moment gloo completes the work; polling
-        ``is_completed`` with sleeps added up to milliseconds per operation on a loaded
-        machine (measured: 4.6-6.0 ms against 0.5-0.9 ms for a 4 KiB allreduce of two
-        ranks on two busy cores). A slice that runs out raises while the work is still
-        running, which is told apart from the work's own failure by ``is_completed``.
+        One object per kind, reduce op and root is kept and reused (gloo copies what it
+        reads at the call), so an operation builds no options object on the hot path.
+
+        Args:
+            cls: ``"AllreduceOptions"``, ``"BroadcastOptions"``, ...
+            deadline: The operation's deadline.
+            op: The ``reduceOp`` field (None: the class has none).
+            root: The ``rootRank`` field (-1: the class has none).
         """
-        while True:
-            if self._gone is not None:
-                raise self._gone
-            if deadline is not None and time.monotonic() > deadline + _WAIT_GRACE:
-                raise CollectiveTimeoutError(f"coll[{self.name}]: {what} did not complete in time")
-            try:
-                work.wait(to_timedelta(_WAIT_SLICE))
-                return
-            except Exception:
-                if work.is_completed():
-                    raise  # the operation's own outcome
-                # only the slice ran out: the operation goes on
+        key = (cls, op, root)
+        opts = self._options.get(key)
+        if opts is None:
+            fields: dict[str, Any] = {}
+            if op is not None:
+                fields["reduceOp"] = op
+            if root >= 0:
+                fields["rootRank"] = root
+            opts = self._options[key] = op_options(cls, to_timedelta(None), **fields)
+        opts.timeout = to_timedelta(None if deadline is None else deadline - time.monotonic())
+        return opts
 
-    def _opts(self, cls: str, deadline: float | None, **fields: Any) -> Any:
-        return op_options(cls, to_timedelta(remaining(deadline)), **fields)
+    def _scratch(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """A flat buffer of ``numel`` items of ``dtype``, kept for the next operation.
+
+        For the inputs gloo overwrites on members whose result is not kept (``reduce``
+        away from ``dst``): a fresh buffer per call costs page faults on every call
+        (measured on loopback: receiving into fresh memory runs at under half the rate
+        of a reused buffer). Only the executing operation uses it.
+        """
+        buf = self._spare
+        if buf is None or buf.dtype != dtype or buf.numel() < numel:
+            buf = self._spare = torch.empty(numel, dtype=dtype)
+        return buf[:numel]
 
     def _submit(
         self,
@@ -422,51 +382,49 @@ class MultiCollectiveGroup:
         """
         src = self._check_rank(src, "src")
         if self.rank == src:
-            meta, payloads = encode_object(obj, "broadcast(obj)")
+            encoded = encode_object(obj, "broadcast(obj)")
 
             def run(pg: Any, dl: float | None) -> Any:
-                header = header_for(meta, self._next_object_seq())
-                msgs = [header]
-                if inline_meta(header, len(meta)) is None:
-                    msgs.append(torch.frombuffer(bytearray(meta), dtype=torch.uint8))
-                self._bcast(pg, msgs + payloads, src, dl, "broadcast(obj)")
+                msgs = encoded.messages(self._next_object_seq())
+                self._bcast(pg, msgs, src, dl, "broadcast(obj)")
                 return obj
 
         else:
 
             def run(pg: Any, dl: float | None) -> Any:
                 seq = self._next_object_seq()
-                header = torch.empty(OBJ_HEADER, dtype=torch.uint8)
-                self._bcast(pg, [header], src, dl, "broadcast(obj) header")
+                head = torch.empty(OBJ_HEADER, dtype=torch.uint8)
+                self._bcast(pg, [head], src, dl, "broadcast(obj) header")
                 what = f"coll[{self.name}]: broadcast(obj) from {self.member_names[src]!r}"
-                length = meta_length(header, seq, what)
-                meta = inline_meta(header, length)
-                if meta is None:
-                    buf = torch.empty(length, dtype=torch.uint8)
-                    self._bcast(pg, [buf], src, dl, "broadcast(obj) metadata")
-                    meta = buf.numpy().tobytes()
+                hdr, rest_len = read_head(head, seq, what)
+                rest = None
+                if rest_len:
+                    rest = torch.empty(rest_len, dtype=torch.uint8)
+                    self._bcast(pg, [rest], src, dl, "broadcast(obj) metadata")
+                incoming = Incoming(hdr, head, rest, what)
+                self._bcast(pg, incoming.views, src, dl, "broadcast(obj) tensors")
+                # every message of this broadcast is taken: a refusal leaves the group fine
                 cfg = self.config
-                decoded, tensors, views, refused = allocate_from(
-                    meta, cfg.object_policy, cfg.object_allowlist
-                )
-                self._bcast(pg, views, src, dl, "broadcast(obj) tensors")
-                if refused:  # every message of this broadcast is taken: the group is fine
+                try:
+                    return incoming.rebuild(cfg.object_policy, cfg.object_allowlist)
+                except ObjectRefusedError as exc:
                     raise CleanFailure(
                         ObjectRefusedError(
                             f"coll[{self.name}]: refused the object broadcast by"
-                            f" {self.member_names[src]!r}: {refusal_message(refused)}"
+                            f" {self.member_names[src]!r}: {exc}"
                         )
-                    )
-                return rebuild(decoded, tensors)
+                    ) from exc
+                except Exception as exc:
+                    raise CleanFailure(
+                        CollectiveError(f"{what}: the object part could not be unpickled: {exc}")
+                    ) from exc
 
         return self._submit(f"broadcast(src={src})", run, timeout, async_op)
 
     def _bcast(
         self, pg: Any, tensors: list[torch.Tensor], src: int, dl: float | None, what: str
     ) -> None:
-        works = [
-            pg.broadcast([t], self._opts("BroadcastOptions", dl, rootRank=src)) for t in tensors
-        ]
+        works = [pg.broadcast([t], self._opts("BroadcastOptions", dl, root=src)) for t in tensors]
         self._wait(works, what, dl)
 
     def broadcast_tensor(
@@ -521,7 +479,7 @@ class MultiCollectiveGroup:
 
         def run(pg: Any, dl: float | None) -> Any:
             self._wait(
-                [pg.allreduce([t], self._opts("AllreduceOptions", dl, reduceOp=red))],
+                [pg.allreduce([t], self._opts("AllreduceOptions", dl, red))],
                 "allreduce",
                 dl,
             )
@@ -551,8 +509,12 @@ class MultiCollectiveGroup:
         check_reducible(t, "tensor", "reduce")
 
         def run(pg: Any, dl: float | None) -> Any:
-            buf = t if self.rank == dst else t.clone()
-            opts = self._opts("ReduceOptions", dl, reduceOp=red, rootRank=dst)
+            if self.rank == dst:
+                buf = t
+            else:  # gloo overwrites a non-root input: reduce a copy in a kept buffer
+                buf = self._scratch(t.dtype, t.numel()).view(t.shape)
+                buf.copy_(t)
+            opts = self._opts("ReduceOptions", dl, red, dst)
             self._wait([pg.reduce([buf], opts)], "reduce", dl)
             return tensor
 
@@ -642,16 +604,27 @@ class MultiCollectiveGroup:
                 )
 
         def run(pg: Any, dl: float | None) -> Any:
-            # gloo's own reduce_scatter hangs on torch 2.13 (measured), so one reduce per
-            # rank: inputs[r] of every member reduced into member r's output.
-            works = []
-            for dst, x in enumerate(ins):
-                if dst == self.rank:
-                    out.copy_(x)
-                buf = out if dst == self.rank else x.clone()
-                opts = self._opts("ReduceOptions", dl, reduceOp=red, rootRank=dst)
-                works.append(pg.reduce([buf], opts))
-            self._wait(works, "reduce_scatter", dl)
+            # gloo's own reduce_scatter hangs on torch 2.13 (measured). Large: a ring over
+            # point-to-point messages (half the bytes of an allreduce); small: one
+            # allreduce of the inputs laid end to end (one gloo operation, lowest latency).
+            n = out.numel()
+            if n * out.element_size() >= RING_MIN_BYTES and ring_op(red):
+                ring_reduce_scatter(
+                    pg,
+                    self.rank,
+                    self.world_size,
+                    out,
+                    ins,
+                    red,
+                    self._scratch(out.dtype, 2 * n),
+                    lambda works: self._wait(works, "reduce_scatter", dl, p2p=True),
+                )
+                return output
+            flat = self._scratch(out.dtype, n * self.world_size)
+            torch.cat([x.reshape(-1) for x in ins], out=flat)
+            opts = self._opts("AllreduceOptions", dl, red)
+            self._wait([pg.allreduce([flat], opts)], "reduce_scatter", dl)
+            out.copy_(flat[self.rank * n : (self.rank + 1) * n].view(out.shape))
             return output
 
         return self._submit("reduce_scatter", run, timeout, async_op)
@@ -740,6 +713,7 @@ class MultiCollectiveGroup:
             self._closed = True
             socks, self._socks = self._socks, {}
             self._pg = None
+            self._spare = None
             lives, self._lives = self._lives, {}
         for life, token in lives.values():
             life.unsubscribe(token)
@@ -752,6 +726,7 @@ class MultiCollectiveGroup:
 
     def _finish_close(self, deadline: float | None) -> None:
         self._direction.finish_close(deadline)
+        self._waiter.close()
 
     def __enter__(self) -> MultiCollectiveGroup:
         return self

@@ -70,6 +70,47 @@ class LinkFactory:
                 self._device = make_device(self.host)
             return self._device
 
+    def gloo_group(
+        self,
+        store: StoreLike,
+        prefix: str,
+        rank: int,
+        size: int,
+        timeout: float | None,
+        who: str,
+        *,
+        threads: int = 2,
+    ) -> Any:
+        """Connect a gloo process group of ``size`` ranks under ``prefix`` on our device.
+
+        The one constructor of process groups for pair links and N-member groups.
+
+        Args:
+            store: The rendezvous store.
+            prefix: The group's key prefix in it.
+            rank: This process's rank.
+            size: Number of ranks.
+            timeout: Seconds to wait for every rank (None: no limit).
+            who: The other side(s), for messages (e.g. ``"peer 'b'"``).
+            threads: Size of gloo's collective thread pool.
+
+        Raises:
+            CollectiveTimeoutError: Not every rank connected in time.
+            CollectiveError: The connection failed.
+        """
+        try:
+            return new_gloo_group(
+                store, prefix, rank, size, self.device(), to_timedelta(timeout), threads
+            )
+        except Exception as exc:
+            if is_timeout(exc):
+                raise CollectiveTimeoutError(
+                    f"{who} did not connect the process group {prefix!r} within {timeout} s"
+                ) from exc
+            raise CollectiveError(
+                f"could not connect the process group {prefix!r} to {who}: {exc}"
+            ) from exc
+
     def connect(
         self,
         store: StoreLike,
@@ -93,16 +134,10 @@ class LinkFactory:
         watch = open_watch_socket(store, prefix, receiving, self.host, peer, timeout, wait_key)
         try:
             # one thread: point-to-point ops never use gloo's collective thread pool
-            pg = new_gloo_group(store, prefix, rank, 2, self.device(), to_timedelta(timeout), 1)
-        except Exception as exc:
+            pg = self.gloo_group(store, prefix, rank, 2, timeout, f"peer {peer!r}", threads=1)
+        except BaseException:
             watch.close()
-            if is_timeout(exc):
-                raise CollectiveTimeoutError(
-                    f"peer {peer!r} did not connect the process group {prefix!r} within {timeout} s"
-                ) from exc
-            raise CollectiveError(
-                f"could not connect the process group {prefix!r} to peer {peer!r}: {exc}"
-            ) from exc
+            raise
         link = GlooLink(pg, rank, peer, watch, self.watcher)
         handshake = _shm_offer if receiving else _shm_join
         try:

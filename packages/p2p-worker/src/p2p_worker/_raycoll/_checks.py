@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from p2p_collective import as_tensor
 from p2p_worker._raycoll._errors import (
     CollectiveArgumentError,
     GroupSpecError,
@@ -144,35 +145,15 @@ def check_not_self(rank: int, own: int, arg: str) -> None:
 
 
 def as_torch(value: Any, where: str, op: str, *, writable: bool = False) -> torch.Tensor:
-    """A torch view of a CPU tensor or numpy array (no copy), for the point-to-point path.
+    """A torch view of a CPU tensor or numpy array (no copy): ``p2p_collective.as_tensor``.
 
     Raises:
         TensorTypeError: Neither a tensor nor an array.
-        CollectiveArgumentError: Not contiguous, not on CPU, or (``writable``) a
-            read-only array.
+        CollectiveArgumentError: Not contiguous, not on CPU, of a dtype that cannot
+            travel, or (``writable``) a read-only array.
     """
     check_tensor(value, where, op)
-    if isinstance(value, np.ndarray):
-        if not value.flags.c_contiguous:
-            raise CollectiveArgumentError(
-                f"{op}: {where} is a non-contiguous numpy array; use np.ascontiguousarray"
-            )
-        if writable and not value.flags.writeable:
-            raise CollectiveArgumentError(
-                f"{op}: {where} is a read-only numpy array; the result is written in place"
-            )
-        try:
-            return torch.from_numpy(value)
-        except TypeError as exc:
-            raise CollectiveArgumentError(
-                f"{op}: {where} has numpy dtype {value.dtype}, which torch cannot view"
-            ) from exc
-    tensor: torch.Tensor = value
-    if tensor.device.type != "cpu":
-        raise CollectiveArgumentError(
-            f"{op}: {where} is on {tensor.device}; the gloo backend takes CPU tensors (the"
-            " accelerator transport of collectives is not available yet); use .cpu()"
-        )
-    if not tensor.is_contiguous():
-        raise CollectiveArgumentError(f"{op}: {where} is not contiguous; use .contiguous()")
-    return tensor
+    try:
+        return as_tensor(value, where, op, writable=writable)
+    except ValueError as exc:
+        raise CollectiveArgumentError(str(exc)) from exc

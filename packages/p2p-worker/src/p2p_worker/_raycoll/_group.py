@@ -23,9 +23,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import ray
-import torch
 
-from p2p_collective import Collective, CollectiveGroup, MultiCollectiveGroup, join_ranked_group
+from p2p_collective import Collective, CollectiveGroup, MultiCollectiveGroup
 from p2p_worker._oracle import actor_id_alive
 from p2p_worker._raycoll._checks import as_torch, check_not_self, check_rank
 from p2p_worker._raycoll._env import Meeting, meeting
@@ -86,7 +85,6 @@ class GroupHandle:
         self._lock = threading.Lock()
         self._collective: Collective | None = None
         self._multi: MultiCollectiveGroup | None = None
-        self._buffer: torch.Tensor | None = None  # reducescatter's concatenation
         self._destroyed = False
 
     @classmethod
@@ -207,8 +205,8 @@ class GroupHandle:
         """The N-member group (joined on first use); never called for a group of one."""
         if self._multi is None or self._multi.closed:
             name = f"{self._group_name}#{self._incarnation}"
-            self._multi = join_ranked_group(
-                self._own_collective(), name, self._world_size, self._rank
+            self._multi = self._own_collective().join_ranked_group(
+                name, self._world_size, self._rank
             )
         return self._multi
 
@@ -224,9 +222,7 @@ class GroupHandle:
         peer = check_rank(peer, self._world_size, "peer")
         check_not_self(peer, self._rank, "peer")
         coll = self._own_collective()
-        pair = coll.create_collective_group([self.member_name(self._rank), self.member_name(peer)])
-        assert isinstance(pair, CollectiveGroup)  # two members: always a pair group
-        return pair
+        return coll.create_pair_group([self.member_name(self._rank), self.member_name(peer)])
 
     # -- operations (arguments already checked in Ray's terms) ----------------------------
 
@@ -269,9 +265,10 @@ class GroupHandle:
     ) -> None:
         """Reduce ``tensor_list[r]`` over the members into ``tensor`` of member ``r``.
 
-        One allreduce of the concatenated list (the same bytes as Ray's one allreduce
-        per item, in one operation; gloo's reduce is slower than its allreduce), then
-        this member's slice is copied out. ``tensor_list`` is left unchanged.
+        The N-member group's ``reduce_scatter``: large tensors go round a ring (each
+        member sends its ``(N - 1) / N`` once: half the bytes of Ray's one allreduce per
+        item), small ones as one allreduce of the list laid end to end.
+        ``tensor_list`` is left unchanged.
         """
         with _arguments():
             out = as_torch(tensor, "tensor", "reducescatter", writable=True)
@@ -287,18 +284,7 @@ class GroupHandle:
             if self._world_size == 1:
                 out.copy_(items[0])
                 return
-            flat = self._scratch(out.dtype, out.numel() * len(items))
-            torch.cat([x.reshape(-1) for x in items], out=flat)
-            self._members_group().allreduce(flat, op=op, timeout=timeout)
-            n = out.numel()
-            out.copy_(flat[self._rank * n : (self._rank + 1) * n].view(out.shape))
-
-    def _scratch(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        """A buffer of ``numel`` items kept for the next call (fresh pages cost more)."""
-        buf = self._buffer
-        if buf is None or buf.dtype != dtype or buf.numel() != numel:
-            buf = self._buffer = torch.empty(numel, dtype=dtype)
-        return buf
+            self._members_group().reduce_scatter(out, items, op=op, timeout=timeout)
 
     def barrier(self, timeout: float | None) -> None:
         """Wait until every member reached the barrier."""
@@ -323,7 +309,6 @@ class GroupHandle:
             self._destroyed = True
             coll, self._collective = self._collective, None
             self._multi = None
-            self._buffer = None
         if coll is not None:
             coll.close()
 
