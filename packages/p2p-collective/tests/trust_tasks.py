@@ -138,7 +138,9 @@ def policy_multi(port: int, rank: int, gname: str, evil_path: str) -> Any:
         seq: list[Any] = [
             {"step": 1, "shape": torch.Size([2])},
             Evil(evil_path),
-            {"k": Evil(evil_path), "d": NotAllowed(torch.ones(1), 1)},
+            # Pickled whole (a dataclass nested in a dict): the first refused global
+            # in the stream is named, here the dataclass ahead of the Evil.
+            {"d": NotAllowed(torch.ones(1), 1), "k": Evil(evil_path)},
             {Evil(evil_path): torch.arange(3), "ok": torch.ones(2)},  # refused key, tensors
             {"w": torch.ones(3)},
             "after",
