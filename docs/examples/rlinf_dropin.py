@@ -8,6 +8,8 @@ and a keyed, weighted channel created in the driver.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 # was: from rlinf.scheduler import (...)
@@ -73,6 +75,11 @@ def main() -> None:
 
     channel = Channel.create(name="rollouts")  # made in the driver, passed to workers
     senders.fill(channel).wait()
+    # Another process's item counts under its key once it has reached the channel
+    # worker, a moment after that process's put returned (see the migration page).
+    deadline = time.monotonic() + 30
+    while channel.qsize(key=1) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert channel.qsize(key=1) == 4
     batch = channel.get_batch(target_weight=3, key=1)  # weights 1 + 2
     assert [r["step"] for r in batch] == [0, 1]
