@@ -134,9 +134,7 @@ class WorkerBase(CollectivesMixin):
             )
         if options is not None:  # the first options between two workers count (as in RLinf)
             self.__dict__.setdefault("_p2p_options", {}).setdefault(peer.get_name(), options)
-        group = self.collective.create_collective_group([me, peer])
-        assert isinstance(group, CollectiveGroup)  # two members: always a pair group
-        return group
+        return self.collective.create_pair_group([me, peer])
 
     def collective_options(
         self, group_name: str, rank: int | Sequence[int]
