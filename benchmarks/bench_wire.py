@@ -15,7 +15,7 @@ Links: emulated 100 Mbit/s, 1 Gbit/s, 10 Gbit/s (no delay, shared memory underne
 plain gloo over loopback and plain shared memory. Codecs: ``raw`` (no compression),
 ``lz4`` and ``zstd`` (level 1) trying every dtype (``excluded_dtypes: []``),
 ``default`` (lz4 with the seed's defaults: float32 excluded, min_bytes 16 KiB) and
-``auto`` (``compression_pipeline.adaptive: true``: raw, lz4 or zstd per link). A second
+``auto`` (``compression_pipeline.adaptive: true``: raw, lz4, zstd or sparse per link). A second
 table compares overlapped codec work (compressor and decoder threads) with codec work
 done in line by the direction threads, on the 1 Gbit/s link, for single tensors and
 for lists of four.
@@ -54,7 +54,7 @@ CODECS: dict[str, dict[str, Any] | None] = {
     "default": {"codec": "lz4"},
     "auto": {"codec": "zstd", "level": 1, "excluded_dtypes": []},
 }
-"""``auto``: ``compression_pipeline.adaptive: true`` (raw, lz4 or zstd, chosen per link)."""
+"""``auto``: ``compression_pipeline.adaptive: true`` (raw, lz4, zstd or sparse, per link)."""
 OVERLAP_KINDS = ("int64_token_ids", "sparse_float32")
 TIMEOUT = 600.0
 
@@ -238,7 +238,8 @@ def _report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, d
         "MB/s = 1e6 raw tensor bytes delivered per second (sender's first send to receiver's"
         " last receive). `x` = median against raw's median on the same link.",
         "lz4 / zstd try every dtype (`excluded_dtypes: []`, zstd level 1); default = lz4 with"
-        " the seed's defaults (float32 excluded); auto = adaptive (raw, lz4 or zstd per link),"
+        " the seed's defaults (float32 excluded); auto = adaptive (raw, lz4, zstd or sparse per"
+        " link),"
         " `auto/best` = auto against the best of raw, lz4 and zstd on that link.",
         "",
     ]

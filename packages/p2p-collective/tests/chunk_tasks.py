@@ -162,3 +162,71 @@ def t_recv_adaptive(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int,
     g.send("done", timeout=60)
     close(tag)
     return ok
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's raw bytes (``torch.equal`` takes -0.0 for 0.0; the wire must not)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def sparse_f32(nbytes: int, seed: int) -> torch.Tensor:
+    """90%-zero float32 with -0.0 among the zeros (the benchmark's sparse data)."""
+    return make_synthetic_tensor("sparse_float32", nbytes, seed=seed)
+
+
+def t_send_sparse(
+    ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int, corrupt: int = 0
+) -> dict[str, Any]:
+    """Send ``n`` sparse float32 tensors (512 KiB), then a random one; stats before it.
+
+    ``corrupt``: the index of the sparse-compressed chunk (1-based) to garble, 0: none.
+    """
+    from p2p_collective._compression import _chunks
+
+    g = group(ctx, tag, cluster)
+    original = _chunks.compress_chunk
+    seen = [0]
+
+    def garble(codec: Any, chunk: Any) -> Any:
+        out = original(codec, chunk)
+        if out.codec_id == 3:
+            seen[0] += 1
+            if seen[0] == corrupt and out.payload is not None:
+                out.payload[:4].fill_(0xFF)  # a pooled buffer: the magic
+        return out
+
+    _chunks.compress_chunk = garble  # type: ignore[assignment]
+    try:
+        for k in range(n):
+            g.send(sparse_f32(512 * KiB, seed=k), timeout=60)
+    finally:
+        _chunks.compress_chunk = original  # type: ignore[assignment]
+    st = g.stats()["send"]
+    g.send(make_synthetic_tensor("random_float32", 512 * KiB, seed=99), timeout=60)
+    reply = g.recv(timeout=60)
+    close(tag)
+    return {"reply": reply, "stats": st}
+
+
+def t_recv_sparse(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int) -> list[str]:
+    """Receive what :func:`t_send_sparse` sends; one line per frame (ok, or the error)."""
+    from p2p_collective import FramingError
+
+    g = group(ctx, tag, cluster)
+    out: list[str] = []
+    for k in range(n):
+        try:
+            got = g.recv(timeout=60)
+            out.append(f"ok={bool(torch.equal(bits(got), bits(sparse_f32(512 * KiB, seed=k))))}")
+        except FramingError as exc:
+            out.append(f"FramingError: {exc} (cause {type(exc.__cause__).__name__})")
+    last = g.recv(timeout=60)
+    want = make_synthetic_tensor("random_float32", 512 * KiB, seed=99)
+    out.append(f"random ok={bool(torch.equal(bits(last), bits(want)))}")
+    out.append(f"broken={g.stats()['recv']['broken']}")
+    pool = collective(ctx, tag, cluster).compression_stats()
+    assert pool is not None
+    out.append(f"pool active_bytes={pool['pool']['active_bytes']}")
+    g.send("thanks", timeout=60)
+    close(tag)
+    return out

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import settings
 
-from p2p_compress import Lz4Codec, TensorCodec, ZstdCodec
+from p2p_compress import Lz4Codec, SparseCodec, TensorCodec, ZstdCodec
 
 # The CI gate runs hypothesis derandomized, so a red run is reproducible and a green
 # one is not luck; HYPOTHESIS_PROFILE=explore draws fresh examples on every run.
@@ -35,7 +35,12 @@ def _zstd_stream() -> TensorCodec:
     return ZstdCodec(level=3, backend="python-zstandard")
 
 
+def _sparse() -> TensorCodec:
+    return SparseCodec()
+
+
 CODEC_FACTORIES = {
+    "sparse": _sparse,
     "lz4": _lz4,
     "lz4-acc50": _lz4_fast,
     "zstd-libzstd": _zstd,
@@ -46,7 +51,7 @@ CODEC_FACTORIES = {
 
 @pytest.fixture(params=sorted(CODEC_FACTORIES))
 def codec(request: pytest.FixtureRequest) -> TensorCodec:
-    """Every codec and backend: lz4, lz4 fast, zstd (libzstd, level 9, stream fallback)."""
+    """Every codec and backend: lz4, lz4 fast, zstd (libzstd, level 9, stream fallback), sparse."""
     return CODEC_FACTORIES[request.param]()
 
 

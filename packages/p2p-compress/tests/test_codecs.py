@@ -78,7 +78,8 @@ def test_round_trip_every_dtype_and_shape(
 def test_compressible_data_shrinks(codec: TensorCodec) -> None:
     src = torch.zeros(100_000, dtype=torch.int64)
     payload = compress(codec, src)
-    assert payload.numel() < src.nbytes // 50
+    # sparse keeps two bits per 32-bit word (its ceiling is 16x); the others do better
+    assert payload.numel() < src.nbytes // (15 if codec.name == "sparse" else 50)
 
 
 def test_incompressible_data_fits_bound(codec: TensorCodec) -> None:

@@ -18,10 +18,13 @@ from hypothesis import strategies as st
 from p2p_compress import (
     CODEC_LZ4,
     CODEC_RAW,
+    CODEC_SPARSE,
     CODEC_ZSTD,
     CompressionError,
     Lz4Codec,
     Lz4CodecConfig,
+    SparseCodec,
+    SparseCodecConfig,
     TensorCodec,
     TensorCodecProvider,
     TensorCompressionConfig,
@@ -35,6 +38,7 @@ CODECS: dict[str, TensorCodec] = {
     "lz4": Lz4Codec(),
     "zstd": ZstdCodec(),
     "zstd-stream": ZstdCodec(level=3, backend="python-zstandard"),
+    "sparse": SparseCodec(),
 }
 PROVIDERS = {
     CODEC_LZ4: TensorCodecProvider(
@@ -42,6 +46,9 @@ PROVIDERS = {
     ),
     CODEC_ZSTD: TensorCodecProvider(
         TensorCompressionConfig(ZstdCodecConfig(), min_bytes=0, excluded_dtypes=())
+    ),
+    CODEC_SPARSE: TensorCodecProvider(
+        TensorCompressionConfig(SparseCodecConfig(), min_bytes=0, excluded_dtypes=())
     ),
 }
 ZSTD_MAGIC = bytes.fromhex("28b52ffd")
@@ -206,8 +213,10 @@ def test_mutated_payload_is_an_error_or_fills_exactly(
 
 @FUZZ
 @given(
-    codec_id=st.one_of(st.sampled_from([CODEC_RAW, CODEC_LZ4, CODEC_ZSTD]), st.integers(0, 255)),
-    provider_id=st.sampled_from([CODEC_LZ4, CODEC_ZSTD]),
+    codec_id=st.one_of(
+        st.sampled_from([CODEC_RAW, CODEC_LZ4, CODEC_ZSTD, CODEC_SPARSE]), st.integers(0, 255)
+    ),
+    provider_id=st.sampled_from([CODEC_LZ4, CODEC_ZSTD, CODEC_SPARSE]),
     payload=st.binary(max_size=1024),
     nbytes=st.integers(0, 2048),
 )
@@ -233,16 +242,15 @@ def test_decompress_into_tensor_with_any_codec_id(
 
 @FUZZ
 @given(
-    codec=st.sampled_from(["lz4", "zstd"]),
+    codec=st.sampled_from(["lz4", "zstd", "sparse"]),
     values=st.lists(tensors(), min_size=1, max_size=3),
     edits=st.lists(mutations(), min_size=1, max_size=3),
 )
 def test_corrupted_compressed_tensors_never_escape_compression_error(
     codec: str, values: list[torch.Tensor], edits: list[tuple[str, int, int]]
 ) -> None:
-    config = TensorCompressionConfig(
-        Lz4CodecConfig() if codec == "lz4" else ZstdCodecConfig(), min_bytes=0, excluded_dtypes=()
-    )
+    configs = {"lz4": Lz4CodecConfig(), "zstd": ZstdCodecConfig(), "sparse": SparseCodecConfig()}
+    config = TensorCompressionConfig(configs[codec], min_bytes=0, excluded_dtypes=())
     with compress_tensors(values, config) as packed:
         for item in packed.items:
             if item.codec_id != CODEC_RAW and item.wire_bytes:

@@ -18,7 +18,7 @@ def test_probe_installed_libraries() -> None:
 
 
 def test_probe_rejects_unknown_name() -> None:
-    with pytest.raises(ValueError, match="'lz4' or 'zstd', got 'gzip'"):
+    with pytest.raises(ValueError, match="'lz4', 'zstd' or 'sparse', got 'gzip'"):
         probe_codec_library("gzip")
 
 

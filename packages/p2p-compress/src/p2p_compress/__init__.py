@@ -26,9 +26,17 @@ from p2p_compress._api import (
     default_buffer_pool,
     default_codec_provider,
 )
-from p2p_compress._codec import CODEC_LZ4, CODEC_NAMES, CODEC_RAW, CODEC_ZSTD, TensorCodec
+from p2p_compress._codec import (
+    CODEC_LZ4,
+    CODEC_NAMES,
+    CODEC_RAW,
+    CODEC_SPARSE,
+    CODEC_ZSTD,
+    TensorCodec,
+)
 from p2p_compress._config import (
     Lz4CodecConfig,
+    SparseCodecConfig,
     TensorBufferPoolConfig,
     TensorCompressionConfig,
     ZstdCodecConfig,
@@ -48,6 +56,7 @@ from p2p_compress._pool import BufferLease, TensorBufferPool
 from p2p_compress._probe import probe_codec_library
 from p2p_compress._provider import TensorCodecProvider
 from p2p_compress._sizes import SIZE_RULE, parse_size
+from p2p_compress._sparse import SparseCodec
 from p2p_compress._synthetic import SYNTHETIC_KINDS, make_synthetic_tensor
 from p2p_compress._zstd import ZstdCodec
 
@@ -60,6 +69,7 @@ __all__ = [
     # configuration
     "Lz4CodecConfig",
     "ZstdCodecConfig",
+    "SparseCodecConfig",
     "TensorCompressionConfig",
     "TensorBufferPoolConfig",
     "parse_tensor_compression",
@@ -69,9 +79,11 @@ __all__ = [
     "TensorCodec",
     "Lz4Codec",
     "ZstdCodec",
+    "SparseCodec",
     "CODEC_RAW",
     "CODEC_LZ4",
     "CODEC_ZSTD",
+    "CODEC_SPARSE",
     "CODEC_NAMES",
     "LZ4_MAX_INPUT_SIZE",
     # provider and pool

@@ -10,17 +10,23 @@ from typing import Literal, TypeAlias
 
 import torch
 
-from p2p_compress._config import Lz4CodecConfig, TensorCompressionConfig, ZstdCodecConfig
+from p2p_compress._config import (
+    CodecConfig,
+    Lz4CodecConfig,
+    SparseCodecConfig,
+    TensorCompressionConfig,
+    ZstdCodecConfig,
+)
 from p2p_compress._plan import CompressionPlan, decompress_into_tensor, plan_compression
 from p2p_compress._pool import TensorBufferPool
 from p2p_compress._provider import TensorCodecProvider
 
 Tensors: TypeAlias = torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
-CodecChoice: TypeAlias = str | Lz4CodecConfig | ZstdCodecConfig | TensorCompressionConfig
+CodecChoice: TypeAlias = str | CodecConfig | TensorCompressionConfig
 
 _lock = threading.Lock()
 _pool: TensorBufferPool | None = None
-_providers: dict[Lz4CodecConfig | ZstdCodecConfig, TensorCodecProvider] = {}
+_providers: dict[CodecConfig, TensorCodecProvider] = {}
 
 
 def default_buffer_pool() -> TensorBufferPool:
@@ -33,7 +39,7 @@ def default_buffer_pool() -> TensorBufferPool:
 
 
 def default_codec_provider(
-    codec: Lz4CodecConfig | ZstdCodecConfig | TensorCompressionConfig,
+    codec: CodecConfig | TensorCompressionConfig,
 ) -> TensorCodecProvider:
     """Return the process-wide provider for a codec config, creating it at first use."""
     key = codec.codec if isinstance(codec, TensorCompressionConfig) else codec
@@ -51,7 +57,7 @@ class CompressedTensor:
     Attributes:
         dtype: the original dtype.
         shape: the original shape.
-        codec_id: 0 raw, 1 lz4, 2 zstd.
+        codec_id: 0 raw, 1 lz4, 2 zstd, 3 sparse.
         raw_bytes: the original byte count.
         wire_bytes: the payload's byte count.
         payload: a ``torch.uint8`` view of the pooled buffer when compressed; the
@@ -178,18 +184,18 @@ def _resolve_config(
     if isinstance(codec, TensorCompressionConfig):
         return codec
     if codec is None:
-        choice: Lz4CodecConfig | ZstdCodecConfig = (
-            provider.codec_config if provider is not None else Lz4CodecConfig()
-        )
-    elif isinstance(codec, (Lz4CodecConfig, ZstdCodecConfig)):
+        choice: CodecConfig = provider.codec_config if provider is not None else Lz4CodecConfig()
+    elif isinstance(codec, (Lz4CodecConfig, ZstdCodecConfig, SparseCodecConfig)):
         choice = codec
     elif codec == "lz4":
         choice = Lz4CodecConfig()
     elif codec == "zstd":
         choice = ZstdCodecConfig()
+    elif codec == "sparse":
+        choice = SparseCodecConfig()
     else:
         raise ValueError(
-            "codec must be 'lz4', 'zstd', a codec config or a TensorCompressionConfig, "
+            "codec must be 'lz4', 'zstd', 'sparse', a codec config or a TensorCompressionConfig, "
             f"got {codec!r}"
         )
     return TensorCompressionConfig(codec=choice, min_bytes=0, excluded_dtypes=())
@@ -213,7 +219,8 @@ def compress_tensors(
     Args:
         tensors: a tensor, a list or tuple of tensors, or a dict of str to tensor. CPU
             tensors must be contiguous.
-        codec: ``"lz4"``, ``"zstd"``, a codec config, or a full compression config.
+        codec: ``"lz4"``, ``"zstd"``, ``"sparse"``, a codec config, or a full compression
+            config.
             Default: the provider's codec, else lz4.
         provider: the codec provider; default: a process-wide one per codec config.
         pool: the buffer pool; default: :func:`default_buffer_pool`.

@@ -15,7 +15,14 @@ CODEC_LZ4: Final = 1
 """Wire id of an lz4 block payload."""
 CODEC_ZSTD: Final = 2
 """Wire id of a zstd frame payload."""
-CODEC_NAMES: Final[dict[int, str]] = {CODEC_RAW: "raw", CODEC_LZ4: "lz4", CODEC_ZSTD: "zstd"}
+CODEC_SPARSE: Final = 3
+"""Wire id of a zero-word-elision payload (:class:`~p2p_compress.SparseCodec`)."""
+CODEC_NAMES: Final[dict[int, str]] = {
+    CODEC_RAW: "raw",
+    CODEC_LZ4: "lz4",
+    CODEC_ZSTD: "zstd",
+    CODEC_SPARSE: "sparse",
+}
 
 
 class TensorCodec(abc.ABC):

@@ -106,7 +106,30 @@ class ZstdCodecConfig:
         return {"level": self.level, "max_inflight": self.max_inflight}
 
 
-CodecConfig = Lz4CodecConfig | ZstdCodecConfig
+@dataclass(frozen=True)
+class SparseCodecConfig:
+    """The ``sparse`` codec (zero-word elision, :class:`~p2p_compress.SparseCodec`).
+
+    It has no parameters. Seed 000's ``tensor_compression.codec`` stays ``lz4`` or
+    ``zstd``; ``sparse`` is chosen per link by ``compression_pipeline.adaptive`` (where
+    it is one of the ``codecs``), or given programmatically to
+    :class:`TensorCompressionConfig` and :func:`~p2p_compress.compress_tensors`.
+
+    Example:
+        >>> SparseCodecConfig().codec_id, SparseCodecConfig().to_dict()
+        (3, {})
+    """
+
+    name: ClassVar[str] = "sparse"
+    codec_id: ClassVar[int] = 3
+    param_names: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the codec's own keys (none)."""
+        return {}
+
+
+CodecConfig = Lz4CodecConfig | ZstdCodecConfig | SparseCodecConfig
 _CODECS: Final[dict[str, type[Lz4CodecConfig] | type[ZstdCodecConfig]]] = {
     "lz4": Lz4CodecConfig,
     "zstd": ZstdCodecConfig,
@@ -135,8 +158,10 @@ class TensorCompressionConfig:
     excluded_dtypes: tuple[torch.dtype, ...] = field(default=(torch.float32,))
 
     def __post_init__(self) -> None:
-        if not isinstance(self.codec, (Lz4CodecConfig, ZstdCodecConfig)):
-            raise _fail("codec", self.codec, "an Lz4CodecConfig or a ZstdCodecConfig")
+        if not isinstance(self.codec, (Lz4CodecConfig, ZstdCodecConfig, SparseCodecConfig)):
+            raise _fail(
+                "codec", self.codec, "an Lz4CodecConfig, a ZstdCodecConfig or a SparseCodecConfig"
+            )
         if not isinstance(self.enabled, bool):
             raise _fail("enabled", self.enabled, "true or false")
         _check_int(self.min_bytes, "min_bytes", 0)
@@ -145,12 +170,12 @@ class TensorCompressionConfig:
 
     @property
     def codec_name(self) -> str:
-        """``"lz4"`` or ``"zstd"``."""
+        """``"lz4"``, ``"zstd"`` or ``"sparse"``."""
         return self.codec.name
 
     @property
     def codec_id(self) -> int:
-        """The codec's wire id: 1 for lz4, 2 for zstd."""
+        """The codec's wire id: 1 for lz4, 2 for zstd, 3 for sparse."""
         return self.codec.codec_id
 
     def to_dict(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import torch
 from p2p_compress._codec import TensorCodec
 from p2p_compress._errors import CompressionError
 from p2p_compress._lz4 import Lz4Codec
+from p2p_compress._sparse import SparseCodec
 from p2p_compress._zstd import ZstdCodec
 
 
@@ -17,7 +18,7 @@ def probe_codec_library(name: str) -> None:
     traffic are still created lazily by the provider.
 
     Args:
-        name: ``"lz4"`` or ``"zstd"``.
+        name: ``"lz4"``, ``"zstd"`` or ``"sparse"`` (numpy only).
 
     Raises:
         ValueError: ``name`` is neither.
@@ -32,8 +33,10 @@ def probe_codec_library(name: str) -> None:
         codec = Lz4Codec()
     elif name == "zstd":
         codec = ZstdCodec()
+    elif name == "sparse":
+        codec = SparseCodec()
     else:
-        raise ValueError(f"name must be 'lz4' or 'zstd', got {name!r}")
+        raise ValueError(f"name must be 'lz4', 'zstd' or 'sparse', got {name!r}")
     sample = torch.arange(256, dtype=torch.int32) % 5
     bound = codec.max_compressed_size(sample.nbytes)
     assert bound is not None

@@ -10,19 +10,22 @@ from typing import Any
 
 from p2p_compress._codec import TensorCodec
 from p2p_compress._config import (
+    CodecConfig,
     Lz4CodecConfig,
+    SparseCodecConfig,
     TensorCompressionConfig,
     ZstdCodecConfig,
 )
 from p2p_compress._errors import CompressionTimeoutError
 from p2p_compress._lz4 import Lz4Codec
+from p2p_compress._sparse import SparseCodec
 from p2p_compress._zstd import ZstdCodec
 
 
 class TensorCodecProvider:
-    """Hands out codecs: one shared lz4 codec, or at most ``max_inflight`` zstd contexts.
+    """Hands out codecs: one shared lz4 or sparse codec, or at most ``max_inflight`` zstd contexts.
 
-    lz4 is stateless: every acquire returns the same codec, without a limit or a lock.
+    lz4 and sparse are stateless: every acquire returns the same codec, without a limit or a lock.
     zstd contexts are exclusive and come from one bounded LIFO stack shared by
     compression and decompression (the most recently released, cache-warm context goes
     out first). Contexts are created on demand, so a provider that never sees an
@@ -53,16 +56,16 @@ class TensorCodecProvider:
         'zstd'
     """
 
-    def __init__(self, config: TensorCompressionConfig | Lz4CodecConfig | ZstdCodecConfig) -> None:
+    def __init__(self, config: TensorCompressionConfig | CodecConfig) -> None:
         codec_config = config.codec if isinstance(config, TensorCompressionConfig) else config
-        if not isinstance(codec_config, (Lz4CodecConfig, ZstdCodecConfig)):
+        if not isinstance(codec_config, (Lz4CodecConfig, ZstdCodecConfig, SparseCodecConfig)):
             raise TypeError(
-                "config must be a TensorCompressionConfig, Lz4CodecConfig or ZstdCodecConfig, "
-                f"got {type(config).__name__}"
+                "config must be a TensorCompressionConfig, Lz4CodecConfig, ZstdCodecConfig or "
+                f"SparseCodecConfig, got {type(config).__name__}"
             )
-        self.codec_config: Lz4CodecConfig | ZstdCodecConfig = codec_config
+        self.codec_config: CodecConfig = codec_config
         self._cond = threading.Condition(threading.Lock())
-        self._shared: Lz4Codec | None = None
+        self._shared: Lz4Codec | SparseCodec | None = None
         self._idle: list[ZstdCodec] = []
         self._busy: dict[int, ZstdCodec] = {}
         self._created = 0
@@ -72,17 +75,20 @@ class TensorCodecProvider:
         if isinstance(codec_config, Lz4CodecConfig):
             self._shared = Lz4Codec(codec_config.acceleration)
             self.max_inflight: int | None = None
+        elif isinstance(codec_config, SparseCodecConfig):
+            self._shared = SparseCodec()
+            self.max_inflight = None
         else:
             self.max_inflight = codec_config.max_inflight
 
     @property
     def codec_name(self) -> str:
-        """``"lz4"`` or ``"zstd"``."""
+        """``"lz4"``, ``"zstd"`` or ``"sparse"``."""
         return self.codec_config.name
 
     @property
     def codec_id(self) -> int:
-        """The codec's wire id (1 lz4, 2 zstd)."""
+        """The codec's wire id (1 lz4, 2 zstd, 3 sparse)."""
         return self.codec_config.codec_id
 
     def acquire_encoder(self) -> TensorCodec | None:

@@ -42,14 +42,14 @@ def decodes(codec: WireCodec | None) -> str:
     """What this side decodes, in words (the end of a refusal's sentence)."""
     if codec is None:
         return "has compression off"
-    return f"decodes only {' and '.join(CODEC_IDS)} (configured codec {codec.config.codec_name})"
+    return f"decodes only {', '.join(CODEC_IDS)} (configured codec {codec.config.codec_name})"
 
 
 def check_entries(metas: list[TensorMeta], codec: WireCodec | None, peer: str) -> bool:
     """Validate the codec fields of a frame's tensor entries; True when any is compressed.
 
-    A side with compression on decodes lz4 and zstd whatever its own ``codec`` is (an
-    adaptive sender picks either per link).
+    A side with compression on decodes lz4, zstd and sparse whatever its own ``codec`` is
+    (an adaptive sender picks any of them per link).
 
     Raises:
         FramingError: An entry names an unknown codec or compression is off here, or a wire

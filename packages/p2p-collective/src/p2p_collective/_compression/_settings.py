@@ -22,7 +22,7 @@ DEFAULT_CHUNK_BYTES: Final = 1 << 20
 MIN_CHUNK_BYTES: Final = 1 << 16
 MAX_CHUNK_BYTES: Final = 1 << 30
 _KEYS: Final = ("overlap", "compressor_threads", "decoder_threads", "chunk_bytes", "adaptive")
-ADAPTIVE_CODECS: Final = ("lz4", "zstd")
+ADAPTIVE_CODECS: Final = ("lz4", "zstd", "sparse")
 """The codecs an adaptive link may choose from (besides raw)."""
 DEFAULT_PROBE_EVERY: Final = 8
 _ADAPTIVE_KEYS: Final = ("codecs", "probe_every")
@@ -68,21 +68,23 @@ class AdaptiveConfig:
     """``compression_pipeline.adaptive`` as a mapping: how a link picks raw or a codec.
 
     Attributes:
-        codecs: The codecs a link may choose from besides raw, any of ``lz4`` and
-            ``zstd`` (each with the parameters of ``tensor_compression`` when it is the
-            job's codec, else its defaults: lz4 acceleration 1, zstd level 1). The
-            receiver decodes either whatever its own ``codec`` is. Default both.
+        codecs: The codecs a link may choose from besides raw, any of ``lz4``, ``zstd``
+            and ``sparse`` (lz4 and zstd with the parameters of ``tensor_compression``
+            when it is the job's codec, else their defaults: lz4 acceleration 1, zstd
+            level 1; ``sparse`` is :class:`~p2p_compress.SparseCodec`, zero-word
+            elision for mostly-zero tensors). The receiver decodes any of them whatever
+            its own ``codec`` is. Default all three.
         probe_every: Every this many frames a link re-measures what it is not using
             (one chunk with another codec; on a real link, a raw frame while it
             compresses), 2 to 1000. Default 8.
 
     Example:
         >>> AdaptiveConfig().codecs
-        ('lz4', 'zstd')
+        ('lz4', 'zstd', 'sparse')
         >>> AdaptiveConfig(codecs=("lz5",))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        p2p_asyncwork...ConfigError: codecs[0]: got 'lz5'; allowed: one of ['lz4', 'zstd']...
+        p2p_asyncwork...ConfigError: codecs[0]: got 'lz5'; allowed: one of ['lz4', ...
     """
 
     codecs: tuple[str, ...] = ADAPTIVE_CODECS
@@ -104,7 +106,10 @@ def _probe_every(value: object, path: str) -> int:
 
 
 def _adaptive(value: object, path: str) -> AdaptiveConfig | None:
-    shape = "true (raw, lz4 or zstd per link), false, or a mapping with keys codecs, probe_every"
+    shape = (
+        "true (raw, lz4, zstd or sparse per link), false, or a mapping with keys codecs,"
+        " probe_every"
+    )
     if isinstance(value, bool):
         return AdaptiveConfig() if value else None
     if isinstance(value, AdaptiveConfig):

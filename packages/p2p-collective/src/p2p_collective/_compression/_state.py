@@ -12,6 +12,7 @@ from p2p_collective._framing import TensorMeta
 from p2p_collective._jobs import Worker
 from p2p_compress import (
     Lz4CodecConfig,
+    SparseCodecConfig,
     TensorBufferPool,
     TensorBufferPoolConfig,
     TensorCodecProvider,
@@ -19,7 +20,11 @@ from p2p_compress import (
     ZstdCodecConfig,
 )
 
-CODEC_IDS = {"lz4": Lz4CodecConfig.codec_id, "zstd": ZstdCodecConfig.codec_id}
+CODEC_IDS = {
+    "lz4": Lz4CodecConfig.codec_id,
+    "zstd": ZstdCodecConfig.codec_id,
+    "sparse": SparseCodecConfig.codec_id,
+}
 """Wire ids of the codecs a receiver decodes whatever its own ``codec`` is."""
 
 
@@ -27,8 +32,8 @@ def _config_for(config: TensorCompressionConfig, codec_id: int) -> TensorCompres
     """``config`` with codec ``codec_id``: its own parameters if it is the job's, else defaults."""
     if codec_id == config.codec_id:
         return config
-    other = Lz4CodecConfig() if codec_id == Lz4CodecConfig.codec_id else ZstdCodecConfig()
-    return replace(config, codec=other)
+    others = {c.codec_id: c for c in (Lz4CodecConfig(), ZstdCodecConfig(), SparseCodecConfig())}
+    return replace(config, codec=others[codec_id])
 
 
 class WireCodec:
@@ -94,7 +99,7 @@ class WireCodec:
         """The provider of codec ``codec_id`` (None: the job's), created at its first use.
 
         Raises:
-            KeyError: ``codec_id`` is neither lz4's nor zstd's (callers check first).
+            KeyError: ``codec_id`` is not lz4's, zstd's or sparse's (callers check first).
         """
         key = self.config.codec_id if codec_id is None else codec_id
         provider = self._providers.get(key)
