@@ -1,6 +1,6 @@
 """One codec thread on 1 MiB chunks: the rates the adaptive mode weighs against a link.
 
-For each synthetic data kind (32 MiB) and codec setting (lz4, zstd level 1 and 3), the
+For each synthetic data kind (32 MiB) and codec setting (lz4, zstd level 1 and 3, sparse), the
 tensor is compressed chunk by chunk into a reused buffer and decoded into a reused
 target, as chunked frames do; best of 3 passes, wall clock, one thread. Prints the
 ratio and the compress / decode rates in MB/s of raw data.
@@ -19,6 +19,7 @@ import torch
 from p2p_compress import (
     SYNTHETIC_KINDS,
     Lz4Codec,
+    SparseCodec,
     TensorCodec,
     ZstdCodec,
     make_synthetic_tensor,
@@ -67,6 +68,7 @@ def main() -> None:
         "lz4": Lz4Codec(),
         "zstd-1": ZstdCodec(1),
         "zstd-3": ZstdCodec(3),
+        "sparse": SparseCodec(),
     }
     lines = [
         f"One codec thread, {ns.chunk_mib:g} MiB chunks of 32 MiB, best of 3 passes",
