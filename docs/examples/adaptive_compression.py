@@ -1,4 +1,4 @@
-"""Adaptive compression: each link picks raw, lz4 or zstd from its own traffic.
+"""Adaptive compression: each link picks raw, lz4, zstd or sparse from its own traffic.
 
 Runs on its own: ``python docs/examples/adaptive_compression.py``. Two plain processes
 hold two links each, with the same job-level compression section and

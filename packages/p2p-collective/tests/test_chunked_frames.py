@@ -294,6 +294,9 @@ def test_the_advisor_learns_then_decides_and_probes_both_ways() -> None:
     assert adv.decide("int64", True) == Choice(None)  # nothing known: raw measures the link
     assert adv.reason == "learning the link"
     adv.observe_link(1 << 20, 0.1, None)  # 10 MB/s delivered, raw
+    assert adv.decide("int64", True) == Choice(None)  # a second raw frame: the first was cold
+    adv.observe_link(1 << 20, 0.2, None)  # slower: blended in (a waiting receiver)
+    assert adv.as_dict()["link_mbps"] == pytest.approx((0.7 * 80 + 0.3 * 40) * 1.048576)
     # then one frame whose chunks take turns with each codec
     assert adv.decide("int64", True) == Choice(lz4, learn=(lz4, zstd))
     assert adv.reason == "learning lz4 and zstd on int64"

@@ -23,15 +23,17 @@ From these it predicts the seconds per raw byte of each way to send a frame:
 
 * raw: ``1 / link``;
 * a chunked frame with a codec (compression, wire and decoding overlap, the slowest
-  sets the pace): ``max(1 / (codec * threads), 1 / (ratio * link), 1 / (2 * codec))``
-  (decoding is taken as twice as fast as compressing: the sender cannot see it);
+  sets the pace): ``max(1 / (codec * threads), 1 / (ratio * link), 1 / (speedup * codec))``
+  (decoding is taken as :data:`DECODE_SPEEDUP` times as fast as compressing, per codec:
+  the sender cannot see it);
 * a frame too small for chunks (compress, send, decode one after another):
-  ``1 / codec + 1 / (ratio * link) + 1 / (2 * codec)``.
+  ``1 / codec + 1 / (ratio * link) + 1 / (speedup * codec)``.
 
 The fastest wins; a codec must beat raw by ``MARGIN`` and a change of codec must beat
 the current one by ``HYSTERESIS`` (so near-ties do not flap). Eligible tensors sent raw
-get the reason ``adaptive``. Learning: the first frame goes raw (the link's rate; not
-needed on an emulated link), then one frame per data class whose chunks take turns
+get the reason ``adaptive``. Learning: the first two frames go raw (the link's rate, the
+first one paying connection and first-touch costs; not needed on an emulated link),
+then one frame per data class whose chunks take turns
 with each codec (a frame too small for chunks: one frame per codec).
 Every ``probe_every``-th frame probes another codec, in turn, on one chunk (while
 sending raw: 256 KiB compressed aside, the frame still raw; a frame too small for
@@ -63,8 +65,12 @@ MARGIN: Final = 1.1
 """A codec must be predicted this much faster than raw to be chosen."""
 HYSTERESIS: Final = 1.05
 """Another codec must be predicted this much faster than the current one."""
-DECODE_SPEEDUP: Final = 2.0
-"""Decoding is taken as this many times faster than compressing."""
+DECODE_SPEEDUP: Final[dict[int, float]] = {1: 3.0, 2: 2.5, 3: 0.5}
+"""Per codec id, decoding is taken as this many times faster than compressing (the sender
+cannot see the receiver's decoding; ``bench_codec_chunks.py`` measures lz4 3-4x, zstd
+2.5-3x, and sparse 0.5-0.8x: it compresses in a few passes but writes every word back)."""
+LINK_SAMPLES: Final = 2
+"""Raw frames a real link sends before it is judged (the first one pays the cold start)."""
 MIN_OBSERVED_BYTES: Final = 64 * 1024
 """Sends smaller than this say little about a link's rate (latency dominates)."""
 SAMPLE_BYTES: Final = 16 * 1024
@@ -165,6 +171,7 @@ class LinkAdvisor:
         self._threads = max(1, threads)
         self._probe_every = max(2, probe_every)
         self.link_bps: float | None = None  # delivered bytes per second
+        self._link_samples = 0
         self.emulated_bps: float | None = None  # the emulated link's bandwidth, if any
         self._figures: dict[tuple[int, str], _Figures] = {}
         self.choice: int | None = None  # the codec in use, None: raw
@@ -187,6 +194,7 @@ class LinkAdvisor:
             if raw and nbytes >= MIN_OBSERVED_BYTES and seconds > 0:
                 sample = nbytes / seconds
                 self.link_bps = max(sample, _blend(self.link_bps, sample))
+                self._link_samples += 1
 
     def observe_codec(self, codec_id: int, dtype: str, raw: int, wire: int, seconds: float) -> None:
         """Compressing ``raw`` bytes of ``dtype`` gave ``wire`` bytes in ``seconds`` (one call)."""
@@ -207,7 +215,9 @@ class LinkAdvisor:
         """
         with self._lock:
             self.dtype = dtype
-            link = self.emulated_bps if self.emulated_bps is not None else self.link_bps
+            link = self.emulated_bps
+            if link is None and self._link_samples >= LINK_SAMPLES:
+                link = self.link_bps
             if link is None:
                 self._set(None, "learning the link")
                 return Choice(None)
@@ -246,7 +256,8 @@ class LinkAdvisor:
         assert fig.ratio is not None
         if fig.ratio < MIN_RATIO:
             return None
-        codec, wire, decode = 1 / fig.bps, 1 / (fig.ratio * link), 1 / (DECODE_SPEEDUP * fig.bps)
+        codec, wire = 1 / fig.bps, 1 / (fig.ratio * link)
+        decode = 1 / (DECODE_SPEEDUP.get(cid, 2.0) * fig.bps)
         if chunked:
             return max(codec / self._threads, wire, decode)
         return codec + wire + decode
