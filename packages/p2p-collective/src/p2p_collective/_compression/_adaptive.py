@@ -1,4 +1,4 @@
-"""Adaptive compression per link: raw, lz4 or zstd, whichever is fastest, learned from traffic.
+"""Adaptive compression per link: raw, lz4, zstd or sparse, the fastest, learned from traffic.
 
 With ``compression_pipeline.adaptive`` each sending direction (one link) keeps a
 :class:`LinkAdvisor`. It learns, from the frames it sends:

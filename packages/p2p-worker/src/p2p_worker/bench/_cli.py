@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(DEFAULT_CODECS),
         help=f"codec modes of the p2p method: {', '.join(CODECS)} (lz4/zstd send large"
         " frames in pipelined compressed chunks; *_whole compress each tensor whole; auto"
-        " picks raw, lz4 or zstd per link; *_auto pick raw or that codec), or all"
+        " picks raw, lz4, zstd or sparse per link; *_auto pick raw or that codec), or all"
         f" [default: {','.join(DEFAULT_CODECS)}]",
     )
     parser.add_argument(

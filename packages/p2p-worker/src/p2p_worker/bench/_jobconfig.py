@@ -50,7 +50,7 @@ def job_config(codec: str, link: LinkProfile) -> dict[str, Any]:
         cluster["collective"]["tensor_compression"] = dict(COMPRESSION_SECTIONS[codec])
         if codec.endswith("_whole"):  # the per-tensor design: no chunked frames
             cluster["collective"]["compression_pipeline"] = {"chunk_bytes": 0}
-        if codec == "auto":  # raw, lz4 or zstd per link, whichever is fastest
+        if codec == "auto":  # raw, lz4, zstd or sparse per link, whichever is fastest
             cluster["collective"]["compression_pipeline"] = {"adaptive": True}
         elif codec.endswith("_auto"):  # raw or this one codec per link
             only = {"codecs": [codec.split("_")[0]]}

@@ -32,8 +32,8 @@ CODECS: Final = (
 """Modes of the p2p method. ``lz4`` / ``zstd`` are the job defaults (large frames go in
 compressed chunks, pipelined with the wire); ``*_whole`` turn chunking off
 (``compression_pipeline.chunk_bytes: 0``: each tensor compressed whole before it is sent);
-``auto`` is adaptive (``compression_pipeline.adaptive: true``: per link raw, lz4 or
-zstd, whichever is predicted fastest from the link's own traffic); ``*_auto`` are
+``auto`` is adaptive (``compression_pipeline.adaptive: true``: per link raw, lz4, zstd
+or sparse, whichever is predicted fastest from the link's own traffic); ``*_auto`` are
 adaptive with that one codec only (``adaptive: {codecs: [...]}``: raw or that codec)."""
 
 DEFAULT_CODECS: Final = ("raw", "lz4", "zstd")
