@@ -293,7 +293,7 @@ def test_job_configs_are_valid_cluster_configs() -> None:
             adaptive = cfg.collective.compression_pipeline.adaptive
             assert (adaptive is not None) == codec.endswith("auto")
             if adaptive is not None:
-                want = ("lz4", "zstd") if codec == "auto" else (codec.split("_")[0],)
+                want = ("lz4", "zstd", "sparse") if codec == "auto" else (codec.split("_")[0],)
                 assert adaptive.codecs == want
 
 
