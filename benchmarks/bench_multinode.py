@@ -7,8 +7,9 @@ per second, compression time included) of:
 * ``gloo``: raw ``torch.distributed`` gloo send/recv between two Ray actors, one per node,
   with the payload compressed by hand (lz4 block / zstd level 1) or sent raw -- the
   baseline and what the link gives without p2p;
-* ``p2p``: ``Worker.send`` / ``recv`` with ``tensor_compression`` raw, lz4 and zstd
-  (needs p2p-worker; skipped with a note until it lands);
+* ``p2p``: ``Worker.send`` / ``recv`` with ``tensor_compression`` raw, lz4 and zstd,
+  and ``auto`` (the adaptive mode); 32 MiB tensors go as chunked frames (1 MiB chunks,
+  compressed and sent as each is ready);
 * ``p2p-emulated``: the same with the veth unshaped and the app-level link emulation
   ``cluster.net_emulation`` at the same bandwidth (needs issue 5's emulation).
 
@@ -33,7 +34,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("token_ids", "sparse_f32")
-CODECS = ("raw", "lz4", "zstd")
+GLOO_CODECS = ("raw", "lz4", "zstd")
+CODECS = (*GLOO_CODECS, "auto")
+"""``auto``: ``compression_pipeline.adaptive: true`` (raw, lz4, zstd or sparse per link)."""
 
 
 def make_tensor(kind: str, nbytes: int, seed: int = 0) -> Any:
@@ -87,7 +90,7 @@ def _gloo_driver(args: argparse.Namespace) -> dict[str, Any]:
             for kind in KINDS:
                 src = make_tensor(kind, nbytes)
                 raw = src.view(torch.uint8).numpy()
-                for codec in CODECS:
+                for codec in GLOO_CODECS:
                     dist.barrier()
                     start = time.perf_counter()
                     wire = 0
@@ -191,10 +194,12 @@ def p2p_config(codec: str, emulate_mbps: float | None) -> dict[str, Any]:
     if codec != "raw":
         collective["tensor_compression"] = {
             "enabled": True,
-            "codec": codec,
+            "codec": "zstd" if codec == "auto" else codec,
             "min_bytes": 16384,
             "excluded_dtypes": [],  # let float32 in: sparse float32 is one of the kinds
         }
+    if codec == "auto":
+        collective["compression_pipeline"] = {"adaptive": True}
     cluster: dict[str, Any] = {"collective": collective}
     if emulate_mbps is not None:
         cluster["net_emulation"] = {"enabled": True, "bandwidth_mbps": emulate_mbps}

@@ -266,8 +266,9 @@ def _report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, d
         f" of one {meta['size'] // MiB} MiB tensor per cell, {rounds} round(s), every codec"
         " interleaved within each round; medians of rounds.",
         "MB/s = 1e6 raw tensor bytes delivered per second (sender's first send to receiver's"
-        " last receive), median of rounds; a cell on a fast link sends more tensors, so it"
-        f" lasts at least {meta['min_cell_s']} s (up to {MAX_COUNT_FACTOR}x the sends)."
+        " last receive), median of rounds. On a fast link every codec sends more tensors,"
+        f" enough for the fastest cell to last {meta['min_cell_s']} s (up to"
+        f" {MAX_COUNT_FACTOR}x the sends)."
         " `x` = median over rounds of the cell against raw in the same round.",
         "lz4 / zstd try every dtype (`excluded_dtypes: []`, zstd level 1); default = lz4 with"
         " the seed's defaults (float32 excluded); auto = adaptive (raw, lz4, zstd or sparse per"
