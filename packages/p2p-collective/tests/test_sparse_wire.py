@@ -1,6 +1,6 @@
 """The sparse codec on the wire: an adaptive link picks it for mostly-zero float32, bit-exact.
 
-Two real processes over shared memory and gloo; an emulated 200 Mbit/s link makes
+Two real processes over shared memory and gloo; an emulated 50 Mbit/s link makes
 compression pay, 64 KiB chunks keep the payloads small. Comparisons are byte for byte
 (``-0.0`` is among the zeros and must come back as ``-0.0``).
 """
@@ -28,7 +28,7 @@ def cluster(shm: bool, codecs: list[str] | None = None) -> dict[str, Any]:
             "compression_pipeline": {"chunk_bytes": 64 * KiB, "adaptive": adaptive},
             "shared_memory": shm,
         },
-        "net_emulation": {"bandwidth_mbps": 200, "delay_ms": 0},
+        "net_emulation": {"bandwidth_mbps": 50, "delay_ms": 0},
     }
 
 
