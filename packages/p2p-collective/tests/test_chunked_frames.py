@@ -305,9 +305,13 @@ def test_the_advisor_learns_then_decides_and_probes_both_ways() -> None:
     adv.observe_link(1 << 19, 1e-5, None, raw=False)  # compressed frames do not count
     choices = [adv.decide("int64", True) for _ in range(8)]
     assert adv.reason.startswith("zstd: the fastest way on this link"), adv.reason
-    # a real link while compressing: every 4th frame goes raw (the link's rate) and
-    # half-way between, lz4 compresses one chunk (its figures)
-    assert choices == [Choice(zstd), Choice(zstd, probe=lz4), Choice(zstd), Choice(None)] * 2
+    # a real link while compressing: every 4th frame goes raw (the link's rate; early on
+    # the 2nd too, the first raw frames ran cold) and half-way between, lz4 compresses
+    # one chunk (its figures)
+    assert choices == [
+        *(Choice(zstd), Choice(None), Choice(zstd), Choice(None)),
+        *(Choice(zstd), Choice(zstd, probe=lz4), Choice(zstd), Choice(None)),
+    ]
     for _ in range(10):
         adv.observe_link(1 << 20, 1 / 600e6 * (1 << 20), None)  # the link: 600 MB/s
     adv.decide("int64", True)

@@ -38,8 +38,8 @@ with each codec (a frame too small for chunks: one frame per codec).
 Every ``probe_every``-th frame probes another codec, in turn, on one chunk (while
 sending raw: 256 KiB compressed aside, the frame still raw; a frame too small for
 chunks: the whole frame); while compressing over a real (not emulated) link, that frame
-goes raw instead, to refresh the link's rate, and the codec probe comes half-way
-between. A chunked frame sent raw goes as one
+(and the 2nd and 4th decided frames, :data:`EARLY_REFRESH`) goes raw instead, to refresh
+the link's rate, and the codec probe comes half-way between. A chunked frame sent raw goes as one
 plain frame, not in chunks (chunk descriptors cost on a fast link). So a change of data
 or link is noticed both ways. The decision, its reason and the figures are in
 ``stats()``.
@@ -71,6 +71,11 @@ cannot see the receiver's decoding; ``bench_codec_chunks.py`` measures lz4 3-4x,
 2.5-3x, and sparse 0.5-0.8x: it compresses in a few passes but writes every word back)."""
 LINK_SAMPLES: Final = 2
 """Raw frames a real link sends before it is judged (the first one pays the cold start)."""
+EARLY_REFRESH: Final = (2, 4)
+"""Decided frames (counted from the first) that a real link sends raw while compressing,
+besides every ``probe_every``-th: its first raw frames run cold (connection, first
+touch of pages), so a fast link can look slower than the codecs at first; these find
+out within a few frames instead of ``probe_every``."""
 MIN_OBSERVED_BYTES: Final = 64 * 1024
 """Sends smaller than this say little about a link's rate (latency dominates)."""
 SAMPLE_BYTES: Final = 16 * 1024
@@ -236,7 +241,7 @@ class LinkAdvisor:
             self._frames += 1
             k = self._frames % self._probe_every
             real = best is not None and self.emulated_bps is None
-            if real and k == 0:
+            if real and (k == 0 or self._frames in EARLY_REFRESH):
                 return Choice(None)  # a raw frame refreshes a real link's rate
             others = [c for c in self._ids if c != best]
             if others and (k == 0 or (real and k == self._probe_every // 2)):
