@@ -105,15 +105,15 @@ def test_the_fingerprint_covers_the_frame_version_and_the_compression_section_on
     c = parse_tensor_compression({"codec": "zstd", "level": 3})
     assert wire_fingerprint(a) == wire_fingerprint(b)
     assert wire_fingerprint(a) != wire_fingerprint(c)
-    assert wire_fingerprint(None) == '{"frame_version":5,"tensor_compression":null}'
+    assert wire_fingerprint(None) == '{"frame_version":6,"tensor_compression":null}'
 
 
 @pytest.mark.parametrize(
     ("theirs", "says"),
     [
-        ('{"frame_version":4,"tensor_compression":null}', "frame version 5 here, 4 at 'b'"),
-        ('{"frame_version":3,"tensor_compression":null}', "frame version 5 here, 3 at 'b'"),
-        ('{"tensor_compression":null}', "frame version 5 here, older than 4 at 'b'"),
+        ('{"frame_version":4,"tensor_compression":null}', "frame version 6 here, 4 at 'b'"),
+        ('{"frame_version":3,"tensor_compression":null}', "frame version 6 here, 3 at 'b'"),
+        ('{"tensor_compression":null}', "frame version 6 here, older than 4 at 'b'"),
     ],
     ids=["v4-before-chunked-frames", "v3", "before-versions"],
 )
