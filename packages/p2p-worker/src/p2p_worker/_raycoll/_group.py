@@ -3,9 +3,11 @@
 A group of N >= 2 members runs its collectives on one ``p2p_collective``
 ``MultiCollectiveGroup`` (gloo, N ranks) and its ``send`` / ``recv`` on two-party
 groups, one per pair of members that exchange tensors, so two members on one node move
-the bytes through shared memory. All of them belong to a ``Collective`` of this group
-alone, named after the group, its incarnation and the member's rank; nothing touches
-the network before the first operation, which waits for the other members.
+the bytes through shared memory. A group of two members on one node runs its
+collectives over shared memory too, on a pair of its own (see :mod:`._pair`). All of
+them belong to a ``Collective`` of this group alone, named after the group, its
+incarnation and the member's rank; nothing touches the network before the first
+operation, which waits for the other members.
 
 Incarnations: every member counts in the rendezvous store how often it initialized a
 group of this name and size; the k-th initialization of one member meets the k-th of
@@ -29,6 +31,7 @@ from p2p_worker._oracle import actor_id_alive
 from p2p_worker._raycoll._checks import as_torch, check_not_self, check_rank
 from p2p_worker._raycoll._env import Meeting, meeting
 from p2p_worker._raycoll._errors import CollectiveArgumentError, TensorTypeError
+from p2p_worker._raycoll._pair import PairCollectives, check_like, check_reducible
 from p2p_worker._raycoll._types import Backend
 
 INCARNATION_KEY = "p2p-raycoll/{name}/{size}/incarnation/{rank}"
@@ -85,6 +88,8 @@ class GroupHandle:
         self._lock = threading.Lock()
         self._collective: Collective | None = None
         self._multi: MultiCollectiveGroup | None = None
+        self._two: PairCollectives | None = None  # see _pair_collectives
+        self._two_decided = False
         self._destroyed = False
 
     @classmethod
@@ -210,6 +215,40 @@ class GroupHandle:
             )
         return self._multi
 
+    @property
+    def collectives_transport(self) -> str | None:
+        """How this group's collectives travel: ``"shm"`` or ``"gloo"``.
+
+        ``"shm"`` for a group of two members on one node (see :mod:`._pair`), ``"gloo"``
+        otherwise; None for a group of one, or before the first collective of a group
+        of two decided it.
+        """
+        if self._world_size == 1:
+            return None
+        if self._world_size > 2:
+            return "gloo"
+        if not self._two_decided:
+            return None
+        return "gloo" if self._two is None else "shm"
+
+    def _pair_collectives(self, timeout: float | None) -> PairCollectives | None:
+        """A group of two on one node: its shared-memory collectives (None: gloo's).
+
+        Decided at the first collective, by a one-byte exchange on the group's own pair
+        (key ``.../coll``, apart from the pair of ``send`` / ``recv``): shared memory
+        when both directions run on it. Both members see the same transports.
+        """
+        if self._two_decided or self._world_size != 2:
+            return self._two
+        coll = self._own_collective()
+        names = [self.member_name(0), self.member_name(1)]
+        key = f"raycoll:{self._group_name}#{self._incarnation}/coll"
+        two = PairCollectives(coll.create_pair_group(names, group_name=key), self._rank)
+        if two.connect(timeout):
+            self._two = two
+        self._two_decided = True
+        return self._two
+
     def pair_group(self, peer: int) -> CollectiveGroup:
         """The two-party ``p2p_collective.CollectiveGroup`` with member ``peer``.
 
@@ -232,6 +271,12 @@ class GroupHandle:
             if self._world_size == 1:
                 as_torch(tensor, "tensor", "allreduce", writable=True)
                 return
+            two = self._pair_collectives(timeout)
+            if two is not None:
+                t = as_torch(tensor, "tensor", "allreduce", writable=True)
+                check_reducible(t, "tensor", "allreduce")
+                two.allreduce(t, op, timeout)
+                return
             self._members_group().allreduce(tensor, op=op, timeout=timeout)
 
     def broadcast(self, tensor: Any, src_rank: int, timeout: float | None) -> None:
@@ -240,6 +285,11 @@ class GroupHandle:
             if self._world_size == 1:
                 as_torch(tensor, "tensor", "broadcast")
                 return
+            two = self._pair_collectives(timeout)
+            if two is not None:
+                t = as_torch(tensor, "tensor", "broadcast", writable=self._rank != src_rank)
+                two.broadcast(t, src_rank, timeout)
+                return
             self._members_group().broadcast_tensor(tensor, src=src_rank, timeout=timeout)
 
     def reduce(self, tensor: Any, dst_rank: int, op: str, timeout: float | None) -> None:
@@ -247,6 +297,12 @@ class GroupHandle:
         with _arguments():
             if self._world_size == 1:
                 as_torch(tensor, "tensor", "reduce", writable=True)
+                return
+            two = self._pair_collectives(timeout)
+            if two is not None:
+                t = as_torch(tensor, "tensor", "reduce", writable=self._rank == dst_rank)
+                check_reducible(t, "tensor", "reduce")
+                two.reduce(t, dst_rank, op, timeout)
                 return
             self._members_group().reduce(tensor, dst=dst_rank, op=op, timeout=timeout)
 
@@ -257,6 +313,16 @@ class GroupHandle:
                 src = as_torch(tensor, "tensor", "allgather")
                 out = as_torch(tensor_list[0], "tensor_list[0]", "allgather", writable=True)
                 _copy(out, src, "allgather", "tensor_list[0]")
+                return
+            two = self._pair_collectives(timeout)
+            if two is not None:
+                t = as_torch(tensor, "tensor", "allgather")
+                outs = [
+                    as_torch(x, f"tensor_list[{i}]", "allgather", writable=True)
+                    for i, x in enumerate(tensor_list)
+                ]
+                check_like(outs, t, "tensor_list", "allgather")
+                two.allgather(outs, t, timeout)
                 return
             self._members_group().allgather(tensor, tensor_list, timeout=timeout)
 
@@ -284,11 +350,20 @@ class GroupHandle:
             if self._world_size == 1:
                 out.copy_(items[0])
                 return
+            two = self._pair_collectives(timeout)
+            if two is not None:
+                check_reducible(out, "tensor", "reducescatter")
+                two.reducescatter(out, items, op, timeout)
+                return
             self._members_group().reduce_scatter(out, items, op=op, timeout=timeout)
 
     def barrier(self, timeout: float | None) -> None:
         """Wait until every member reached the barrier."""
         if self._world_size > 1:
+            two = self._pair_collectives(timeout)
+            if two is not None:
+                two.barrier(timeout)
+                return
             self._members_group().barrier(timeout=timeout)
 
     def send(self, tensor: Any, dst_rank: int, timeout: float | None) -> None:
@@ -309,6 +384,7 @@ class GroupHandle:
             self._destroyed = True
             coll, self._collective = self._collective, None
             self._multi = None
+            self._two, self._two_decided = None, True
         if coll is not None:
             coll.close()
 
