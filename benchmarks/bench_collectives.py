@@ -7,8 +7,14 @@ reducescatter, barrier, and send/recv between ranks 0 and 1 -- runs with the sam
 through ``p2p_worker.compat`` and through ``ray.util.collective`` (backend
 ``"gloo"``, torch-gloo, no pygloo), in the same actors, alternating round by round so
 both see the same machine load. Each member times ``reps`` back-to-back operations
-after a barrier; a round's time is the slowest member's; the figure is the median
-round (best in the JSON). The ratio is Ray's time over ours (> 1: ours is faster).
+after a barrier -- the same one, Ray's, before either library's turn, so both start
+from the same skew between members (each library's own barrier leaves the members a
+different distance apart, which the timed operations would then absorb); a round's
+time is the slowest member's; the figure is the median round (best in the JSON). The
+ratio is Ray's time over ours (> 1: ours is faster).
+
+A group of two members on one node runs p2p's collectives over shared memory (the JSON
+records ``p2p_transport``); larger groups run them over gloo, as Ray does.
 
 ``--broadcast-kinds`` adds the earlier comparison of p2p's broadcast forms with a
 loop of point-to-point sends (spawned processes, no Ray).
@@ -99,13 +105,18 @@ class BenchMember:
         times: dict[str, list[float]] = {lib: [] for lib in LIBS}
         for i in range(rounds + 1):  # the first round warms up (connects) every path
             for lib in LIBS if i % 2 == 0 else LIBS[::-1]:
-                self.libs[lib].barrier(lib)
+                self.libs["ray"].barrier("ray")  # one common start line (see module doc)
                 t0 = time.perf_counter()
                 for _ in range(reps):
                     self._one(lib, op, bufs)
                 if i:
                     times[lib].append((time.perf_counter() - t0) / reps)
         return times
+
+    def transport(self) -> str | None:
+        """How p2p's collectives travel in this group (``"shm"`` or ``"gloo"``)."""
+        handle = self.libs["p2p"].get_group_handle("p2p")
+        return getattr(handle, "collectives_transport", "gloo")
 
     def close(self) -> None:
         """Leave both groups (after a barrier in each)."""
@@ -140,6 +151,7 @@ def run_members(
                 cell["ratio"] = cell["ray"]["median"] / cell["p2p"]["median"]
                 cells[f"{op}|{nbytes}"] = cell
                 print(_row(op, n, nbytes, cell), flush=True)
+        cells["p2p_transport"] = ray.get(members[0].transport.remote(), timeout=60)
         ray.get([m.close.remote() for m in members], timeout=300)
     finally:
         for m in members:
@@ -163,6 +175,11 @@ def _row(op: str, n: int, nbytes: int, cell: dict[str, Any]) -> str:
     return f"| {op} | {n} | {size} | {p2p:.3f} | {ray_:.3f} | {cell['ratio']:.2f} |"
 
 
+def _cells(cells: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The timed cells (``"op|bytes"``), without the group's other records."""
+    return [(k, c) for k, c in cells.items() if "|" in k]
+
+
 def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
@@ -174,7 +191,7 @@ def summary(results: dict[int, dict[str, Any]]) -> list[str]:
         ratios = [
             c["ratio"]
             for cells in results.values()
-            for k, c in cells.items()
+            for k, c in _cells(cells)
             if k.split("|")[0] == op
         ]
         lines.append(f"| {op} | {_geomean(ratios):.2f} | {len(ratios)} |")
@@ -182,7 +199,7 @@ def summary(results: dict[int, dict[str, Any]]) -> list[str]:
     big = [
         c["ratio"]
         for cells in results.values()
-        for k, c in cells.items()
+        for k, c in _cells(cells)
         if k.startswith("send/recv|") and int(k.split("|")[1]) >= 1 << 20
     ]
     if big:
@@ -190,7 +207,7 @@ def summary(results: dict[int, dict[str, Any]]) -> list[str]:
     coll = [
         c["ratio"]
         for cells in results.values()
-        for k, c in cells.items()
+        for k, c in _cells(cells)
         if k.split("|")[0] not in ("send/recv", "barrier") and int(k.split("|")[1]) >= 1 << 20
     ]
     if coll:
@@ -198,7 +215,7 @@ def summary(results: dict[int, dict[str, Any]]) -> list[str]:
     small = [
         c["ratio"]
         for cells in results.values()
-        for k, c in cells.items()
+        for k, c in _cells(cells)
         if k.split("|")[0] == "barrier" or int(k.split("|")[1]) == 4096
     ]
     if small:
@@ -235,7 +252,7 @@ def compare_with_ray(
     try:
         for n in members:
             results[n] = run_members(n, sizes, rounds, ops)
-            for key, cell in results[n].items():
+            for key, cell in _cells(results[n]):
                 op, nbytes = _split(key)
                 rows.append(_row(op, n, nbytes, cell))
     finally:
@@ -371,6 +388,7 @@ def main() -> None:
         *table,
         "",
         *summary(results),
+        *[f"* p2p collectives, {n} members: {results[n].get('p2p_transport')}" for n in members],
     ]
     report: dict[str, Any] = {
         "members": members,
