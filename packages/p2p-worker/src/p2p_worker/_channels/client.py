@@ -75,7 +75,6 @@ class ChannelLink:
         self._ctl: Any = None  # the control group: requests, in token order
         self._pending: dict[int, Future[Any]] = {}  # token -> its answer, once it comes
         self._broken: BaseException | None = None  # why the link failed (reconnect first)
-        self._last_ack: AsyncWork[Any] | None = None  # flushed before the groups close
         self._token = 0  # numbers every put/get (the channel worker tracks them for cancel)
         # Puts are ordered among puts and gets among gets: one kind never waits for the
         # other (a pending put must not hold up the get that would make room for it).
@@ -226,8 +225,8 @@ class ChannelLink:
             ctl = self._ctl
             if group is not self._group or ctl is None:
                 return
-            try:
-                self._last_ack = ctl.send((ACK, token), async_op=True, timeout=ACK_TIMEOUT)
+            try:  # a plain send in this thread: the control group's sends are ours alone
+                ctl.send((ACK, token), timeout=ACK_TIMEOUT)
             except Exception as exc:
                 failed: BaseException | None = exc
             else:
@@ -329,18 +328,23 @@ class ChannelLink:
             fut: Future[Any] = Future()
             self._pending[token] = fut
             ctl, group = self._ctl, self._group
+            failed: BaseException | None = None
             try:  # sent holding the lock: requests leave in token order
-                sent = ctl.send(request(token), async_op=True, timeout=self.hello.transfer_timeout)
+                # A plain send, in this thread: a small request costs one message and no
+                # thread hand-off (the control group's sends are made holding this lock,
+                # so its sending direction is idle and the collective runs it inline).
+                ctl.send(request(token), timeout=self.hello.transfer_timeout)
             except Exception as exc:
-                sent = None
                 self._pending.pop(token, None)
                 err = ChannelError(f"channel {self.hello.name!r}: sending the request failed")
                 err.__cause__ = exc
                 fut.set_exception(err)
+                if not isinstance(exc, (TypeError, ValueError)):  # else nothing was sent
+                    failed = exc
             seq = self._seq[kind]
             self._seq[kind] += 1
-        if sent is not None:
-            ChannelWork._follow(sent, lambda w: self._sent_request(group, w))
+        if failed is not None:
+            self._break(group, failed)
         work = ChannelWork(fut, lambda wait, timeout: self._withdraw(token, wait, timeout))
         return Op(seq, kind, work, item, batch)
 
@@ -364,11 +368,6 @@ class ChannelLink:
         if isinstance(answer, BaseException):  # pragma: no cover - set as the exception
             raise answer
         return answer
-
-    def _sent_request(self, group: Any, work: AsyncWork[Any]) -> None:
-        exc = work.exception(0)
-        if exc is not None:
-            self._break(group, exc)
 
     def follow(self, op: Op) -> ChannelWork:
         """Process ``op``'s answer whenever it comes; return its handle."""
@@ -663,16 +662,12 @@ class ChannelLink:
                 self._timer = None
             group, self._group = self._group, None
             ctl, self._ctl = self._ctl, None
-            last_ack, self._last_ack = self._last_ack, None
             pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(
                     ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
                 )
-        if last_ack is not None:  # items we got must not go back to the channel
-            with contextlib.suppress(Exception):
-                last_ack.wait(ACK_TIMEOUT)
         for g in (group, ctl):
             if g is not None:
                 g.close(timeout=0.0)

@@ -215,6 +215,19 @@ class ChannelWorker(WorkerBase):
         group.close(timeout=0.0)
         self._queue.reset_peer(peer.name)
 
+    def _when_failed(self, work: Any, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args, work)`` on the event loop if ``work`` fails (nothing on success).
+
+        For sends, whose success needs no action: a sent answer costs no wake-up of the
+        loop.
+        """
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        work._add_done_callback(
+            lambda w: None if w.exception(0) is None else loop.call_soon_threadsafe(fn, *args, w)
+        )
+
     def _when_done(self, work: Any, fn: Any, *args: Any) -> None:
         """Run ``fn(*args, work)`` on the event loop once ``work`` has completed."""
         loop = self._loop
@@ -269,10 +282,29 @@ class ChannelWorker(WorkerBase):
             self._post_request_recv(peer, group, ctl)
 
     def _post_request_recv(self, peer: _Peer, group: Any, ctl: Any) -> None:
+        """Keep one receive posted on ``ctl``; each request is served on the event loop.
+
+        The next receive is posted by the thread that completed the previous one, before
+        the request is handed to the loop: the control group's receiving thread goes on
+        at once instead of sleeping until the loop posts again (a request costs one
+        thread hand-off, not two). Hand-offs from one thread keep their order, so the
+        loop sees the requests in the order they came.
+        """
         # No timeout: a peer may stay idle for as long as it likes; its death or a reset
         # (which closes the group) ends the receive.
-        work = ctl.recv(async_op=True, timeout=None)
-        self._when_done(work, self._on_request, peer, group, ctl)
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+
+        def arrived(work: Any) -> None:
+            if work.exception(0) is None:
+                try:
+                    self._post_request_recv(peer, group, ctl)
+                except Exception as exc:  # closed meanwhile: the loop sees the failure
+                    logger.debug("channel %r: request receive not posted: %s", self._spec.name, exc)
+            loop.call_soon_threadsafe(self._on_request, peer, group, ctl, work)
+
+        ctl.recv(async_op=True, timeout=None)._add_done_callback(arrived)
 
     def _on_request(self, peer: _Peer, group: Any, ctl: Any, work: Any) -> None:
         """One request of ``peer`` arrived: post the next receive, then serve it in turn."""
@@ -283,8 +315,7 @@ class ChannelWorker(WorkerBase):
             logger.debug("channel %r: %s left (%s)", self._spec.name, peer.name, exc)
             self._reset(peer, group, None)  # its waiting requests end
             return
-        request = work.wait(0)
-        self._post_request_recv(peer, group, ctl)
+        request = work.wait(0)  # the next receive is already posted (_post_request_recv)
         if request[0] == ACK:  # the peer has the items of its get ``token``: free their slots
             items = peer.unacked.pop(request[1], None)
             if items:
@@ -376,7 +407,7 @@ class ChannelWorker(WorkerBase):
                 self._queue.push_front(items)
             self._reset(peer, group, exc)
             return
-        self._when_done(head, self._finish_answer, peer, group)
+        self._when_failed(head, self._finish_answer, peer, group)
 
     def _send_items(self, peer: _Peer, group: Any, token: int, items: list[Item]) -> None:
         """Send the items announced by an answer, in order.
@@ -395,7 +426,7 @@ class ChannelWorker(WorkerBase):
                 for _ in rest:
                     group.send(Void(), async_op=True, timeout=timeout)
                 return
-            self._when_done(work, self._finish_answer, peer, group)
+            self._when_failed(work, self._finish_answer, peer, group)
 
     async def put_begin(
         self, peer_name: str, token: int, block: bool, timeout: float | None, credits: int = 0
