@@ -92,6 +92,9 @@ class Direction:
         self._thread: threading.Thread | None = None
         self._current: _Op | None = None
         self._sleepers = 0  # threads in self._cond.wait(): only they need a notify
+        # Of those, the ones waiting for the running operation to end (not for new work):
+        # an operation that ends wakes the idle executor only when something waits.
+        self._idle_waiters = 0
 
     # -- submission ---------------------------------------------------------------------
 
@@ -102,8 +105,13 @@ class Direction:
         label: str,
         deadline: float | None,
         async_op: bool,
+        eager: bool = False,
     ) -> Any:
         """Queue ``run(deadline)``; return its handle (async) or its result (sync).
+
+        With ``eager`` an asynchronous operation submitted while the direction is idle
+        runs at once in the caller's thread, like a synchronous one; its handle is
+        returned complete (a failure is stored in it, not raised).
 
         Raises:
             GroupBrokenError: The direction is broken (synchronous calls only; an async
@@ -112,13 +120,20 @@ class Direction:
             CollectiveTimeoutError: A synchronous call ran out of time.
             Exception: What the operation raised (synchronous calls).
         """
-        if not async_op:
+        if not async_op or eager:
             with self._lock:
                 inline = not (self._busy or self._queue or self._closed or self._broken is not None)
                 if inline:
                     self._busy = True
             if inline:  # fast path: idle, run it right here in the caller's thread
                 result, error = self._perform(run, label, deadline, None)
+                if async_op:
+                    done: AsyncResultWork[Any] = AsyncResultWork()
+                    if error is not None:
+                        done.set_exception(error)
+                    else:
+                        done.set_result(result)
+                    return done
                 if error is not None:
                     raise error
                 return result
@@ -209,7 +224,11 @@ class Direction:
         while not target.handle().done():
             with self._cond:
                 while self._busy:
-                    self._sleep()
+                    self._idle_waiters += 1
+                    try:
+                        self._sleep()
+                    finally:
+                        self._idle_waiters -= 1
                 if not self._queue:
                     return
                 op = self._queue.popleft()
@@ -276,7 +295,9 @@ class Direction:
             with self._lock:
                 self._busy = False
                 self._current = None
-                if self._sleepers:
+                # The idle executor sleeps until work is queued: wake it (and anyone
+                # waiting for this operation to end) only when that is what they wait for.
+                if self._sleepers and (self._queue or self._idle_waiters or self._closed):
                     self._cond.notify_all()
 
     def abort(self, exc: BaseException) -> None:
@@ -354,10 +375,12 @@ class Direction:
                 if left == 0.0:
                     return False
                 self._sleepers += 1
+                self._idle_waiters += 1
                 try:
                     self._cond.wait(left)
                 finally:
                     self._sleepers -= 1
+                    self._idle_waiters -= 1
         thread = self._thread
         if thread is not None and thread is not me:
             thread.join(remaining(deadline))

@@ -166,6 +166,8 @@ class _Side:
         self.store = None
 
 
+_BUFFERED_TRANSPORTS = frozenset({"shm"})
+"""Links whose small send completes without the peer (``send(eager=True)`` runs inline)."""
 _OUT_MSG_VIEWS = 256  # message sizes whose send-buffer views a direction keeps
 
 
@@ -312,6 +314,7 @@ class CollectiveGroup:
         label: str,
         deadline: float | None,
         async_op: bool,
+        eager: bool = False,
     ) -> Any:
         life = self._life
         gone = None if life is None else life.gone
@@ -322,7 +325,9 @@ class CollectiveGroup:
             work: AsyncResultWork[Any] = AsyncResultWork()
             work.set_exception(err)
             return work
-        return side.direction.submit(run, label=label, deadline=deadline, async_op=async_op)
+        return side.direction.submit(
+            run, label=label, deadline=deadline, async_op=async_op, eager=eager
+        )
 
     def incarnation(self, store: StoreLike) -> int:
         """This group's incarnation number, claimed at the first use of either direction.
@@ -350,7 +355,14 @@ class CollectiveGroup:
 
     # -- send / recv of any payload -----------------------------------------------------
 
-    def send(self, obj: Any, async_op: bool = False, *, timeout: float | None = None) -> Any:
+    def send(
+        self,
+        obj: Any,
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+        eager: bool = False,
+    ) -> Any:
         """Send ``obj`` to the peer, in order after everything sent before.
 
         ``obj`` is a tensor, a list/tuple of tensors, a dict whose values are all tensors,
@@ -367,6 +379,13 @@ class CollectiveGroup:
                 waiting.
             timeout: Seconds from now until the send must have completed (None: the
                 configured ``op_timeout``).
+            eager: With ``async_op``, send a small object (one that travels in a single
+                message) at once in the calling thread when nothing else is queued in
+                this direction and the link buffers small messages (the same-node
+                shared-memory link: its send never waits for the peer to post a
+                receive), instead of handing it to the direction's thread; the returned
+                handle is then already complete (a failure is stored in it). Larger
+                payloads, a busy direction and other links are queued as usual.
 
         Returns:
             None, or an AsyncWork whose result is None when ``async_op`` is True.
@@ -387,6 +406,9 @@ class CollectiveGroup:
             >>> work.wait()  # doctest: +SKIP
         """
         deadline = self._deadline(timeout)
+        if eager:  # only where a small send never waits for the peer to post a receive
+            link = self._send.link
+            eager = link is not None and link.transport in _BUFFERED_TRANSPORTS
         small = encode_small(obj)
         if small is not None and len(small.data) <= SMALL_OBJECT_MAX and self._pacer is None:
             # The lean path: one pickling, one copy into the send buffer, one message.
@@ -396,6 +418,7 @@ class CollectiveGroup:
                 "send(object)",
                 deadline,
                 async_op,
+                eager,
             )
         if small is None and isinstance(obj, torch.Tensor) and self._pacer is None:
             lean = encode_small_tensor(obj, inline_max=self._inline_max)

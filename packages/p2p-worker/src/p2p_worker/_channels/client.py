@@ -46,6 +46,7 @@ from p2p_worker._channels.proto import (
     control_group_name,
     decode,
     link_group_name,
+    wire_timeout,
 )
 from p2p_worker._channels.queue import Void
 from p2p_worker._channels.work import CONTROL_GRACE, ChannelWork, Op
@@ -171,7 +172,8 @@ class ChannelLink:
     def _read(self, group: Any) -> None:
         """Post the receive of the next answer on ``group`` (one is always posted)."""
         try:
-            work = group.recv(async_op=True, timeout=None)  # idle for as long as it likes
+            # idle for as long as it likes (not the job's op_timeout)
+            work = group.recv(async_op=True, timeout=wire_timeout(None))
         except Exception as exc:
             self._break(group, exc)
             return
@@ -189,7 +191,7 @@ class ChannelLink:
             self._ack(group, token)
             self._resolve(token, answer, [(obj, None) for obj in inline[0]])
             return
-        timeout = self.hello.transfer_timeout
+        timeout = wire_timeout(self.hello.transfer_timeout)
         recvs: list[AsyncWork[Any]] = []
         try:
             for _ in range(count):
@@ -333,7 +335,7 @@ class ChannelLink:
                 # A plain send, in this thread: a small request costs one message and no
                 # thread hand-off (the control group's sends are made holding this lock,
                 # so its sending direction is idle and the collective runs it inline).
-                ctl.send(request(token), timeout=self.hello.transfer_timeout)
+                ctl.send(request(token), timeout=wire_timeout(self.hello.transfer_timeout))
             except Exception as exc:
                 self._pending.pop(token, None)
                 err = ChannelError(f"channel {self.hello.name!r}: sending the request failed")
@@ -509,7 +511,7 @@ class ChannelLink:
             self._arm_linger()
             group, gen = self._group, self._gen
             op = Op(-1, "put", ChannelWork(None), item, False)
-            timeout = self.hello.transfer_timeout
+            timeout = wire_timeout(self.hello.transfer_timeout)
             try:
                 send = group.send(item, async_op=async_op, timeout=timeout)
             except (TypeError, ValueError) as exc:  # cannot be sent: hand the credit back
@@ -551,7 +553,7 @@ class ChannelLink:
         if not count or group is None:
             return
         self._sent += count
-        timeout = self.hello.transfer_timeout if not wait else 5.0
+        timeout = wire_timeout(self.hello.transfer_timeout) if not wait else 5.0
         for _ in range(count):
             try:
                 send = group.send(Void(), async_op=not wait, timeout=timeout)
@@ -577,7 +579,7 @@ class ChannelLink:
         if group is None:
             self._stale(op)
             return
-        timeout = self.hello.transfer_timeout
+        timeout = wire_timeout(self.hello.transfer_timeout)
         abandoned = op.work.done() or op.work.abandoned
         payload = Void() if abandoned else op.item  # abandoned: fill the slot, no item
         try:

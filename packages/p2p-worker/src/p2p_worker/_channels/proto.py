@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -50,6 +51,17 @@ class Hello:
     address: str
     gen: int
     transfer_timeout: float | None
+
+
+def wire_timeout(seconds: float | None) -> float:
+    """The timeout of a collective operation for a channel's ``seconds`` (None: no limit).
+
+    The collective reads ``timeout=None`` as its configured ``op_timeout``, so "no limit"
+    is passed as ``math.inf``. A receive that waits for a peer's next request or answer
+    (idle for as long as the peer likes) uses ``wire_timeout(None)``: a job's short
+    ``op_timeout`` must not end it (a put waiting for room sends nothing for a while).
+    """
+    return math.inf if seconds is None else seconds
 
 
 def channel_address(name: str) -> WorkerAddress:

@@ -55,6 +55,7 @@ from p2p_worker._channels.proto import (
     control_group_name,
     granted,
     link_group_name,
+    wire_timeout,
 )
 from p2p_worker._channels.proto import CANCELLED as CANCELLED_ANSWER
 from p2p_worker._channels.proto import RESET as RESET_ANSWER
@@ -244,7 +245,7 @@ class ChannelWorker(WorkerBase):
         self._reset(peer, peer.group, None)
         peer.tokens = _Tokens()  # a new handle numbers its calls from 0
         group = self._group(peer)
-        timeout = self._spec.transfer_timeout
+        timeout = wire_timeout(self._spec.transfer_timeout)
         for work in (
             group.send_tensor(torch.empty(0, dtype=torch.uint8), async_op=True, timeout=timeout),
             group.recv_tensor(torch.empty(0, dtype=torch.uint8), async_op=True, timeout=timeout),
@@ -304,7 +305,7 @@ class ChannelWorker(WorkerBase):
                     logger.debug("channel %r: request receive not posted: %s", self._spec.name, exc)
             loop.call_soon_threadsafe(self._on_request, peer, group, ctl, work)
 
-        ctl.recv(async_op=True, timeout=None)._add_done_callback(arrived)
+        ctl.recv(async_op=True, timeout=wire_timeout(None))._add_done_callback(arrived)
 
     def _on_request(self, peer: _Peer, group: Any, ctl: Any, work: Any) -> None:
         """One request of ``peer`` arrived: post the next receive, then serve it in turn."""
@@ -390,16 +391,22 @@ class ChannelWorker(WorkerBase):
             if items:
                 self._queue.push_front(items)
             return
-        timeout = self._spec.transfer_timeout
+        timeout = wire_timeout(self._spec.transfer_timeout)
         try:
+            # eager: a small answer leaves at once from this thread when the link is idle
+            # and buffers it (same node), sparing a hand-off to the link's sending thread.
             if not items:
-                head = group.send((token, answer, 0), async_op=True, timeout=timeout)
+                head = group.send((token, answer, 0), async_op=True, timeout=timeout, eager=True)
             elif all(item.nbytes == 0 for item in items):
                 objs = [item.obj for item in items]
-                head = group.send((token, answer, 0, objs), async_op=True, timeout=timeout)
                 peer.unacked[token] = items
+                head = group.send(
+                    (token, answer, 0, objs), async_op=True, timeout=timeout, eager=True
+                )
             else:
-                head = group.send((token, answer, len(items)), async_op=True, timeout=timeout)
+                head = group.send(
+                    (token, answer, len(items)), async_op=True, timeout=timeout, eager=True
+                )
                 peer.unacked[token] = items
                 self._send_items(peer, group, token, items)
         except Exception as exc:  # the link is closed or broken
@@ -415,7 +422,7 @@ class ChannelWorker(WorkerBase):
         An item that cannot be encoded again goes back to the head, a :class:`Void`
         taking its place on the wire (the peer expects as many objects as announced).
         """
-        timeout = self._spec.transfer_timeout
+        timeout = wire_timeout(self._spec.transfer_timeout)
         for i, item in enumerate(items):
             try:
                 work = group.send(item.obj, async_op=True, timeout=timeout)
@@ -475,13 +482,13 @@ class ChannelWorker(WorkerBase):
             self._queue.arrival_failed()
             return RESET_ANSWER
         group = self._group(peer)
-        work = group.recv(async_op=True, timeout=self._spec.transfer_timeout)
+        work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
         self._when_done(work, self._finish_recv, peer, group)
         lent = self._queue.grant_credits(min(credits, self._credit_cap()))
         for _ in range(lent):
             # An idle producer hands its credits back within a fraction of a second, so
             # the transfer timeout bounds a credit's receive like any other.
-            work = group.recv(async_op=True, timeout=self._spec.transfer_timeout)
+            work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
             self._when_done(work, self._finish_credit, peer, group)
         return granted(peer.gen, lent)
 
