@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+import ray
 
 from p2p_worker import ChannelEmpty, Cluster, NodePlacementStrategy, Worker, create_channel
 
@@ -33,6 +34,16 @@ class Getter(Worker):
         ch = self.connect_channel(name)
         self._parked = [ch.get(async_op=True) for _ in range(count)]
         return os.getpid()
+
+    def collect_parked(self, timeout: float) -> list[Any]:
+        """The outcomes of the gets left by :meth:`park_gets`: items, or error type names."""
+        out = []
+        for w in self._parked:
+            try:
+                out.append(w.wait(timeout))
+            except Exception as exc:
+                out.append(type(exc).__name__)
+        return out
 
     def get_n(self, name: str, count: int) -> list[Any]:
         ch = self.connect_channel(name)
@@ -90,4 +101,56 @@ def test_consumer_killed_mid_get_loses_no_item(cluster: Cluster) -> None:
     assert st["failures"] >= 1
     ch.put("still works")
     assert ch.get(timeout=30) == "still works"
+    ch.destroy()
+
+
+def _channel_actor(name: str) -> Any:
+    """The Ray actor of channel ``name``, found through Ray's public actor listing."""
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["name"].endswith("/" + name):
+            return ray.get_actor(entry["name"], namespace=entry["namespace"])
+    raise AssertionError(f"no named actor for channel {name!r}")
+
+
+def test_link_reset_after_items_arrived_delivers_them_once(cluster: Cluster) -> None:
+    """A live consumer's link is reset after its items reached it, before its ack did.
+
+    The items must not go back to the channel (they would be delivered twice): the
+    consumer reports what arrived, and only the rest goes back.
+    """
+    holder = Getter.create_group().launch(cluster, ONE, name="reset_holder")
+    ch = create_channel(cluster, "resetonce", maxsize=4, transfer_timeout=30.0)
+    [pid] = holder.park_gets("resetonce", 2).wait(60)
+    wait_for(lambda: ch.stats()["waiting_getters"] == 2)
+    os.kill(pid, signal.SIGSTOP)  # the answers wait in its socket; no ack can leave
+    try:
+        ch.put("a", timeout=30)
+        ch.put("b", timeout=30)
+        wait_for(lambda: ch.stats()["waiting_getters"] == 0)
+        st = ch.stats()
+        assert (st["held"], st["gets"]) == (2, 0)  # sent, not acknowledged
+        peer = "reset_holder:0"
+        gen = st["peers"][peer]
+        ray.get(_channel_actor("resetonce").reset_link.remote(peer, gen), timeout=30)
+        assert ch.stats()["peers"][peer] == gen + 1  # the link was reset
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # "a" arrived and is delivered; its failed ack breaks the link, so the second get
+    # may fail ("nothing was taken") and its item go back to the channel.
+    [outcomes] = holder.collect_parked(60).wait(60)
+    assert outcomes[0] == "a", outcomes
+    assert outcomes[1] in ("b", "ChannelError"), outcomes
+    delivered = [o for o in outcomes if o in ("a", "b")]
+    wait_for(lambda: ch.stats()["held"] == 2 - len(delivered))  # settled by its report
+    rest = []
+    while True:
+        try:
+            rest.append(ch.get_nowait())
+        except ChannelEmpty:
+            break
+    assert sorted(delivered + rest) == ["a", "b"]  # each item exactly once
+    st = ch.stats()
+    assert (st["held"], st["queued"], st["gets"]) == (0, 0, 2)
+    ch.put("c")  # the channel and the consumer's handle keep working
+    assert holder.get_n("resetonce", 1).wait(60) == [["c"]]
     ch.destroy()

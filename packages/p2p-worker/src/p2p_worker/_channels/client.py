@@ -91,6 +91,11 @@ class ChannelLink:
             "get": deque(),
         }
         self.orphans: deque[tuple[Any, Any]] = deque()  # (key, item) of abandoned gets
+        # Gets of link generation _gen whose items were handed over, until the channel
+        # worker is known to have their acknowledgement: token -> [items received,
+        # request token whose answer confirms the ack (None: no ack sent yet)]. Reported
+        # when the link fails, so a reset never sends items that arrived here elsewhere.
+        self._got: dict[int, list[Any]] = {}
         self.closed = False
         # Put credits: slots the channel worker lent this process on link generation
         # _gen, each with a receive posted; a put with a credit is a plain send.
@@ -148,6 +153,8 @@ class ChannelLink:
             if self._group is not None:
                 self._group.close(timeout=0.0)
             self._group = None
+            self._report(self.got_report())
+            self._got = {}
             self._gen = gen
             self._credits = self._sent = 0  # the channel worker dropped them
         if self._group is None:
@@ -186,10 +193,10 @@ class ChannelLink:
             self._break(group, failed)
             return
         token, answer, count, *inline = work.wait(0)
+        self._confirmed(group, token)
         if inline:  # items without tensors, inside the answer
             self._read(group)
-            self._ack(group, token)
-            self._resolve(token, answer, [(obj, None) for obj in inline[0]])
+            self._hand_over(group, token, answer, [(obj, None) for obj in inline[0]])
             return
         timeout = wire_timeout(self.hello.transfer_timeout)
         recvs: list[AsyncWork[Any]] = []
@@ -214,12 +221,43 @@ class ChannelLink:
             outcomes = [
                 (w.wait(0) if w.exception(0) is None else None, w.exception(0)) for w in recvs
             ]
-            if all(exc is None for _, exc in outcomes):
-                self._ack(group, token)
-            self._resolve(token, answer, outcomes)
+            self._hand_over(group, token, answer, outcomes)
 
         for w in recvs:
             ChannelWork._follow(w, received)
+
+    def _confirmed(self, group: Any, token: int) -> None:
+        """An answer to request ``token`` arrived: acks sent before it have been read.
+
+        The channel worker reads this process's requests in order and handles an ack as
+        it arrives, so the answer to a request sent after an ack proves the ack taken.
+        """
+        with self._lock:
+            if group is not self._group or not self._got:
+                return
+            done = [
+                t for t, (_, after) in self._got.items() if after is not None and after <= token
+            ]
+            for t in done:
+                del self._got[t]
+
+    def _hand_over(
+        self, group: Any, token: int, answer: Any, outcomes: list[tuple[Any, Any]]
+    ) -> None:
+        """Give a get's items to its op, then acknowledge them (all arrived) or report.
+
+        Items are acknowledged only once an op has taken them: items of an op that
+        already failed (its link broke) are dropped here and go back to the channel.
+        """
+        arrived = 0
+        for _, exc in outcomes:
+            if exc is not None:
+                break
+            arrived += 1
+        if not self._resolve(token, answer, outcomes, group, arrived):
+            return
+        if outcomes and arrived == len(outcomes):
+            self._ack(group, token)
 
     def _ack(self, group: Any, token: int) -> None:
         """Tell the channel worker the items of get ``token`` arrived (their slots free up)."""
@@ -227,6 +265,9 @@ class ChannelLink:
             ctl = self._ctl
             if group is not self._group or ctl is None:
                 return
+            got = self._got.get(token)
+            if got is not None:
+                got[1] = self._token  # the answer to any later request confirms it
             try:  # a plain send in this thread: the control group's sends are ours alone
                 ctl.send((ACK, token), timeout=ACK_TIMEOUT)
             except Exception as exc:
@@ -236,15 +277,40 @@ class ChannelLink:
         if failed is not None:
             self._break(group, failed)
 
-    def _resolve(self, token: int, answer: Any, outcomes: list[tuple[Any, Any]]) -> None:
+    def _resolve(
+        self,
+        token: int,
+        answer: Any,
+        outcomes: list[tuple[Any, Any]],
+        group: Any = None,
+        arrived: int = 0,
+    ) -> bool:
+        """Hand an answer to op ``token``; False when no op took it (its items are dropped).
+
+        ``arrived`` items (a prefix of ``outcomes``) received on ``group`` are recorded
+        as this process's, for :meth:`got_report`.
+        """
         with self._lock:
             fut = self._pending.pop(token, None)
-        if fut is None or fut.done():
-            return
+            if fut is None or fut.done():
+                return False
+            if arrived and group is self._group:
+                self._got[token] = [arrived, None]
         if isinstance(answer, BaseException):
             fut.set_exception(answer)
         else:
             fut.set_result((answer, [o for o in outcomes if not isinstance(o[0], Void)]))
+        return True
+
+    def got_report(self) -> tuple[int, dict[int, int]]:
+        """``(gen, {get token: items received})`` of gets not known acknowledged (hold _lock)."""
+        return (self._gen, {t: got[0] for t, got in self._got.items()})
+
+    def _report(self, report: tuple[int, dict[int, int]]) -> None:
+        """Tell the channel worker which unacknowledged items of a failed link arrived here."""
+        if report[1]:
+            with contextlib.suppress(Exception):
+                self.actor.settle.remote(self.peer, *report)
 
     def _break(self, group: Any, exc: BaseException) -> None:
         """The link (or control group) failed: fail every waiting op; reconnect later.
@@ -260,11 +326,18 @@ class ChannelLink:
             self._broken = exc
             self._credits = 0
             pending, self._pending = self._pending, {}
+            report = self.got_report()
         threading.Thread(
-            target=self._fail_pending, args=(pending, exc), name="p2p-channel-break", daemon=True
+            target=self._fail_pending,
+            args=(pending, exc, report),
+            name="p2p-channel-break",
+            daemon=True,
         ).start()
 
-    def _fail_pending(self, pending: dict[int, Future[Any]], exc: BaseException) -> None:
+    def _fail_pending(
+        self, pending: dict[int, Future[Any]], exc: BaseException, report: tuple[int, Any]
+    ) -> None:
+        self._report(report)
         name = self.hello.name
         err: ChannelError
         try:
@@ -288,8 +361,9 @@ class ChannelLink:
     def _reconnect(self) -> None:
         """Say hello again and open fresh groups (holding ``_lock``) after a failed link."""
         name = self.hello.name
+        report = self.got_report()
         try:
-            hello = ray.get(self.actor.hello.remote(self.peer), timeout=CONTROL_GRACE)
+            hello = ray.get(self.actor.hello.remote(self.peer, report), timeout=CONTROL_GRACE)
         except ray.exceptions.RayError as exc:
             self.closed = True
             raise ChannelClosedError(
@@ -300,6 +374,7 @@ class ChannelLink:
                 group.close(timeout=0.0)
         self.hello = hello
         self._gen = hello.gen
+        self._got = {}  # reported with the hello
         self._credits = self._sent = 0
         self._token = 0  # the channel worker numbers this peer's calls afresh
         self._broken = None

@@ -75,6 +75,7 @@ logger = logging.getLogger(__name__)
 
 WATCH_PERIOD = 2.0  # seconds between checks that the job's rendezvous store is alive
 MAX_CREDITS = 8  # most put credits one grant lends
+HOLD_WAIT = 10.0  # seconds a reset peer's unacknowledged items wait for its report
 
 
 class _Tokens:
@@ -111,7 +112,18 @@ class _Tokens:
 
 
 class _Peer:
-    __slots__ = ("ctl", "gate", "gen", "group", "name", "seen", "syncs", "tokens", "unacked")
+    __slots__ = (
+        "ctl",
+        "gate",
+        "gen",
+        "group",
+        "held",
+        "name",
+        "seen",
+        "syncs",
+        "tokens",
+        "unacked",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -120,6 +132,9 @@ class _Peer:
         self.ctl: Any = None  # the control group: the peer's requests, in issue order
         self.gate: asyncio.Future[None] | None = None  # set once the last request queued up
         self.unacked: dict[int, list[Item]] = {}  # token -> items sent, not acknowledged yet
+        # gen -> the unacknowledged items of a link reset while the peer lived: they wait
+        # for the peer's report of what arrived (see ChannelWorker._settle)
+        self.held: dict[int, dict[int, list[Item]]] = {}
         self.tokens = _Tokens()
         self.seen = 0  # payloads (items or voids) received from the peer on this gen
         self.syncs: list[tuple[int, asyncio.Future[None]]] = []  # (count, woken at count)
@@ -189,8 +204,16 @@ class ChannelWorker(WorkerBase):
             )
         return peer.group
 
-    def _reset(self, peer: _Peer, group: Any, why: BaseException | None) -> None:
-        """Drop ``peer``'s link (if ``group`` is still it): close, bump, wake its waiters."""
+    def _reset(self, peer: _Peer, group: Any, why: BaseException | None, hold: bool = True) -> None:
+        """Drop ``peer``'s link (if ``group`` is still it): close, bump, wake its waiters.
+
+        Items sent to the peer and not acknowledged yet may have arrived there (a live
+        peer whose ack was still on its way): with ``hold`` they wait for the peer's
+        report (:meth:`settle`, or its next ``hello``) for up to :data:`HOLD_WAIT`
+        seconds, and only those that did not arrive go back to the head. Without
+        ``hold`` (the peer left: it died, or closed after acknowledging what it took)
+        they go back at once.
+        """
         if peer.group is not group or group is None:
             return
         if why is not None:
@@ -205,16 +228,50 @@ class ChannelWorker(WorkerBase):
         ctl, peer.ctl, peer.gate = peer.ctl, None, None
         if ctl is not None:
             ctl.close(timeout=0.0)
+        gen = peer.gen
         peer.gen += 1
         unacked, peer.unacked = peer.unacked, {}
-        if unacked:  # not known to have arrived: back to the head, in channel order
-            self._counts["failures"] += 1
-            self._queue.push_front([item for token in sorted(unacked) for item in unacked[token]])
+        if unacked and hold:
+            peer.held[gen] = unacked
+            loop = self._loop or asyncio.get_running_loop()
+            loop.call_later(HOLD_WAIT, self._settle, peer, gen, None)
+        elif unacked:  # not known to have arrived: back to the head, in channel order
+            self._settle_items(unacked, {})
         peer.seen = 0
         peer.wake(everyone=True)
         self._counts["resets"] += 1
         group.close(timeout=0.0)
         self._queue.reset_peer(peer.name)
+
+    def _settle(self, peer: _Peer, gen: int, got: dict[int, int] | None) -> None:
+        """Settle the items held for ``peer``'s link ``gen``: ``got`` arrived there.
+
+        ``got`` maps a get's token to how many of its items arrived (a prefix); None
+        (no report in time) sends every held item back.
+        """
+        held = peer.held.pop(gen, None)
+        if held:
+            self._settle_items(held, got or {})
+
+    def _settle_items(self, items: dict[int, list[Item]], got: dict[int, int]) -> None:
+        """Free the slots of the items that arrived; the others go back to the head."""
+        back: list[Item] = []
+        for token in sorted(items):
+            sent = items[token]
+            arrived = max(0, min(int(got.get(token, 0)), len(sent)))
+            if arrived:
+                self._counts["gets"] += arrived
+                self._queue.release(arrived)
+            back += sent[arrived:]
+        if back:  # not known to have arrived: back to the head, in channel order
+            self._counts["failures"] += 1
+            self._queue.push_front(back)
+
+    async def settle(self, peer_name: str, gen: int, got: dict[int, int]) -> None:
+        """A peer whose link ``gen`` failed reports the items that arrived there."""
+        peer = self._peers.get(peer_name)
+        if peer is not None:
+            self._settle(peer, gen, got)
 
     def _when_failed(self, work: Any, fn: Any, *args: Any) -> None:
         """Run ``fn(*args, work)`` on the event loop if ``work`` fails (nothing on success).
@@ -239,10 +296,16 @@ class ChannelWorker(WorkerBase):
 
     # -- control calls (Ray) ------------------------------------------------------------
 
-    async def hello(self, peer_name: str) -> Hello:
-        """Open a fresh link to ``peer_name`` and connect both its directions."""
+    async def hello(self, peer_name: str, got: tuple[int, dict[int, int]] | None = None) -> Hello:
+        """Open a fresh link to ``peer_name`` and connect both its directions.
+
+        ``got`` is a reconnecting peer's report on its previous link: ``(gen, {get
+        token: items that arrived})`` (see :meth:`settle`).
+        """
         peer = self._peer(peer_name)
         self._reset(peer, peer.group, None)
+        if got is not None:
+            self._settle(peer, *got)
         peer.tokens = _Tokens()  # a new handle numbers its calls from 0
         group = self._group(peer)
         timeout = wire_timeout(self._spec.transfer_timeout)
@@ -314,7 +377,8 @@ class ChannelWorker(WorkerBase):
         exc = work.exception(0)
         if exc is not None:  # the peer closed its handle, died or went away
             logger.debug("channel %r: %s left (%s)", self._spec.name, peer.name, exc)
-            self._reset(peer, group, None)  # its waiting requests end
+            # its waiting requests end; it acknowledged what it took before it closed
+            self._reset(peer, group, None, hold=False)
             return
         request = work.wait(0)  # the next receive is already posted (_post_request_recv)
         if request[0] == ACK:  # the peer has the items of its get ``token``: free their slots
