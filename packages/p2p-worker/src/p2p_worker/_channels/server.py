@@ -38,6 +38,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import Any
 
 import ray
@@ -76,6 +77,7 @@ logger = logging.getLogger(__name__)
 WATCH_PERIOD = 2.0  # seconds between checks that the job's rendezvous store is alive
 MAX_CREDITS = 8  # most put credits one grant lends
 HOLD_WAIT = 10.0  # seconds a reset peer's unacknowledged items wait for its report
+HOLD_CHECK = 0.5  # seconds between checks that such a peer still lives
 
 
 class _Tokens:
@@ -233,8 +235,7 @@ class ChannelWorker(WorkerBase):
         unacked, peer.unacked = peer.unacked, {}
         if unacked and hold:
             peer.held[gen] = unacked
-            loop = self._loop or asyncio.get_running_loop()
-            loop.call_later(HOLD_WAIT, self._settle, peer, gen, None)
+            self._check_held(peer, gen, group, time.monotonic() + HOLD_WAIT)
         elif unacked:  # not known to have arrived: back to the head, in channel order
             self._settle_items(unacked, {})
         peer.seen = 0
@@ -242,6 +243,19 @@ class ChannelWorker(WorkerBase):
         self._counts["resets"] += 1
         group.close(timeout=0.0)
         self._queue.reset_peer(peer.name)
+
+    def _check_held(self, peer: _Peer, gen: int, group: Any, until: float) -> None:
+        """Put back the items held for ``peer``'s link ``gen`` once it is known dead or late.
+
+        ``group`` (closed) still knows whether the peer's process is gone.
+        """
+        if gen not in peer.held:
+            return  # settled by the peer's report
+        if group.peer_gone or time.monotonic() >= until:
+            self._settle(peer, gen, None)
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        loop.call_later(HOLD_CHECK, self._check_held, peer, gen, group, until)
 
     def _settle(self, peer: _Peer, gen: int, got: dict[int, int] | None) -> None:
         """Settle the items held for ``peer``'s link ``gen``: ``got`` arrived there.
