@@ -20,6 +20,7 @@ it is (the result over one member) or copy it where the operation says.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -32,9 +33,13 @@ from p2p_worker._raycoll._checks import as_torch, check_not_self, check_rank
 from p2p_worker._raycoll._env import Meeting, meeting
 from p2p_worker._raycoll._errors import CollectiveArgumentError, TensorTypeError
 from p2p_worker._raycoll._pair import PairCollectives, check_like, check_reducible
+from p2p_worker._raycoll._ringpairs import RingCollectives
 from p2p_worker._raycoll._types import Backend
 
 INCARNATION_KEY = "p2p-raycoll/{name}/{size}/incarnation/{rank}"
+RING_ENV = "P2P_RAYCOLL_RING"
+"""Set to ``"0"`` in every member to keep groups of three or more on gloo (for
+benchmarks: all members must see the same value, or they deadlock)."""
 ACTOR_KEY = "p2p-raycoll/{name}/{size}/{incarnation}/actor/{rank}"
 """The Ray actor id of a member ('' for a driver or task), for the liveness oracle."""
 
@@ -88,7 +93,7 @@ class GroupHandle:
         self._lock = threading.Lock()
         self._collective: Collective | None = None
         self._multi: MultiCollectiveGroup | None = None
-        self._two: PairCollectives | None = None  # see _pair_collectives
+        self._two: PairCollectives | RingCollectives | None = None  # see _pair_collectives
         self._two_decided = False
         self._destroyed = False
 
@@ -219,33 +224,46 @@ class GroupHandle:
     def collectives_transport(self) -> str | None:
         """How this group's collectives travel: ``"shm"`` or ``"gloo"``.
 
-        ``"shm"`` for a group of two members on one node (see :mod:`._pair`), ``"gloo"``
-        otherwise; None for a group of one, or before the first collective of a group
-        of two decided it.
+        ``"shm"`` for a group whose members are all on one node (two members: see
+        :mod:`._pair`; more: :mod:`._ringpairs`), ``"gloo"`` otherwise; None for a group
+        of one, or before the group's first collective decided it.
         """
         if self._world_size == 1:
             return None
-        if self._world_size > 2:
-            return "gloo"
         if not self._two_decided:
             return None
         return "gloo" if self._two is None else "shm"
 
-    def _pair_collectives(self, timeout: float | None) -> PairCollectives | None:
-        """A group of two on one node: its shared-memory collectives (None: gloo's).
+    def _pair_collectives(self, timeout: float | None) -> PairCollectives | RingCollectives | None:
+        """A group on one node: its shared-memory collectives (None: gloo's).
 
-        Decided at the first collective, by a one-byte exchange on the group's own pair
-        (key ``.../coll``, apart from the pair of ``send`` / ``recv``): shared memory
-        when both directions run on it. Both members see the same transports.
+        Decided at the first collective, by exchanges on the group's own pairs (keys
+        ``.../coll`` for two members, ``.../ring/<a>-<b>`` between ring neighbours for
+        more; apart from the pairs of ``send`` / ``recv``): shared memory when every
+        pair runs on it. All members see the same transports, so all decide alike.
         """
-        if self._two_decided or self._world_size != 2:
+        if self._two_decided or self._world_size == 1:
             return self._two
         coll = self._own_collective()
-        names = [self.member_name(0), self.member_name(1)]
-        key = f"raycoll:{self._group_name}#{self._incarnation}/coll"
-        two = PairCollectives(coll.create_pair_group(names, group_name=key), self._rank)
-        if two.connect(timeout):
-            self._two = two
+        base = f"raycoll:{self._group_name}#{self._incarnation}"
+        if self._world_size == 2:
+            names = [self.member_name(0), self.member_name(1)]
+            two = PairCollectives(
+                coll.create_pair_group(names, group_name=f"{base}/coll"), self._rank
+            )
+            if two.connect(timeout):
+                self._two = two
+        elif os.environ.get(RING_ENV, "1") != "0":
+            r, n = self._rank, self._world_size
+
+            def pair(peer: int) -> CollectiveGroup:
+                a, b = min(r, peer), max(r, peer)
+                names = [self.member_name(r), self.member_name(peer)]
+                return coll.create_pair_group(names, group_name=f"{base}/ring/{a}-{b}")
+
+            ring = RingCollectives(pair((r - 1) % n), pair((r + 1) % n), r, n)
+            if ring.connect(timeout):
+                self._two = ring
         self._two_decided = True
         return self._two
 

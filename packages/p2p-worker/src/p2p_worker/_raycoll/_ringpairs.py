@@ -1,0 +1,322 @@
+"""The collectives of a group of three or more members on one node, over shared memory.
+
+Each member holds two of the group's own two-party groups (keys ending in
+``/ring/<a>-<b>``): one with its left neighbour (rank - 1) and one with its right
+neighbour (rank + 1, both modulo N). Every step of every operation sends to the right
+and receives from the left, so each member moves its bytes through the shared-memory
+links of one node instead of handing them to gloo's threads and TCP connections.
+
+- ``allgather``: a ring of N - 1 steps; in step k member r passes on the tensor of
+  member r - k.
+- ``allreduce``: large tensors as a ring reduce-scatter (each of N chunks is reduced
+  along the ring, ending at one owner) followed by a ring allgather of the reduced
+  chunks; small ones (up to :data:`SMALL_ALLREDUCE`) as an allgather of the whole
+  tensors followed by a local reduction in rank order. Either way every member ends
+  with the same bits: a chunk is reduced once and then copied, or every member
+  reduces the same tensors in the same order.
+- ``broadcast``: a chain from the root, right-wards, in pipelined chunks.
+- ``reduce``: a chain ending at the destination, right-wards, in pipelined chunks.
+- ``reducescatter``: a ring reduce-scatter of the items.
+- ``barrier``: N - 1 steps of one byte (member r has then heard, through its left
+  neighbour, from every member, each of which had entered the barrier).
+
+Whether to use it is decided at the first collective: each member connects its two
+pairs (in the global order of the pairs, so no member waits on one that waits on it),
+then the members pass round the ring the minimum of "both my pairs are on shared
+memory" (N - 1 steps), so all members decide alike.
+
+A failure inside an operation (a member died, a timeout) closes this member's pairs, so
+its neighbours fail too, theirs in turn, and the whole ring fails within moments instead
+of waiting for the operation's timeout. The group's collectives then keep failing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from p2p_collective import CollectiveGroup
+from p2p_worker._raycoll._pair import combine
+
+SYNC_SEND_MAX = 64 << 10
+"""Bytes up to which a step sends in the calling thread before receiving."""
+
+SMALL_ALLREDUCE = 64 << 10
+"""Bytes up to which ``allreduce`` gathers whole tensors and reduces them locally."""
+
+CHAIN_CHUNK = 1 << 20
+"""Bytes per message of the pipelined chains (``broadcast``, ``reduce``)."""
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1)
+
+
+def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` consecutive ranges covering ``range(n)`` (sizes differ by at most one)."""
+    cuts = [i * n // parts for i in range(parts + 1)]
+    return [(cuts[i], cuts[i + 1]) for i in range(parts)]
+
+
+def _pieces(n: int, itemsize: int) -> Iterator[tuple[int, int]]:
+    step = max(1, CHAIN_CHUNK // max(1, itemsize))
+    for lo in range(0, n, step):
+        yield lo, min(n, lo + step)
+
+
+class RingBroken(RuntimeError):
+    """The ring failed earlier (its pairs are closed); ``__cause__`` is that failure."""
+
+
+class RingCollectives:
+    """The collectives of an N-member group (N >= 3) over its ring of shared-memory pairs.
+
+    Args:
+        left: The two-party group with member ``rank - 1``.
+        right: The two-party group with member ``rank + 1``.
+        rank: This member's rank.
+        size: Number of members.
+    """
+
+    def __init__(self, left: CollectiveGroup, right: CollectiveGroup, rank: int, size: int):
+        self.left = left
+        self.right = right
+        self.rank = rank
+        self.size = size
+        self._spare: torch.Tensor | None = None
+        self._broken: BaseException | None = None
+
+    # -- connecting ---------------------------------------------------------------------
+
+    def connect(self, timeout: float | None) -> bool:
+        """Connect both pairs and agree with every member; True when all are on shm."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        r, n = self.rank, self.size
+        edges = sorted(
+            [
+                (min(r, (r - 1) % n), max(r, (r - 1) % n), self.left),
+                (min(r, (r + 1) % n), max(r, (r + 1) % n), self.right),
+            ],
+            key=lambda e: (e[0], e[1]),
+        )
+        probe = torch.zeros(1, dtype=torch.uint8)
+        for low, _high, pair in edges:
+            # the lower rank of a pair sends first, the higher receives first
+            if r == low:
+                pair.send_tensor(probe, timeout=_left(deadline))
+                pair.recv_tensor(probe, timeout=_left(deadline))
+            else:
+                pair.recv_tensor(probe, timeout=_left(deadline))
+                pair.send_tensor(probe, timeout=_left(deadline))
+        mine = all(
+            pair.stats()[side].get("transport") == "shm"
+            for pair in (self.left, self.right)
+            for side in ("send", "recv")
+        )
+        verdict = torch.tensor([1 if mine else 0], dtype=torch.uint8)
+        got = torch.zeros(1, dtype=torch.uint8)
+        for _ in range(n - 1):
+            sent = self.right.send_tensor(verdict, async_op=True, timeout=_left(deadline))
+            self.left.recv_tensor(got, timeout=_left(deadline))
+            sent.wait(timeout=_left(deadline))
+            verdict = torch.minimum(verdict, got)
+        return bool(verdict.item())
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _scratch(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """A kept flat buffer of ``n`` items (reused: fresh memory costs page faults)."""
+        buf = self._spare
+        if buf is None or buf.dtype != dtype or buf.numel() < n:
+            buf = self._spare = torch.empty(n, dtype=dtype)
+        return buf[:n]
+
+    def _step(self, mine: torch.Tensor, theirs: torch.Tensor, deadline: float | None) -> None:
+        """Send ``mine`` to the right while receiving the left's tensor into ``theirs``."""
+        if mine.numel() * mine.element_size() <= SYNC_SEND_MAX:
+            self.right.send_tensor(mine, timeout=_left(deadline))
+            self.left.recv_tensor(theirs, timeout=_left(deadline))
+            return
+        sent = self.right.send_tensor(mine, async_op=True, timeout=_left(deadline))
+        try:
+            self.left.recv_tensor(theirs, timeout=_left(deadline))
+        finally:
+            sent.wait(timeout=_left(deadline))
+
+    def run(self, fn: Callable[..., None], *args: Any, timeout: float | None) -> None:
+        """Run one operation; a failure breaks the ring (closes both pairs) and re-raises.
+
+        Raises:
+            RingBroken: An earlier operation failed.
+        """
+        if self._broken is not None:
+            raise RingBroken(
+                f"the group's collectives failed earlier: {self._broken}"
+            ) from self._broken
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            fn(*args, deadline)
+        except BaseException as exc:
+            self._broken = exc
+            self.close()
+            raise
+
+    # -- the collectives (arguments checked by the caller) -------------------------------
+
+    def _allgather(self, out: list[torch.Tensor], t: torch.Tensor, deadline: float | None) -> None:
+        """``out[r]`` becomes member ``r``'s ``t`` on every member."""
+        r, n = self.rank, self.size
+        out[r].copy_(t)
+        for k in range(n - 1):
+            self._step(out[(r - k) % n], out[(r - k - 1) % n], deadline)
+
+    def _allreduce(self, t: torch.Tensor, op: str, deadline: float | None) -> None:
+        """``t`` becomes the reduction of every member's ``t`` (same bits on all)."""
+        r, n = self.rank, self.size
+        flat = _flat(t)
+        count = flat.numel()
+        if count * t.element_size() <= SMALL_ALLREDUCE or count < n:
+            buf = self._scratch(n * count, t.dtype)
+            parts = [buf[i * count : (i + 1) * count] for i in range(n)]
+            self._allgather(parts, flat, deadline)
+            flat.copy_(parts[0])
+            for i in range(1, n):
+                combine(flat, parts[i], op)
+            return
+        bounds = _bounds(count, n)
+        chunks = [flat[lo:hi] for lo, hi in bounds]
+        widest = max(hi - lo for lo, hi in bounds)
+        got = self._scratch(widest, t.dtype)
+        # reduce-scatter: after step k, chunk r - k - 1 holds the reduction over
+        # members r - k - 1 .. r; after N - 1 steps chunk r + 1 is complete here
+        for k in range(n - 1):
+            into = chunks[(r - k - 1) % n]
+            recv = got[: into.numel()]
+            self._step(chunks[(r - k) % n], recv, deadline)
+            combine(into, recv, op)
+        # allgather of the complete chunks: member r owns chunk r + 1
+        for k in range(n - 1):
+            self._step(chunks[(r + 1 - k) % n], chunks[(r - k) % n], deadline)
+
+    def _broadcast(self, t: torch.Tensor, src: int, deadline: float | None) -> None:
+        """``t`` of ``src`` is copied into ``t`` of every member, along a chain."""
+        pos = (self.rank - src) % self.size
+        flat = _flat(t)
+        sends = []
+        try:
+            for lo, hi in _pieces(flat.numel(), t.element_size()):
+                piece = flat[lo:hi]
+                if pos > 0:
+                    self.left.recv_tensor(piece, timeout=_left(deadline))
+                if pos < self.size - 1:
+                    sends.append(
+                        self.right.send_tensor(piece, async_op=True, timeout=_left(deadline))
+                    )
+        finally:
+            for s in sends:
+                s.wait(timeout=_left(deadline))
+
+    def _reduce(self, t: torch.Tensor, dst: int, op: str, deadline: float | None) -> None:
+        """``t`` of ``dst`` becomes the reduction; the other members' ``t`` is unchanged.
+
+        The chain starts at ``dst + 1``; each member adds its ``t`` to what its left
+        neighbour sent and passes it right, until ``dst``.
+        """
+        pos = (self.rank - dst - 1) % self.size  # 0: the chain's start, N - 1: dst
+        flat = _flat(t)
+        last = self.size - 1
+        acc = flat if pos == last else self._scratch(flat.numel(), t.dtype)
+        sends = []
+        try:
+            for lo, hi in _pieces(flat.numel(), t.element_size()):
+                if pos == 0:
+                    sends.append(
+                        self.right.send_tensor(flat[lo:hi], async_op=True, timeout=_left(deadline))
+                    )
+                    continue
+                if pos == last:
+                    got = self._chain_buf(hi - lo, t.dtype)
+                    self.left.recv_tensor(got, timeout=_left(deadline))
+                    combine(flat[lo:hi], got, op)
+                    continue
+                piece = acc[lo:hi]
+                self.left.recv_tensor(piece, timeout=_left(deadline))
+                combine(piece, flat[lo:hi], op)
+                sends.append(self.right.send_tensor(piece, async_op=True, timeout=_left(deadline)))
+        finally:
+            for s in sends:
+                s.wait(timeout=_left(deadline))
+
+    def _chain_buf(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        return self._scratch(n, dtype)
+
+    def _reducescatter(
+        self, out: torch.Tensor, items: list[torch.Tensor], op: str, deadline: float | None
+    ) -> None:
+        """``out`` becomes the reduction of every member's ``items[rank]``.
+
+        In step k member r sends its partial reduction of item r - k - 1 right and
+        receives the left's partial reduction of item r - k - 2, to which it adds its
+        own; after N - 1 steps the item it received last is item r.
+        """
+        r, n = self.rank, self.size
+        count = out.numel()
+        spare = self._scratch(2 * count, out.dtype)
+        bufs = [spare[:count], spare[count:]]
+        send = _flat(items[(r - 1) % n])
+        for k in range(n - 1):
+            into = bufs[k % 2]  # never ``out``: it may be one of the items
+            self._step(send, into, deadline)
+            combine(into, _flat(items[(r - k - 2) % n]), op)
+            send = into
+        _flat(out).copy_(send)
+
+    def _barrier(self, deadline: float | None) -> None:
+        """Return once every member has reached its barrier."""
+        token = torch.zeros(1, dtype=torch.uint8)
+        got = torch.empty(1, dtype=torch.uint8)
+        for _ in range(self.size - 1):
+            self._step(token, got, deadline)
+
+    # -- the public forms: PairCollectives' signatures ------------------------------------
+
+    def allreduce(self, t: torch.Tensor, op: str, timeout: float | None) -> None:
+        """See :meth:`_allreduce`."""
+        self.run(self._allreduce, t, op, timeout=timeout)
+
+    def broadcast(self, t: torch.Tensor, src: int, timeout: float | None) -> None:
+        """See :meth:`_broadcast`."""
+        self.run(self._broadcast, t, src, timeout=timeout)
+
+    def reduce(self, t: torch.Tensor, dst: int, op: str, timeout: float | None) -> None:
+        """See :meth:`_reduce`."""
+        self.run(self._reduce, t, dst, op, timeout=timeout)
+
+    def allgather(self, out: list[torch.Tensor], t: torch.Tensor, timeout: float | None) -> None:
+        """See :meth:`_allgather`."""
+        self.run(self._allgather, out, t, timeout=timeout)
+
+    def reducescatter(
+        self, out: torch.Tensor, items: list[torch.Tensor], op: str, timeout: float | None
+    ) -> None:
+        """See :meth:`_reducescatter`."""
+        self.run(self._reducescatter, out, items, op, timeout=timeout)
+
+    def barrier(self, timeout: float | None) -> None:
+        """See :meth:`_barrier`."""
+        self.run(self._barrier, timeout=timeout)
+
+    def close(self) -> None:
+        """Close both pairs (the neighbours see them as gone)."""
+        self._spare = None
+        for pair in (self.left, self.right):
+            with contextlib.suppress(Exception):
+                pair.close()
