@@ -13,8 +13,10 @@ different distance apart, which the timed operations would then absorb); a round
 time is the slowest member's; the figure is the median round (best in the JSON). The
 ratio is Ray's time over ours (> 1: ours is faster).
 
-A group of two members on one node runs p2p's collectives over shared memory (the JSON
-records ``p2p_transport``); larger groups run them over gloo, as Ray does.
+Groups on one node run p2p's collectives over shared memory (two members: one pair;
+more: a ring of pairs between neighbours; the JSON records ``p2p_transport``);
+``P2P_RAYCOLL_RING=0`` in the environment keeps groups of three or more on gloo, the
+earlier path, for a before/after comparison.
 
 ``--broadcast-kinds`` adds the earlier comparison of p2p's broadcast forms with a
 loop of point-to-point sends (spawned processes, no Ray).

@@ -4,7 +4,8 @@ A group of N >= 2 members runs its collectives on one ``p2p_collective``
 ``MultiCollectiveGroup`` (gloo, N ranks) and its ``send`` / ``recv`` on two-party
 groups, one per pair of members that exchange tensors, so two members on one node move
 the bytes through shared memory. A group of two members on one node runs its
-collectives over shared memory too, on a pair of its own (see :mod:`._pair`). All of
+collectives over shared memory too, on a pair of its own (see :mod:`._pair`), and a
+group of three or more on one node on a ring of such pairs (see :mod:`._ringpairs`). All of
 them belong to a ``Collective`` of this group alone, named after the group, its
 incarnation and the member's rank; nothing touches the network before the first
 operation, which waits for the other members.
@@ -290,8 +291,8 @@ class GroupHandle:
                 as_torch(tensor, "tensor", "allreduce", writable=True)
                 return
             two = self._pair_collectives(timeout)
-            if two is not None:
-                t = as_torch(tensor, "tensor", "allreduce", writable=True)
+            t = as_torch(tensor, "tensor", "allreduce", writable=True)
+            if two is not None and two.takes("allreduce", t):
                 check_reducible(t, "tensor", "allreduce")
                 two.allreduce(t, op, timeout)
                 return
@@ -304,8 +305,8 @@ class GroupHandle:
                 as_torch(tensor, "tensor", "broadcast")
                 return
             two = self._pair_collectives(timeout)
-            if two is not None:
-                t = as_torch(tensor, "tensor", "broadcast", writable=self._rank != src_rank)
+            t = as_torch(tensor, "tensor", "broadcast", writable=self._rank != src_rank)
+            if two is not None and two.takes("broadcast", t):
                 two.broadcast(t, src_rank, timeout)
                 return
             self._members_group().broadcast_tensor(tensor, src=src_rank, timeout=timeout)

@@ -52,6 +52,37 @@ CHAIN_CHUNK = 1 << 20
 """Bytes per message of the pipelined chains (``broadcast``, ``reduce``)."""
 
 
+GLOO_FROM_MEMBERS = 8
+"""From this many members, some operations and sizes stay on gloo (see :func:`takes`)."""
+
+GLOO_ALLREDUCE_BELOW = 16 << 20
+"""Bytes below which (and above :data:`SMALL_ALLREDUCE`) such an ``allreduce`` stays on gloo."""
+
+GLOO_BROADCAST_FROM = 16 << 20
+"""Bytes from which such a ``broadcast`` stays on gloo."""
+
+
+def takes(op: str, nbytes: int, size: int) -> bool:
+    """Whether the ring runs ``op`` on ``nbytes`` per member in a group of ``size``.
+
+    Measured (2 busy cores, ``bench_collectives.py``, 4 KiB / 1 MiB / 16 MiB, same
+    sittings as gloo): the ring won or tied every cell of 4 members, and every cell of
+    8 but two, which stay on gloo: a 1 MiB ``allreduce`` (0.63x of Ray's against gloo's
+    0.94x: the ring's 2 (N - 1) = 14 steps of 128 KiB, each handed to a sending thread,
+    cost more than gloo's fewer steps) and a 16 MiB ``broadcast`` (0.94x and 0.82x
+    against gloo's 0.99x: seven hops of copies through two cores). Sizes between the
+    measured ones go with the nearer measured loss. Every member computes the same
+    answer from the same arguments (Ray requires equal sizes), so all take one path.
+    """
+    if size < GLOO_FROM_MEMBERS:
+        return True
+    if op == "allreduce":
+        return not SMALL_ALLREDUCE < nbytes < GLOO_ALLREDUCE_BELOW
+    if op == "broadcast":
+        return nbytes < GLOO_BROADCAST_FROM
+    return True
+
+
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
@@ -287,6 +318,10 @@ class RingCollectives:
             self._step(token, got, deadline)
 
     # -- the public forms: PairCollectives' signatures ------------------------------------
+
+    def takes(self, op: str, t: torch.Tensor) -> bool:
+        """Whether this ring runs ``op`` on ``t`` (else the group's gloo does)."""
+        return takes(op, t.numel() * t.element_size(), self.size)
 
     def allreduce(self, t: torch.Tensor, op: str, timeout: float | None) -> None:
         """See :meth:`_allreduce`."""
