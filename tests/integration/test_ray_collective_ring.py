@@ -24,7 +24,7 @@ import torch
 from plain_ray import plain_local_ray
 
 import p2p_worker.compat as col
-from p2p_collective import PeerError
+from p2p_collective import PeerError, PeerGoneError
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
@@ -179,12 +179,18 @@ def _join(rank: int) -> str | None:
     return col.get_group_handle("ring-doomed").collectives_transport
 
 
-def _wait_for_death(rank: int) -> tuple[str, bool, float]:
+def _wait_for_death(rank: int) -> tuple[str, bool, float, str]:
     try:
         col.allreduce(torch.ones(1 << 20), "ring-doomed", timeout=60)
     except Exception as exc:
-        return type(exc).__name__, isinstance(exc, PeerError), time.time()
-    return "no error", False, time.time()
+        failed = type(exc).__name__, isinstance(exc, PeerError), time.time()
+    else:
+        return "no error", False, time.time(), ""
+    try:  # a later collective of the broken group fails at once, as a PeerError too
+        col.barrier("ring-doomed")
+    except PeerGoneError as later:
+        return (*failed, type(later).__name__)
+    return (*failed, "no error")
 
 
 def test_a_killed_member_fails_every_other_member_within_seconds(four: list[Any]) -> None:
@@ -193,7 +199,7 @@ def test_a_killed_member_fails_every_other_member_within_seconds(four: list[Any]
     time.sleep(1.0)  # waiting in the allreduce for member 2
     killed_at = time.time()
     ray.kill(four[2])
-    for name, is_peer_error, failed_at in ray.get(pending, timeout=60):
+    for name, is_peer_error, failed_at, later in ray.get(pending, timeout=60):
         print(f"DEATH-TIME {failed_at - killed_at:.2f} s {name}")
-        assert (name, is_peer_error) == ("PeerError", True)
+        assert (name, is_peer_error, later) == ("PeerError", True, "PeerGoneError")
         assert failed_at - killed_at < DEATH_BOUND

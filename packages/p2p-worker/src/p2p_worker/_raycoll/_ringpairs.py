@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from p2p_collective import CollectiveGroup
+from p2p_collective import CollectiveGroup, GroupBrokenError, PeerError, PeerGoneError
 from p2p_worker._raycoll._pair import combine
 
 SYNC_SEND_MAX = 64 << 10
@@ -101,10 +101,6 @@ def _pieces(n: int, itemsize: int) -> Iterator[tuple[int, int]]:
     step = max(1, CHAIN_CHUNK // max(1, itemsize))
     for lo in range(0, n, step):
         yield lo, min(n, lo + step)
-
-
-class RingBroken(RuntimeError):
-    """The ring failed earlier (its pairs are closed); ``__cause__`` is that failure."""
 
 
 class RingCollectives:
@@ -186,12 +182,15 @@ class RingCollectives:
         """Run one operation; a failure breaks the ring (closes both pairs) and re-raises.
 
         Raises:
-            RingBroken: An earlier operation failed.
+            PeerGoneError: An earlier operation failed because a member died (its cause).
+            GroupBrokenError: An earlier operation failed otherwise (its cause).
         """
         if self._broken is not None:
-            raise RingBroken(
-                f"the group's collectives failed earlier: {self._broken}"
-            ) from self._broken
+            # The same errors a pair group gives once its peer is gone: a caller that
+            # catches PeerError for a dead member catches the later operations too.
+            gone = isinstance(self._broken, PeerError)
+            cls = PeerGoneError if gone else GroupBrokenError
+            raise cls(f"the group's collectives failed earlier: {self._broken}") from self._broken
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             fn(*args, deadline)
