@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 N = 3
 
 
-def _member(rank: int, port: int, shm: bool, key: str, out: Any) -> None:
+def _member(rank: int, port: int, shm: bool, key: str, out: Any, wanted: bool) -> None:
     from p2p_collective import Collective, CollectiveConfig
     from p2p_worker._raycoll._ringpairs import RingCollectives
 
@@ -40,7 +40,7 @@ def _member(rank: int, port: int, shm: bool, key: str, out: Any) -> None:
 
     try:
         ring = RingCollectives(pair((rank - 1) % N), pair((rank + 1) % N), rank, N)
-        on_shm = ring.connect(60)
+        on_shm = ring.connect(60, wanted=wanted)
         results = []
         if on_shm:
             for n in (5, 100_001):  # gathered and reduced locally; ring reduce-scatter
@@ -55,11 +55,14 @@ def _member(rank: int, port: int, shm: bool, key: str, out: Any) -> None:
         coll.close()
 
 
-def _run(shm: tuple[bool, ...], key: str) -> list[Any]:
+def _run(shm: tuple[bool, ...], key: str, wanted: tuple[bool, ...] = (True,) * N) -> list[Any]:
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_member, args=(r, store.port, shm[r], key, out)) for r in range(N)]
+    procs = [
+        ctx.Process(target=_member, args=(r, store.port, shm[r], key, out, wanted[r]))
+        for r in range(N)
+    ]
     for p in procs:
         p.start()
     try:
@@ -84,6 +87,12 @@ def test_on_one_node_the_ring_runs_on_shared_memory_with_identical_bits() -> Non
 
 def test_shared_memory_off_in_one_member_sends_every_member_back_to_gloo() -> None:
     assert _run((True, False, True), "rc-off") == [(r, False, []) for r in range(N)]
+
+
+def test_one_member_voting_against_the_ring_keeps_every_member_on_gloo() -> None:
+    # What P2P_RAYCOLL_RING=0 in one member's environment does: a vote, never a deadlock.
+    got = _run((True,) * N, "rc-vote", wanted=(True, True, False))
+    assert got == [(r, False, []) for r in range(N)]
 
 
 def test_mid_sized_allreduce_of_eight_members_stays_on_gloo() -> None:

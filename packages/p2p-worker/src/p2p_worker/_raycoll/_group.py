@@ -254,7 +254,9 @@ class GroupHandle:
             )
             if two.connect(timeout):
                 self._two = two
-        elif os.environ.get(RING_ENV, "1") != "0":
+        else:
+            # P2P_RAYCOLL_RING=0 is a vote: one member that sets it keeps every member on
+            # gloo (all still take part in the exchange, so members that differ agree).
             r, n = self._rank, self._world_size
 
             def pair(peer: int) -> CollectiveGroup:
@@ -263,7 +265,7 @@ class GroupHandle:
                 return coll.create_pair_group(names, group_name=f"{base}/ring/{a}-{b}")
 
             ring = RingCollectives(pair((r - 1) % n), pair((r + 1) % n), r, n)
-            if ring.connect(timeout):
+            if ring.connect(timeout, wanted=os.environ.get(RING_ENV, "1") != "0"):
                 self._two = ring
         self._two_decided = True
         return self._two

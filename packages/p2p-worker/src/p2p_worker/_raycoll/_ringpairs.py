@@ -123,8 +123,14 @@ class RingCollectives:
 
     # -- connecting ---------------------------------------------------------------------
 
-    def connect(self, timeout: float | None) -> bool:
-        """Connect both pairs and agree with every member; True when all are on shm."""
+    def connect(self, timeout: float | None, wanted: bool = True) -> bool:
+        """Connect both pairs and agree with every member; True when all are on shm.
+
+        Args:
+            timeout: Seconds for the whole exchange (None: no limit).
+            wanted: This member's vote for the ring (False: it asks every member to stay
+                on gloo; all still decide alike).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         r, n = self.rank, self.size
         edges = sorted(
@@ -143,7 +149,7 @@ class RingCollectives:
             else:
                 pair.recv_tensor(probe, timeout=_left(deadline))
                 pair.send_tensor(probe, timeout=_left(deadline))
-        mine = all(
+        mine = wanted and all(
             pair.stats()[side].get("transport") == "shm"
             for pair in (self.left, self.right)
             for side in ("send", "recv")
