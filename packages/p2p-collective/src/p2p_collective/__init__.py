@@ -40,6 +40,7 @@ from p2p_collective._framing import HEADER_MAX
 from p2p_collective._group import CollectiveGroup
 from p2p_collective._multi import MultiCollectiveGroup
 from p2p_collective._multi_create import create_multi_group, join_ranked_group
+from p2p_collective._multi_ops import check_reducible
 from p2p_collective._rendezvous import Store
 
 __version__ = "0.1.0"
@@ -51,6 +52,7 @@ __all__ = [
     "create_multi_group",
     "join_ranked_group",
     "as_tensor",
+    "check_reducible",
     "Store",
     "CollectiveConfig",
     "NetEmulationConfig",

@@ -64,7 +64,17 @@ def reduce_op(op: object, arg: str = "op") -> Any:
 
 
 def check_reducible(tensor: torch.Tensor, where: str, op: str) -> None:
-    """Raises ValueError when gloo cannot reduce ``tensor``'s dtype."""
+    """Refuse a tensor whose dtype a reduction cannot take (gloo's set, used everywhere).
+
+    Args:
+        tensor: The tensor to reduce.
+        where: How the caller names it in the message, e.g. ``"tensor"``.
+        op: The operation, e.g. ``"allreduce"``.
+
+    Raises:
+        ValueError: ``tensor``'s dtype is not one gloo reduces; the message names the
+            dtype and the allowed ones.
+    """
     if tensor.dtype not in _GLOO_DTYPES:
         allowed = ", ".join(sorted(str(d) for d in _GLOO_DTYPES))
         raise ValueError(f"{op}: {where} has dtype {tensor.dtype}; allowed: {allowed}")

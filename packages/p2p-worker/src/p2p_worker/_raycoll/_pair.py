@@ -41,26 +41,6 @@ same time; a shared-memory send waits until the receiver has copied it out).
 """
 
 _PROBE = 1  # bytes of the first exchange, which connects both directions
-_REDUCIBLE = frozenset(
-    {
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.int8,
-        torch.uint8,
-        torch.int32,
-        torch.int64,
-    }
-)
-"""The dtypes gloo reduces (the same set the gloo path accepts)."""
-
-
-def check_reducible(t: torch.Tensor, where: str, op: str) -> None:
-    """Raises ValueError when ``t``'s dtype is one gloo cannot reduce."""
-    if t.dtype not in _REDUCIBLE:
-        allowed = ", ".join(sorted(str(d) for d in _REDUCIBLE))
-        raise ValueError(f"{op}: {where} has dtype {t.dtype}; allowed: {allowed}")
 
 
 def check_like(items: list[torch.Tensor], t: torch.Tensor, where: str, op: str) -> None:
