@@ -21,6 +21,7 @@ from p2p_worker import (
     ChannelNotFoundError,
     WorkerError,
 )
+from p2p_worker._channels.keys import DEFAULT_KEY
 from p2p_worker._channels.queue import CANCELLED, RESET, ChannelQueue, Item, payload_nbytes
 
 
@@ -297,3 +298,37 @@ def test_errors_pickle_with_message_and_cause(cls: type[Exception], builtin: typ
     assert str(back) == "channel 'x': what happened"
     assert isinstance(back.__cause__, OSError)
     assert str(back.__cause__) == "the cause"
+
+
+def test_at_once_paths_never_overtake_a_waiter() -> None:
+    """try_reserve / try_take (the channel worker's task-free path) yield to waiters."""
+
+    async def main() -> None:
+        q = ChannelQueue(maxsize=1)
+        assert q.try_take(DEFAULT_KEY, 1, None) is None  # nothing queued: the get must wait
+        assert q.try_reserve() is True
+        assert q.try_reserve() is False  # full
+        waiting = asyncio.create_task(q.reserve("p2", block=True, timeout=None))
+        await asyncio.sleep(0.01)
+        q.arrived(Item("a", 0))
+        got = q.try_take(DEFAULT_KEY, 5, None)
+        assert got is not None
+        assert objs(got) == ["a"]
+        q.release(1)  # the freed slot goes to the waiting putter, not to try_reserve
+        assert await waiting is True
+        assert q.try_reserve() is False
+        q.arrived(Item("b", 0))
+        getter = asyncio.create_task(q.take("c1", 1, None, block=True, timeout=None))
+        await asyncio.sleep(0.01)  # it was served at once (the item was there)
+        assert objs(await getter) == ["b"]
+        late = asyncio.create_task(q.take("c2", 1, None, block=True, timeout=None))
+        await asyncio.sleep(0.01)
+        q.release(1)
+        assert q.try_reserve() is True
+        q.arrived(Item("c", 0))  # handed to the waiting getter
+        assert objs(await late) == ["c"]
+        assert q.try_take(DEFAULT_KEY, 1, None) is None
+        q.close()
+        assert q.try_reserve() is False
+
+    run(main())

@@ -173,6 +173,24 @@ class ChannelQueue:
         self._putters.append(waiter)
         return await self._await(waiter, timeout, lambda granted: self.arrival_failed(), False)
 
+    def try_reserve(self) -> bool:
+        """Take one slot if :meth:`reserve` would grant it at once (nobody waits, room)."""
+        _prune(self._putters)
+        if self.closed or self._putters or not self._has_room():
+            return False
+        self.held += 1
+        self.arriving += 1
+        return True
+
+    def try_take(self, key: Any, max_items: int, max_bytes: int | None) -> list[Item] | None:
+        """Items :meth:`take` (by count) would return at once; None if it would wait."""
+        queue = self.queues.get(key)
+        if self.closed or not queue:
+            return None
+        if any(w.key == key and not w.fut.done() for w in self._getters):
+            return None
+        return self._pop(queue, max_items, max_bytes)
+
     def grant_credits(self, want: int) -> int:
         """Lend up to ``want`` more slots to a producer ahead of its next puts; return how many.
 

@@ -401,10 +401,62 @@ class ChannelWorker(WorkerBase):
                 self._counts["gets"] += len(items)
                 self._queue.release(len(items))
             return
+        if (peer.gate is None or peer.gate.done()) and self._try_now(peer, group, request):
+            return
         gate, peer.gate = peer.gate, asyncio.get_running_loop().create_future()
         task = asyncio.ensure_future(self._serve(peer, group, request, gate, peer.gate))
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
+
+    def _try_now(self, peer: _Peer, group: Any, request: tuple[Any, ...]) -> bool:
+        try:
+            return self._serve_now(peer, group, request)
+        except Exception:  # a bad request (say, an unhashable key): the task answers it
+            return False
+
+    def _serve_now(self, peer: _Peer, group: Any, request: tuple[Any, ...]) -> bool:
+        """Serve a request that completes at once, without a task; False if it must wait.
+
+        Only called when none of the peer's earlier requests still waits for its place,
+        so answering now keeps the peer's issue order. A put with room, a get whose key
+        holds items (no getter ahead) and a ``qsize`` whose sync holds are answered from
+        here; anything else (and any error) goes the task's way (:meth:`_serve`).
+        """
+        kind, token = request[0], request[1]
+        queue = self._queue
+        if queue.closed or token in peer.tokens.cancelled:
+            return False
+        if kind == PUT:
+            _, _, _, _, credits = request
+            if not queue.try_reserve():
+                return False
+            peer.tokens.start(token)
+            peer.tokens.finish(token)
+            answer = self._granted_put(peer, credits)
+            self._answer(peer, group, token, answer, [])
+            return True
+        if kind == QSIZE:
+            _, _, sync, key = request
+            if not self._synced(peer, *sync):
+                return False
+            peer.tokens.start(token)
+            peer.tokens.finish(token)
+            self._answer(peer, group, token, self._count(key), [])
+            return True
+        _, _, max_items, max_bytes, _, _, sync, key, target_weight = request
+        if target_weight is not None or not self._synced(peer, *sync):
+            return False
+        got = queue.try_take(key, max_items, max_bytes)
+        if got is None:
+            return False
+        peer.tokens.start(token)
+        peer.tokens.finish(token)
+        self._answer(peer, group, token, granted(peer.gen, len(got)), got)
+        return True
+
+    def _synced(self, peer: _Peer, gen: int, sent: int) -> bool:
+        """Whether ``_sync`` would not wait: the peer's ``sent`` payloads are in."""
+        return peer.gen != gen or peer.seen >= sent
 
     async def _serve(
         self,
@@ -559,6 +611,10 @@ class ChannelWorker(WorkerBase):
         if expect is not None and peer.group is not expect:
             self._queue.arrival_failed()
             return RESET_ANSWER
+        return self._granted_put(peer, credits)
+
+    def _granted_put(self, peer: _Peer, credits: int) -> int:
+        """A put of ``peer`` holds its slot: post the receives (and lend credits); the answer."""
         group = self._group(peer)
         work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
         self._when_done(work, self._finish_recv, peer, group)
