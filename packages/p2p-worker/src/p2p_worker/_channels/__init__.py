@@ -4,9 +4,12 @@ A folder above :class:`~p2p_worker.Worker`: nothing here is imported by the work
 base, and ``Worker`` reaches channels only through :class:`ChannelService`.
 
 - :mod:`~p2p_worker._channels.handle`: :class:`Channel`, the public handle;
-- :mod:`~p2p_worker._channels.client`: one process's link to a channel worker, and
+- :mod:`~p2p_worker._channels.client`: one process's link to a channel worker,
+  :mod:`~p2p_worker._channels.connect`: finding and connecting it,
+  :mod:`~p2p_worker._channels.acks`: acknowledgements riding on requests, and
   :mod:`~p2p_worker._channels.work`: the handles of its operations;
-- :mod:`~p2p_worker._channels.server`: the channel worker (a Ray actor);
+- :mod:`~p2p_worker._channels.server`: the channel worker (a Ray actor), and
+  :mod:`~p2p_worker._channels.peers`: what it keeps per peer;
 - :mod:`~p2p_worker._channels.queue`: slots, items and waiters inside it;
 - :mod:`~p2p_worker._channels.proto`, :mod:`~p2p_worker._channels.keys`: what both
   sides agree on;

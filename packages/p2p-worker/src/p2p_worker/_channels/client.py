@@ -28,21 +28,18 @@ import torch
 
 from p2p_asyncwork import AsyncWork, WorkCancelledError, WorkTimeoutError
 from p2p_collective import PeerGoneError
+from p2p_worker._channels.acks import FLUSHER, AckBatch
 from p2p_worker._channels.errors import (
     ChannelClosedError,
     ChannelEmpty,
     ChannelError,
     ChannelFull,
-    ChannelNotFoundError,
 )
 from p2p_worker._channels.proto import (
-    ACK,
     CANCELLED,
-    CHANNEL_NAMESPACE,
     NO_ROOM,
     RESET,
     Hello,
-    actor_name,
     control_group_name,
     decode,
     link_group_name,
@@ -54,9 +51,11 @@ from p2p_worker._channels.work import CONTROL_GRACE, ChannelWork, Op
 CREDITS = 8  # put credits a put asks for (the channel worker may lend fewer)
 CREDIT_LINGER = 0.05  # seconds without a put after which unused credits are handed back
 NO_CREDIT: Any = object()  # credit_put's answer when the put must ask the channel worker
+_REBORN_WAIT = 10.0
+"""Seconds a new link waits for a re-created channel worker to replace its dead namesake."""
+_REBORN_PAUSE = 0.1
 ACK_TIMEOUT = 5.0  # seconds an acknowledgement may take to leave (and close waits for it)
 PROBE_TIMEOUT = 10.0  # seconds to ask Ray whether a channel whose link failed still lives
-_LOOKUP_PAUSE = 0.1
 
 
 class ChannelLink:
@@ -96,6 +95,7 @@ class ChannelLink:
         # request token whose answer confirms the ack (None: no ack sent yet)]. Reported
         # when the link fails, so a reset never sends items that arrived here elsewhere.
         self._got: dict[int, list[Any]] = {}
+        self._acks = AckBatch()  # acknowledgements waiting for the next request
         self.closed = False
         # Put credits: slots the channel worker lent this process on link generation
         # _gen, each with a receive posted; a put with a credit is a plain send.
@@ -155,6 +155,7 @@ class ChannelLink:
             self._group = None
             self._report(self.got_report())
             self._got = {}
+            self._acks.clear()
             self._gen = gen
             self._credits = self._sent = 0  # the channel worker dropped them
         if self._group is None:
@@ -268,14 +269,26 @@ class ChannelLink:
             got = self._got.get(token)
             if got is not None:
                 got[1] = self._token  # the answer to any later request confirms it
-            try:  # a plain send in this thread: the control group's sends are ours alone
-                ctl.send((ACK, token), timeout=ACK_TIMEOUT)
-            except Exception as exc:
-                failed: BaseException | None = exc
-            else:
-                failed = None
+            self._acks.add(token)  # rides on the next request, or leaves alone soon
+        FLUSHER.arm(self)
+
+    def flush_acks(self) -> None:
+        """Send the acknowledgements that no request took along (the ack flusher's call)."""
+        with self._lock:
+            group, failed = self._group, self._send_acks()
         if failed is not None:
             self._break(group, failed)
+
+    def _send_acks(self) -> BaseException | None:
+        """Send the pending acknowledgements now (holding ``_lock``); what failed, if any."""
+        msg, ctl = self._acks.alone(), self._ctl
+        if msg is None or ctl is None:
+            return None
+        try:  # a plain send in this thread: the control group's sends are ours alone
+            ctl.send(msg, timeout=ACK_TIMEOUT)
+        except Exception as exc:
+            return exc
+        return None
 
     def _resolve(
         self,
@@ -375,6 +388,7 @@ class ChannelLink:
         self.hello = hello
         self._gen = hello.gen
         self._got = {}  # reported with the hello
+        self._acks.clear()
         self._credits = self._sent = 0
         self._token = 0  # the channel worker numbers this peer's calls afresh
         self._broken = None
@@ -410,7 +424,8 @@ class ChannelLink:
                 # A plain send, in this thread: a small request costs one message and no
                 # thread hand-off (the control group's sends are made holding this lock,
                 # so its sending direction is idle and the collective runs it inline).
-                ctl.send(request(token), timeout=wire_timeout(self.hello.transfer_timeout))
+                msg = self._acks.wrap(request(token))  # pending acks ride along
+                ctl.send(msg, timeout=wire_timeout(self.hello.transfer_timeout))
             except Exception as exc:
                 self._pending.pop(token, None)
                 err = ChannelError(f"channel {self.hello.name!r}: sending the request failed")
@@ -733,6 +748,7 @@ class ChannelLink:
         with self._order["put"], self._lock:
             if not self.closed:
                 self._return_credits(wait=True)
+                self._send_acks()  # what it took is acknowledged before it leaves
             self.closed = True
             if self._timer is not None:
                 self._timer.cancel()
@@ -748,50 +764,3 @@ class ChannelLink:
         for g in (group, ctl):
             if g is not None:
                 g.close(timeout=0.0)
-
-
-def lookup_actor(job: Any, name: str, timeout: float | None) -> Any:
-    """Find the channel worker of ``name`` in the job, polling until ``timeout``.
-
-    Raises:
-        ChannelNotFoundError: No such channel appeared within ``timeout``.
-    """
-    full = actor_name(job.store_host, job.store_port, name)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        try:
-            return ray.get_actor(full, namespace=CHANNEL_NAMESPACE)
-        except ValueError as exc:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise ChannelNotFoundError(
-                    f"no channel named {name!r} in this job (waited {timeout} s); create it "
-                    f"with create_channel({name!r}) first"
-                ) from exc
-        time.sleep(_LOOKUP_PAUSE)
-
-
-_REBORN_WAIT = 10.0
-"""Seconds a new link waits for a re-created channel worker to replace its dead namesake."""
-_REBORN_PAUSE = 0.1
-
-
-def connect_link(endpoint: Any, name: str, timeout: float | None) -> ChannelLink:
-    """Find channel ``name``, say hello, and connect this process's link to it.
-
-    Raises:
-        ChannelNotFoundError: No such channel within ``timeout``.
-        ChannelClosedError: The channel worker died or did not answer.
-        ChannelError: The payload link could not be connected.
-    """
-    actor = lookup_actor(endpoint.job, name, timeout)
-    try:
-        hello = ray.get(actor.hello.remote(endpoint.address.get_name()), timeout=timeout)
-    except ray.exceptions.GetTimeoutError as exc:
-        raise ChannelClosedError(
-            f"channel {name!r}: its channel worker did not answer within {timeout} s"
-        ) from exc
-    except ray.exceptions.RayError as exc:
-        raise ChannelClosedError(f"channel {name!r}: its channel worker is gone ({exc})") from exc
-    link = ChannelLink(endpoint, actor, hello)
-    link.open(hello.transfer_timeout)
-    return link

@@ -7,7 +7,8 @@ from typing import Any
 
 import ray
 
-from p2p_worker._channels.client import NO_CREDIT, ChannelLink, connect_link
+from p2p_worker._channels.client import NO_CREDIT, ChannelLink
+from p2p_worker._channels.connect import connect_link
 from p2p_worker._channels.endpoint import (
     cached_handle,
     endpoint_for_store,

@@ -82,7 +82,8 @@ def control_group_name(uid: str, peer: str, gen: int) -> str:
 # Requests travel on a peer's control group as plain tuples (cheap to pickle):
 #   (PUT, token, block, timeout, credits)
 #   (GET, token, max_items, max_bytes, block, timeout, sync, key, target_weight)
-#   (ACK, token): the items of get ``token`` have arrived
+#   (ACK, token, ...): the items of gets ``token, ...`` have arrived
+#   (ACKED, (token, ...), request): those acknowledgements riding on a request
 #   (QSIZE, token, sync, key): how many items ``key`` holds (the answer is the count)
 # Answers travel back on the peer's link as (token, answer, count) where answer is an int
 # as below or an exception, followed by ``count`` items (the items a get was granted), or
@@ -91,6 +92,7 @@ PUT = 0
 GET = 1
 ACK = 2
 QSIZE = 3
+ACKED = 4
 
 
 def actor_name(store_host: str, store_port: int, name: str) -> str:

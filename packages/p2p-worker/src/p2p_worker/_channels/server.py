@@ -8,14 +8,18 @@ two collective groups to this worker, named with the peer's link generation:
 - the *control group* carries the peer's requests. One receive is always posted on it;
   each request that arrives is served in turn (it takes its place among the channel's
   waiters in the order the peer issued it, :meth:`ChannelWorker._serve`), so a
-  consumer's gets are served in the order it made them. A waiting request is an asyncio
-  future on this actor's loop; completions of collective operations arrive on other
-  threads and are handed to the loop with ``call_soon_threadsafe``.
+  consumer's gets are served in the order it made them. A request that completes at
+  once (room for a put, items for a get) while none of the peer's earlier requests
+  waits is answered straight from the callback that received it, without a task. A
+  waiting request is an asyncio future on this actor's loop; completions of collective
+  operations arrive on other threads and are handed to the loop with
+  ``call_soon_threadsafe``.
 - the *link* carries put payloads in, and answers out: ``(token, answer, count)``
   followed by the ``count`` items a get was granted (items without tensors ride inside
   the answer). Sent items keep their slots until the peer acknowledges them (``ACK`` on
-  the control group); when the link fails first, they go back to the head of the
-  channel, in order, so a consumer that dies mid-get loses no item.
+  the control group, usually riding on its next request, see ``_channels.acks``);
+  when the link fails first, they go back to the head of the channel, in order, so a
+  consumer that dies mid-get loses no item.
 
 A put request waits (FIFO) for a free slot, takes it and posts a receive on the link
 for the payload; its answer grants the slot, and the producer then sends its item. No
@@ -45,8 +49,10 @@ import ray
 import torch
 
 from p2p_worker._channels.keys import DEFAULT_KEY, unwrap
+from p2p_worker._channels.peers import Peer, Tokens
 from p2p_worker._channels.proto import (
     ACK,
+    ACKED,
     NO_ROOM,
     PUT,
     QSIZE,
@@ -80,79 +86,6 @@ HOLD_WAIT = 10.0  # seconds a reset peer's unacknowledged items wait for its rep
 HOLD_CHECK = 0.5  # seconds between checks that such a peer still lives
 
 
-class _Tokens:
-    """Which of a peer's calls (numbered 0, 1, 2, ... by the peer) ran, run, or are withdrawn."""
-
-    def __init__(self) -> None:
-        self.low = 0  # every token below has finished
-        self.done: set[int] = set()
-        self.active: set[int] = set()
-        self.cancelled: set[int] = set()  # withdrawn before they arrived
-
-    def start(self, token: int) -> bool:
-        """Mark ``token`` running; False (and finished) if it was withdrawn already."""
-        if token in self.cancelled:
-            self.cancelled.discard(token)
-            self.finish(token)
-            return False
-        self.active.add(token)
-        return True
-
-    def finish(self, token: int) -> None:
-        self.active.discard(token)
-        self.done.add(token)
-        while self.low in self.done:
-            self.done.discard(self.low)
-            self.low += 1
-
-    def withdraw_early(self, token: int) -> bool:
-        """Withdraw a call that has not arrived yet; False if it ran or runs."""
-        if token < self.low or token in self.done or token in self.active:
-            return False
-        self.cancelled.add(token)
-        return True
-
-
-class _Peer:
-    __slots__ = (
-        "ctl",
-        "gate",
-        "gen",
-        "group",
-        "held",
-        "name",
-        "seen",
-        "syncs",
-        "tokens",
-        "unacked",
-    )
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.gen = 0
-        self.group: Any = None  # the link: payloads in, answers (and got items) out
-        self.ctl: Any = None  # the control group: the peer's requests, in issue order
-        self.gate: asyncio.Future[None] | None = None  # set once the last request queued up
-        self.unacked: dict[int, list[Item]] = {}  # token -> items sent, not acknowledged yet
-        # gen -> the unacknowledged items of a link reset while the peer lived: they wait
-        # for the peer's report of what arrived (see ChannelWorker._settle)
-        self.held: dict[int, dict[int, list[Item]]] = {}
-        self.tokens = _Tokens()
-        self.seen = 0  # payloads (items or voids) received from the peer on this gen
-        self.syncs: list[tuple[int, asyncio.Future[None]]] = []  # (count, woken at count)
-
-    def wake(self, everyone: bool = False) -> None:
-        """Wake the calls waiting for this peer's credit payloads to have arrived."""
-        keep = []
-        for count, fut in self.syncs:
-            if everyone or self.seen >= count:
-                if not fut.done():
-                    fut.set_result(None)
-            else:
-                keep.append((count, fut))
-        self.syncs = keep
-
-
 class ChannelWorker(WorkerBase):
     """The worker that holds one channel's items; one Ray actor per channel.
 
@@ -181,7 +114,7 @@ class ChannelWorker(WorkerBase):
             pid=os.getpid(),
         )
         self._queue = ChannelQueue(spec.maxsize)
-        self._peers: dict[str, _Peer] = {}
+        self._peers: dict[str, Peer] = {}
         self._serving: set[asyncio.Future[None]] = set()  # requests being served
         self._loop: asyncio.AbstractEventLoop | None = None
         self._counts = {"puts": 0, "gets": 0, "failures": 0, "resets": 0, "voids": 0}
@@ -192,13 +125,13 @@ class ChannelWorker(WorkerBase):
 
     # -- links --------------------------------------------------------------------------
 
-    def _peer(self, name: str) -> _Peer:
+    def _peer(self, name: str) -> Peer:
         peer = self._peers.get(name)
         if peer is None:
-            peer = self._peers[name] = _Peer(name)
+            peer = self._peers[name] = Peer(name)
         return peer
 
-    def _group(self, peer: _Peer) -> Any:
+    def _group(self, peer: Peer) -> Any:
         if peer.group is None:
             me = self.worker_address.get_name()
             peer.group = self.collective.create_collective_group(
@@ -206,7 +139,7 @@ class ChannelWorker(WorkerBase):
             )
         return peer.group
 
-    def _reset(self, peer: _Peer, group: Any, why: BaseException | None, hold: bool = True) -> None:
+    def _reset(self, peer: Peer, group: Any, why: BaseException | None, hold: bool = True) -> None:
         """Drop ``peer``'s link (if ``group`` is still it): close, bump, wake its waiters.
 
         Items sent to the peer and not acknowledged yet may have arrived there (a live
@@ -244,7 +177,7 @@ class ChannelWorker(WorkerBase):
         group.close(timeout=0.0)
         self._queue.reset_peer(peer.name)
 
-    def _check_held(self, peer: _Peer, gen: int, group: Any, until: float) -> None:
+    def _check_held(self, peer: Peer, gen: int, group: Any, until: float) -> None:
         """Put back the items held for ``peer``'s link ``gen`` once it is known dead or late.
 
         ``group`` (closed) still knows whether the peer's process is gone.
@@ -257,7 +190,7 @@ class ChannelWorker(WorkerBase):
         loop = self._loop or asyncio.get_running_loop()
         loop.call_later(HOLD_CHECK, self._check_held, peer, gen, group, until)
 
-    def _settle(self, peer: _Peer, gen: int, got: dict[int, int] | None) -> None:
+    def _settle(self, peer: Peer, gen: int, got: dict[int, int] | None) -> None:
         """Settle the items held for ``peer``'s link ``gen``: ``got`` arrived there.
 
         ``got`` maps a get's token to how many of its items arrived (a prefix); None
@@ -320,7 +253,7 @@ class ChannelWorker(WorkerBase):
         self._reset(peer, peer.group, None)
         if got is not None:
             self._settle(peer, *got)
-        peer.tokens = _Tokens()  # a new handle numbers its calls from 0
+        peer.tokens = Tokens()  # a new handle numbers its calls from 0
         group = self._group(peer)
         timeout = wire_timeout(self._spec.transfer_timeout)
         for work in (
@@ -344,14 +277,14 @@ class ChannelWorker(WorkerBase):
             timeout,
         )
 
-    def _finish_hello(self, peer: _Peer, group: Any, work: Any) -> None:
+    def _finish_hello(self, peer: Peer, group: Any, work: Any) -> None:
         exc = work.exception(0)
         if exc is not None:
             self._reset(peer, group, exc)
 
     # -- requests over the control group ----------------------------------------------
 
-    def _control_open(self, peer: _Peer, group: Any, ctl: Any, work: Any) -> None:
+    def _control_open(self, peer: Peer, group: Any, ctl: Any, work: Any) -> None:
         """The peer's control group is connected: keep one receive posted on it."""
         exc = work.exception(0)
         if exc is not None:
@@ -359,7 +292,7 @@ class ChannelWorker(WorkerBase):
         elif peer.ctl is ctl:
             self._post_request_recv(peer, group, ctl)
 
-    def _post_request_recv(self, peer: _Peer, group: Any, ctl: Any) -> None:
+    def _post_request_recv(self, peer: Peer, group: Any, ctl: Any) -> None:
         """Keep one receive posted on ``ctl``; each request is served on the event loop.
 
         The next receive is posted by the thread that completed the previous one, before
@@ -384,7 +317,7 @@ class ChannelWorker(WorkerBase):
 
         ctl.recv(async_op=True, timeout=wire_timeout(None))._add_done_callback(arrived)
 
-    def _on_request(self, peer: _Peer, group: Any, ctl: Any, work: Any) -> None:
+    def _on_request(self, peer: Peer, group: Any, ctl: Any, work: Any) -> None:
         """One request of ``peer`` arrived: post the next receive, then serve it in turn."""
         if peer.ctl is not ctl:
             return  # a reset dropped this control group; its requests answer nothing
@@ -395,12 +328,12 @@ class ChannelWorker(WorkerBase):
             self._reset(peer, group, None, hold=False)
             return
         request = work.wait(0)  # the next receive is already posted (_post_request_recv)
-        if request[0] == ACK:  # the peer has the items of its get ``token``: free their slots
-            items = peer.unacked.pop(request[1], None)
-            if items:
-                self._counts["gets"] += len(items)
-                self._queue.release(len(items))
+        if request[0] == ACK:  # the peer has the items of its gets ``tokens``: free their slots
+            self._acked(peer, request[1:])
             return
+        if request[0] == ACKED:  # acknowledgements riding on a request
+            self._acked(peer, request[1])
+            request = request[2]
         if (peer.gate is None or peer.gate.done()) and self._try_now(peer, group, request):
             return
         gate, peer.gate = peer.gate, asyncio.get_running_loop().create_future()
@@ -408,13 +341,21 @@ class ChannelWorker(WorkerBase):
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
 
-    def _try_now(self, peer: _Peer, group: Any, request: tuple[Any, ...]) -> bool:
+    def _acked(self, peer: Peer, tokens: tuple[int, ...]) -> None:
+        """The peer has the items of its gets ``tokens``: free their slots."""
+        for token in tokens:
+            items = peer.unacked.pop(token, None)
+            if items:
+                self._counts["gets"] += len(items)
+                self._queue.release(len(items))
+
+    def _try_now(self, peer: Peer, group: Any, request: tuple[Any, ...]) -> bool:
         try:
             return self._serve_now(peer, group, request)
         except Exception:  # a bad request (say, an unhashable key): the task answers it
             return False
 
-    def _serve_now(self, peer: _Peer, group: Any, request: tuple[Any, ...]) -> bool:
+    def _serve_now(self, peer: Peer, group: Any, request: tuple[Any, ...]) -> bool:
         """Serve a request that completes at once, without a task; False if it must wait.
 
         Only called when none of the peer's earlier requests still waits for its place,
@@ -454,13 +395,13 @@ class ChannelWorker(WorkerBase):
         self._answer(peer, group, token, granted(peer.gen, len(got)), got)
         return True
 
-    def _synced(self, peer: _Peer, gen: int, sent: int) -> bool:
+    def _synced(self, peer: Peer, gen: int, sent: int) -> bool:
         """Whether ``_sync`` would not wait: the peer's ``sent`` payloads are in."""
         return peer.gen != gen or peer.seen >= sent
 
     async def _serve(
         self,
-        peer: _Peer,
+        peer: Peer,
         group: Any,
         request: tuple[Any, ...],
         gate: asyncio.Future[None] | None,
@@ -508,7 +449,7 @@ class ChannelWorker(WorkerBase):
             if not queued.done():
                 queued.set_result(None)
 
-    def _answer(self, peer: _Peer, group: Any, token: int, answer: Any, items: list[Item]) -> None:
+    def _answer(self, peer: Peer, group: Any, token: int, answer: Any, items: list[Item]) -> None:
         """Send ``(token, answer, count[, objects])`` on the peer's link; the items follow.
 
         Items without tensors ride in the answer itself (one message); others follow it
@@ -546,7 +487,7 @@ class ChannelWorker(WorkerBase):
             return
         self._when_failed(head, self._finish_answer, peer, group)
 
-    def _send_items(self, peer: _Peer, group: Any, token: int, items: list[Item]) -> None:
+    def _send_items(self, peer: Peer, group: Any, token: int, items: list[Item]) -> None:
         """Send the items announced by an answer, in order.
 
         An item that cannot be encoded again goes back to the head, a :class:`Void`
@@ -579,7 +520,7 @@ class ChannelWorker(WorkerBase):
 
     async def _put(
         self,
-        peer: _Peer,
+        peer: Peer,
         token: int,
         block: bool,
         timeout: float | None,
@@ -613,7 +554,7 @@ class ChannelWorker(WorkerBase):
             return RESET_ANSWER
         return self._granted_put(peer, credits)
 
-    def _granted_put(self, peer: _Peer, credits: int) -> int:
+    def _granted_put(self, peer: Peer, credits: int) -> int:
         """A put of ``peer`` holds its slot: post the receives (and lend credits); the answer."""
         group = self._group(peer)
         work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
@@ -631,7 +572,7 @@ class ChannelWorker(WorkerBase):
         maxsize = self._spec.maxsize
         return MAX_CREDITS if maxsize == 0 else min(MAX_CREDITS, maxsize // 4)
 
-    def _finish_credit(self, peer: _Peer, group: Any, work: Any) -> None:
+    def _finish_credit(self, peer: Peer, group: Any, work: Any) -> None:
         exc = work.exception(0)
         if exc is not None:
             self._counts["failures"] += 1
@@ -646,7 +587,7 @@ class ChannelWorker(WorkerBase):
             self._queue.credit_arrived(_item(obj))
         self._seen(peer, group)
 
-    def _seen(self, peer: _Peer, group: Any) -> None:
+    def _seen(self, peer: Peer, group: Any) -> None:
         """One more payload of ``peer`` arrived on ``group``: wake the calls waiting for it."""
         if peer.group is group:
             peer.seen += 1
@@ -664,7 +605,7 @@ class ChannelWorker(WorkerBase):
         peer.syncs.append((sent, fut))
         await asyncio.wait({fut}, timeout=self._spec.transfer_timeout)
 
-    def _finish_recv(self, peer: _Peer, group: Any, work: Any) -> None:
+    def _finish_recv(self, peer: Peer, group: Any, work: Any) -> None:
         exc = work.exception(0)
         if exc is not None:
             self._counts["failures"] += 1
@@ -682,7 +623,7 @@ class ChannelWorker(WorkerBase):
 
     async def _take(
         self,
-        peer: _Peer,
+        peer: Peer,
         token: int,
         max_items: int,
         max_bytes: int | None,
@@ -720,7 +661,7 @@ class ChannelWorker(WorkerBase):
             return NO_ROOM
         return list(items)
 
-    def _finish_answer(self, peer: _Peer, group: Any, work: Any) -> None:
+    def _finish_answer(self, peer: Peer, group: Any, work: Any) -> None:
         exc = work.exception(0)
         if exc is not None:
             self._reset(peer, group, exc)

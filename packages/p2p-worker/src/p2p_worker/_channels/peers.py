@@ -1,0 +1,83 @@
+"""What a channel worker keeps per peer: its link, its call tokens, its unacknowledged items."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from p2p_worker._channels.queue import Item
+
+
+class Tokens:
+    """Which of a peer's calls (numbered 0, 1, 2, ... by the peer) ran, run, or are withdrawn."""
+
+    def __init__(self) -> None:
+        self.low = 0  # every token below has finished
+        self.done: set[int] = set()
+        self.active: set[int] = set()
+        self.cancelled: set[int] = set()  # withdrawn before they arrived
+
+    def start(self, token: int) -> bool:
+        """Mark ``token`` running; False (and finished) if it was withdrawn already."""
+        if token in self.cancelled:
+            self.cancelled.discard(token)
+            self.finish(token)
+            return False
+        self.active.add(token)
+        return True
+
+    def finish(self, token: int) -> None:
+        self.active.discard(token)
+        self.done.add(token)
+        while self.low in self.done:
+            self.done.discard(self.low)
+            self.low += 1
+
+    def withdraw_early(self, token: int) -> bool:
+        """Withdraw a call that has not arrived yet; False if it ran or runs."""
+        if token < self.low or token in self.done or token in self.active:
+            return False
+        self.cancelled.add(token)
+        return True
+
+
+class Peer:
+    """One peer of a channel worker: its groups, generation, tokens and items in flight."""
+
+    __slots__ = (
+        "ctl",
+        "gate",
+        "gen",
+        "group",
+        "held",
+        "name",
+        "seen",
+        "syncs",
+        "tokens",
+        "unacked",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.gen = 0
+        self.group: Any = None  # the link: payloads in, answers (and got items) out
+        self.ctl: Any = None  # the control group: the peer's requests, in issue order
+        self.gate: asyncio.Future[None] | None = None  # set once the last request queued up
+        self.unacked: dict[int, list[Item]] = {}  # token -> items sent, not acknowledged yet
+        # gen -> the unacknowledged items of a link reset while the peer lived: they wait
+        # for the peer's report of what arrived (see ChannelWorker._settle)
+        self.held: dict[int, dict[int, list[Item]]] = {}
+        self.tokens = Tokens()
+        self.seen = 0  # payloads (items or voids) received from the peer on this gen
+        self.syncs: list[tuple[int, asyncio.Future[None]]] = []  # (count, woken at count)
+
+    def wake(self, everyone: bool = False) -> None:
+        """Wake the calls waiting for this peer's credit payloads to have arrived."""
+        keep = []
+        for count, fut in self.syncs:
+            if everyone or self.seen >= count:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((count, fut))
+        self.syncs = keep

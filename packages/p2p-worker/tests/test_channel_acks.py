@@ -1,0 +1,65 @@
+"""Acknowledgements that ride on a consumer's next request, or leave alone soon after."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from p2p_worker._channels.acks import ACK_DELAY, AckBatch, AckFlusher
+from p2p_worker._channels.proto import ACK, ACKED, GET
+
+
+class _Link:
+    """A link's ack side: its batch, flushed as the real link does (under its lock)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.batch = AckBatch()
+        self.sent: list[tuple[object, ...]] = []
+        self.flushed = threading.Event()
+
+    def flush_acks(self) -> None:
+        with self.lock:
+            msg = self.batch.alone()
+            if msg is not None:
+                self.sent.append(msg)
+        self.flushed.set()
+
+
+def test_acks_ride_on_the_next_request_once() -> None:
+    batch = AckBatch()
+    assert batch.wrap((GET, 0)) == (GET, 0)
+    batch.add(0)
+    batch.add(1)
+    assert batch.wrap((GET, 2)) == (ACKED, (0, 1), (GET, 2))
+    assert batch.wrap((GET, 3)) == (GET, 3)  # taken: never sent twice
+    assert batch.alone() is None
+    batch.add(3)
+    batch.clear()  # a reset link: the hello's report covers them
+    assert batch.alone() is None
+
+
+def test_flusher_sends_acks_no_request_took_along() -> None:
+    flusher = AckFlusher()
+    idle, busy = _Link(), _Link()
+    with idle.lock:
+        idle.batch.add(7)
+    with busy.lock:
+        busy.batch.add(8)
+    start = time.monotonic()
+    flusher.arm(idle)
+    flusher.arm(busy)
+    with busy.lock:  # busy's next request takes its ack along before the flusher runs
+        assert busy.batch.wrap((GET, 9)) == (ACKED, (8,), (GET, 9))
+    assert idle.flushed.wait(5.0)
+    assert busy.flushed.wait(5.0)
+    assert time.monotonic() - start >= ACK_DELAY
+    assert idle.sent == [(ACK, 7)]
+    assert busy.sent == []
+    # armed again later, it flushes again (the thread lives on)
+    idle.flushed.clear()
+    with idle.lock:
+        idle.batch.add(10)
+    flusher.arm(idle)
+    assert idle.flushed.wait(5.0)
+    assert idle.sent == [(ACK, 7), (ACK, 10)]
