@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import ray
 import ray.cloudpickle
@@ -23,6 +25,7 @@ def plain_local_ray(test_module: ModuleType, num_cpus: int = 4) -> Iterator[None
     tmp = os.environ.get("P2P_RAY_TMPDIR") or "/tmp/p2pray"
     os.makedirs(tmp, exist_ok=True)
     ray.cloudpickle.register_pickle_by_value(test_module)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Member, below
     ray.init(
         address="local",
         _node_ip_address="127.0.0.1",
@@ -35,3 +38,22 @@ def plain_local_ray(test_module: ModuleType, num_cpus: int = 4) -> Iterator[None
         yield
     finally:
         ray.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class Member:
+    """A plain Ray actor that runs whatever function it is given (shipped by value)."""
+
+    def run(self, fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+
+@contextlib.contextmanager
+def fresh_members(n: int) -> Iterator[list[Any]]:
+    """``n`` fresh :class:`Member` actors for the block, killed afterwards."""
+    team = [Member.remote() for _ in range(n)]
+    try:
+        yield team
+    finally:
+        for actor in team:
+            ray.kill(actor)

@@ -21,7 +21,7 @@ import pytest
 import ray
 import ray.cloudpickle
 import torch
-from plain_ray import plain_local_ray
+from plain_ray import Member, fresh_members, plain_local_ray
 
 import p2p_worker.compat as col
 from p2p_collective import CollectiveTimeoutError, PeerError
@@ -30,14 +30,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
 
 CALL_TIMEOUT = 90.0
 DEATH_BOUND = 5.0  # seconds from a member's death to the others' PeerError (the target)
-
-
-@ray.remote(num_cpus=0)
-class Member:
-    """A plain Ray actor that runs whatever function it is given (shipped by value)."""
-
-    def run(self, fn: Any, *args: Any) -> Any:
-        return fn(*args)
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +42,8 @@ def ray_up() -> Iterator[None]:
 @pytest.fixture
 def members(ray_up: None) -> Iterator[list[Any]]:
     """Three fresh member actors, killed afterwards."""
-    team = [Member.remote() for _ in range(3)]
-    yield team
-    for actor in team:
-        ray.kill(actor)
+    with fresh_members(3) as team:
+        yield team
 
 
 @pytest.fixture(scope="module")

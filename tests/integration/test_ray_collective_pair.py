@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import ray
 import torch
-from plain_ray import plain_local_ray
+from plain_ray import fresh_members, plain_local_ray
 
 import p2p_worker.compat as col
 from p2p_collective import PeerError
@@ -27,14 +27,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
 CALL_TIMEOUT = 90.0
 DEATH_BOUND = 5.0
 SIZES = [3, 40_000, 300_000, 2_500_000]  # float32 items: inline, sync, one slot, > ring
-
-
-@ray.remote(num_cpus=0)
-class Member:
-    """A plain Ray actor that runs whatever function it is given (shipped by value)."""
-
-    def run(self, fn: Any, *args: Any) -> Any:
-        return fn(*args)
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +39,8 @@ def ray_up() -> Iterator[None]:
 @pytest.fixture
 def two(ray_up: None) -> Iterator[list[Any]]:
     """Two fresh member actors, killed afterwards."""
-    team = [Member.remote() for _ in range(2)]
-    yield team
-    for actor in team:
-        ray.kill(actor)
+    with fresh_members(2) as team:
+        yield team
 
 
 def on(team: list[Any], fn: Any, *args: Any) -> list[Any]:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import ray
 import torch
-from plain_ray import plain_local_ray
+from plain_ray import fresh_members, plain_local_ray
 
 import p2p_worker.compat as col
 from p2p_collective import PeerError, PeerGoneError
@@ -35,14 +35,6 @@ SIZES = [3, 1001, 70_001, 600_003]  # float32 items: fewer than N, small, large,
 OPS = ("SUM", "PRODUCT", "MIN", "MAX")
 
 
-@ray.remote(num_cpus=0)
-class Member:
-    """A plain Ray actor that runs whatever function it is given (shipped by value)."""
-
-    def run(self, fn: Any, *args: Any) -> Any:
-        return fn(*args)
-
-
 @pytest.fixture(scope="module")
 def ray_up() -> Iterator[None]:
     """A plain embedded Ray on loopback for this module (``ray.init``, no p2p Cluster)."""
@@ -53,10 +45,8 @@ def ray_up() -> Iterator[None]:
 @pytest.fixture
 def four(ray_up: None) -> Iterator[list[Any]]:
     """Four fresh member actors, killed afterwards."""
-    team = [Member.remote() for _ in range(N)]
-    yield team
-    for actor in team:
-        ray.kill(actor)
+    with fresh_members(N) as team:
+        yield team
 
 
 def on(team: list[Any], fn: Any, *args: Any) -> list[Any]:
