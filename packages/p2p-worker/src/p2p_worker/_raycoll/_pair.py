@@ -53,7 +53,8 @@ def check_like(items: list[torch.Tensor], t: torch.Tensor, where: str, op: str) 
             )
 
 
-def _left(deadline: float | None) -> float | None:
+def time_left(deadline: float | None) -> float | None:
+    """Seconds left until a ``time.monotonic()`` deadline (None: no limit), at least 0."""
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
@@ -95,10 +96,10 @@ class PairCollectives:
         probe = torch.zeros(_PROBE, dtype=torch.uint8)
         if self.rank == 0:
             self.pair.send_tensor(probe, timeout=timeout)
-            self.pair.recv_tensor(probe, timeout=_left(deadline))
+            self.pair.recv_tensor(probe, timeout=time_left(deadline))
         else:
             self.pair.recv_tensor(probe, timeout=timeout)
-            self.pair.send_tensor(probe, timeout=_left(deadline))
+            self.pair.send_tensor(probe, timeout=time_left(deadline))
         stats = self.pair.stats()
         return all(stats[side].get("transport") == "shm" for side in ("send", "recv"))
 
@@ -116,13 +117,13 @@ class PairCollectives:
         nbytes = mine.numel() * mine.element_size()
         if nbytes <= SYNC_SEND_MAX:
             self.pair.send_tensor(mine, timeout=timeout)
-            self.pair.recv_tensor(theirs, timeout=_left(deadline))
+            self.pair.recv_tensor(theirs, timeout=time_left(deadline))
             return
         sent = self.pair.send_tensor(mine, async_op=True, timeout=timeout)
         try:
             self.pair.recv_tensor(theirs, timeout=timeout)
         finally:
-            sent.wait(timeout=_left(deadline))
+            sent.wait(timeout=time_left(deadline))
 
     def takes(self, op: str, t: torch.Tensor) -> bool:
         """Whether the pair runs ``op`` on ``t``: always (it won at every measured size)."""

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from p2p_collective import CollectiveGroup, GroupBrokenError, PeerError, PeerGoneError
-from p2p_worker._raycoll._pair import combine
+from p2p_worker._raycoll._pair import combine, time_left
 
 SYNC_SEND_MAX = 64 << 10
 """Bytes up to which a step sends in the calling thread before receiving."""
@@ -81,10 +81,6 @@ def takes(op: str, nbytes: int, size: int) -> bool:
     if op == "broadcast":
         return nbytes < GLOO_BROADCAST_FROM
     return True
-
-
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -144,11 +140,11 @@ class RingCollectives:
         for low, _high, pair in edges:
             # the lower rank of a pair sends first, the higher receives first
             if r == low:
-                pair.send_tensor(probe, timeout=_left(deadline))
-                pair.recv_tensor(probe, timeout=_left(deadline))
+                pair.send_tensor(probe, timeout=time_left(deadline))
+                pair.recv_tensor(probe, timeout=time_left(deadline))
             else:
-                pair.recv_tensor(probe, timeout=_left(deadline))
-                pair.send_tensor(probe, timeout=_left(deadline))
+                pair.recv_tensor(probe, timeout=time_left(deadline))
+                pair.send_tensor(probe, timeout=time_left(deadline))
         mine = wanted and all(
             pair.stats()[side].get("transport") == "shm"
             for pair in (self.left, self.right)
@@ -157,9 +153,9 @@ class RingCollectives:
         verdict = torch.tensor([1 if mine else 0], dtype=torch.uint8)
         got = torch.zeros(1, dtype=torch.uint8)
         for _ in range(n - 1):
-            sent = self.right.send_tensor(verdict, async_op=True, timeout=_left(deadline))
-            self.left.recv_tensor(got, timeout=_left(deadline))
-            sent.wait(timeout=_left(deadline))
+            sent = self.right.send_tensor(verdict, async_op=True, timeout=time_left(deadline))
+            self.left.recv_tensor(got, timeout=time_left(deadline))
+            sent.wait(timeout=time_left(deadline))
             verdict = torch.minimum(verdict, got)
         return bool(verdict.item())
 
@@ -175,14 +171,14 @@ class RingCollectives:
     def _step(self, mine: torch.Tensor, theirs: torch.Tensor, deadline: float | None) -> None:
         """Send ``mine`` to the right while receiving the left's tensor into ``theirs``."""
         if mine.numel() * mine.element_size() <= SYNC_SEND_MAX:
-            self.right.send_tensor(mine, timeout=_left(deadline))
-            self.left.recv_tensor(theirs, timeout=_left(deadline))
+            self.right.send_tensor(mine, timeout=time_left(deadline))
+            self.left.recv_tensor(theirs, timeout=time_left(deadline))
             return
-        sent = self.right.send_tensor(mine, async_op=True, timeout=_left(deadline))
+        sent = self.right.send_tensor(mine, async_op=True, timeout=time_left(deadline))
         try:
-            self.left.recv_tensor(theirs, timeout=_left(deadline))
+            self.left.recv_tensor(theirs, timeout=time_left(deadline))
         finally:
-            sent.wait(timeout=_left(deadline))
+            sent.wait(timeout=time_left(deadline))
 
     def run(self, fn: Callable[..., None], *args: Any, timeout: float | None) -> None:
         """Run one operation; a failure breaks the ring (closes both pairs) and re-raises.
@@ -251,14 +247,14 @@ class RingCollectives:
             for lo, hi in _pieces(flat.numel(), t.element_size()):
                 piece = flat[lo:hi]
                 if pos > 0:
-                    self.left.recv_tensor(piece, timeout=_left(deadline))
+                    self.left.recv_tensor(piece, timeout=time_left(deadline))
                 if pos < self.size - 1:
                     sends.append(
-                        self.right.send_tensor(piece, async_op=True, timeout=_left(deadline))
+                        self.right.send_tensor(piece, async_op=True, timeout=time_left(deadline))
                     )
         finally:
             for s in sends:
-                s.wait(timeout=_left(deadline))
+                s.wait(timeout=time_left(deadline))
 
     def _reduce(self, t: torch.Tensor, dst: int, op: str, deadline: float | None) -> None:
         """``t`` of ``dst`` becomes the reduction; the other members' ``t`` is unchanged.
@@ -275,21 +271,25 @@ class RingCollectives:
             for lo, hi in _pieces(flat.numel(), t.element_size()):
                 if pos == 0:
                     sends.append(
-                        self.right.send_tensor(flat[lo:hi], async_op=True, timeout=_left(deadline))
+                        self.right.send_tensor(
+                            flat[lo:hi], async_op=True, timeout=time_left(deadline)
+                        )
                     )
                     continue
                 if pos == last:
                     got = self._chain_buf(hi - lo, t.dtype)
-                    self.left.recv_tensor(got, timeout=_left(deadline))
+                    self.left.recv_tensor(got, timeout=time_left(deadline))
                     combine(flat[lo:hi], got, op)
                     continue
                 piece = acc[lo:hi]
-                self.left.recv_tensor(piece, timeout=_left(deadline))
+                self.left.recv_tensor(piece, timeout=time_left(deadline))
                 combine(piece, flat[lo:hi], op)
-                sends.append(self.right.send_tensor(piece, async_op=True, timeout=_left(deadline)))
+                sends.append(
+                    self.right.send_tensor(piece, async_op=True, timeout=time_left(deadline))
+                )
         finally:
             for s in sends:
-                s.wait(timeout=_left(deadline))
+                s.wait(timeout=time_left(deadline))
 
     def _chain_buf(self, n: int, dtype: torch.dtype) -> torch.Tensor:
         return self._scratch(n, dtype)
