@@ -2,7 +2,7 @@
 
 1. No Python module is longer than 800 lines (split it by concept instead).
 2. A package imports only the public names of the other p2p packages: no
-   ``from p2p_collective._framing import ...`` outside ``p2p_collective`` itself.
+   ``from p2p_collective._frames._framing import ...`` outside ``p2p_collective`` itself.
 3. p2p_asyncwork and p2p_compress never import ``torch.distributed`` (import-linter
    cannot express a ban on a subpackage of an external package).
 4. No import circles between the modules of one package (see ``_import_graph.py``).

@@ -20,7 +20,7 @@ from p2p_asyncwork import ConfigError
 from p2p_collective import FramingError, parse_collective_config
 from p2p_collective._compression._chunk_recv import receive_chunks
 from p2p_collective._compression._chunks import pack_descriptor
-from p2p_collective._framing import TensorMeta
+from p2p_collective._frames._framing import TensorMeta
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from p2p_collective import FramingError
-from p2p_collective import _framing as fr
-from p2p_collective._wire import read_frame
+from p2p_collective._frames import _framing as fr
+from p2p_collective._frames._wire import read_frame
 
 ENTRY = struct.Struct("<BBBBB3xQQ")
 U32 = struct.Struct("<I")

@@ -1,4 +1,4 @@
-"""The header receives a direction keeps posted ahead (p2p_collective._headers).
+"""The header receives a direction keeps posted ahead (p2p_collective._frames._headers).
 
 In-process, with a recording link: these pin the bookkeeping (two receives posted
 from the first receive on, topped up before each wait, buffers reused only once the
@@ -13,9 +13,9 @@ import itertools
 import pytest
 import torch
 
-from p2p_collective._framing import HEADER_MAX
-from p2p_collective._headers import DEPTH, HeaderReceiver
-from p2p_collective._recvpool import PostedRecv
+from p2p_collective._frames._framing import HEADER_MAX
+from p2p_collective._frames._headers import DEPTH, HeaderReceiver
+from p2p_collective._frames._recvpool import PostedRecv
 
 
 class RecordingLink:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from p2p_collective import FramingError, ObjectRefusedError
-from p2p_collective._framing import FRAME_VERSION, MAGIC
-from p2p_collective._multi_frames import OBJ_HEADER, Incoming, encode_object, read_head
+from p2p_collective._frames._framing import FRAME_VERSION, MAGIC
+from p2p_collective._groups._multi_frames import OBJ_HEADER, Incoming, encode_object, read_head
 
 
 @dataclasses.dataclass

@@ -15,8 +15,8 @@ from p2p_collective import (
     NetEmulationConfig,
     parse_net_emulation,
 )
-from p2p_collective._emulation import EMULATED_WINDOW_BYTES, ArrivalGate, LinkPacer, clock_id
-from p2p_collective._framing import _ARRIVAL, _ARRIVAL_OFFSET, FIXED
+from p2p_collective._frames._framing import _ARRIVAL, _ARRIVAL_OFFSET, FIXED
+from p2p_collective._links._emulation import EMULATED_WINDOW_BYTES, ArrivalGate, LinkPacer, clock_id
 
 
 def test_defaults_and_the_original_keys() -> None:

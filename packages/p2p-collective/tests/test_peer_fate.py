@@ -23,7 +23,7 @@ from p2p_collective import (
     PeerGoneError,
     create_multi_group,
 )
-from p2p_collective._peer import announced_instance
+from p2p_collective._peers._peer import announced_instance
 
 pytestmark = pytest.mark.timeout(180)
 

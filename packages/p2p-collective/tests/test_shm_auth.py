@@ -11,8 +11,8 @@ import torch.distributed as dist
 from conftest import make_store
 
 from p2p_collective import AuthenticationError
-from p2p_collective._auth import JobAuth
-from p2p_collective._shm import join, offer
+from p2p_collective._links._shm import join, offer
+from p2p_collective._peers._auth import JobAuth
 
 
 def _wait_key(store: Any) -> Any:

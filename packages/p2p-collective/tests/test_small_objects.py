@@ -18,8 +18,13 @@ import torch
 import torch.distributed as dist
 
 from p2p_collective import Collective, CollectiveGroup, FramingError, parse_collective_config
-from p2p_collective._framing import FIXED, HEADER_MAX, Flag, Kind, parse_fixed
-from p2p_collective._payload import SMALL_OBJECT_MAX, encode, encode_small, encode_small_tensor
+from p2p_collective._frames._framing import FIXED, HEADER_MAX, Flag, Kind, parse_fixed
+from p2p_collective._frames._payload import (
+    SMALL_OBJECT_MAX,
+    encode,
+    encode_small,
+    encode_small_tensor,
+)
 
 
 class LoopLink:

@@ -1,6 +1,6 @@
 """Fails loudly when torch changes a private API p2p-collective relies on.
 
-Every private name is used only in ``p2p_collective._torch_gloo``; this checks that each
+Every private name is used only in ``p2p_collective._links._torch_gloo``; this checks that each
 still exists with the fields used, and that the adapter builds a working process group.
 """
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from p2p_collective._torch_gloo import make_device, new_gloo_group, op_options
+from p2p_collective._links._torch_gloo import make_device, new_gloo_group, op_options
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,8 +20,8 @@ from p2p_collective import (
     ObjectRefusedError,
     parse_collective_config,
 )
-from p2p_collective._auth import TOKEN_ENV, JobAuth, token_key
-from p2p_collective._plain import load_object, load_object_lenient
+from p2p_collective._frames._plain import load_object, load_object_lenient
+from p2p_collective._peers._auth import TOKEN_ENV, JobAuth, token_key
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,7 +41,7 @@ def test_plain_accepts_plain_data(value: Any) -> None:
 
 
 def test_plain_accepts_every_supported_dtype_and_allowlisted_dataclass() -> None:
-    from p2p_collective._framing import DTYPE_TO_CODE
+    from p2p_collective._frames._framing import DTYPE_TO_CODE
 
     dtypes = list(DTYPE_TO_CODE)
     assert load_object(dumps(dtypes), "plain") == dtypes
@@ -155,7 +155,7 @@ def test_errors_pickle_with_message_and_cause(cls: type[CollectiveError]) -> Non
 
 
 def test_token_argument_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from p2p_collective._auth import FROM_ENV
+    from p2p_collective._peers._auth import FROM_ENV
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     assert token_key(FROM_ENV) is None

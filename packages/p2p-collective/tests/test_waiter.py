@@ -14,7 +14,7 @@ import time
 import pytest
 
 from p2p_collective import CollectiveTimeoutError, PeerError
-from p2p_collective._waiter import Waiter, gloo_failure, wait_sliced
+from p2p_collective._links._waiter import Waiter, gloo_failure, wait_sliced
 
 
 class _LateWork:

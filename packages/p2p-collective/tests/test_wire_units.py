@@ -22,9 +22,9 @@ from p2p_collective._compression import (
     transmit,
     wire_fingerprint,
 )
-from p2p_collective._framing import FIXED, parse_fixed, parse_meta
-from p2p_collective._jobs import Job
-from p2p_collective._payload import encode
+from p2p_collective._compression._jobs import Job
+from p2p_collective._frames._framing import FIXED, parse_fixed, parse_meta
+from p2p_collective._frames._payload import encode
 from p2p_compress import TensorBufferPoolConfig, parse_tensor_compression
 
 KiB = 1024

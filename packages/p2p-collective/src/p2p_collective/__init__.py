@@ -13,8 +13,6 @@ Example:
     >>> group.send({"x": torch.ones(3)})  # the peer "b" calls group.recv()  # doctest: +SKIP
 """
 
-from p2p_collective._arrays import as_tensor
-from p2p_collective._collective import Collective
 from p2p_collective._compression import CompressionPipelineConfig
 from p2p_collective._config import (
     DEFAULT_INIT_TIMEOUT,
@@ -24,7 +22,6 @@ from p2p_collective._config import (
     parse_collective_config,
     parse_net_emulation,
 )
-from p2p_collective._emulation import EMULATED_WINDOW_BYTES, LinkEmulation
 from p2p_collective._errors import (
     AuthenticationError,
     CollectiveError,
@@ -36,12 +33,15 @@ from p2p_collective._errors import (
     PeerError,
     PeerGoneError,
 )
-from p2p_collective._framing import HEADER_MAX
-from p2p_collective._group import CollectiveGroup
-from p2p_collective._multi import MultiCollectiveGroup
-from p2p_collective._multi_create import create_multi_group, join_ranked_group
-from p2p_collective._multi_ops import check_reducible
-from p2p_collective._rendezvous import Store
+from p2p_collective._frames._framing import HEADER_MAX
+from p2p_collective._groups._arrays import as_tensor
+from p2p_collective._groups._collective import Collective
+from p2p_collective._groups._group import CollectiveGroup
+from p2p_collective._groups._multi import MultiCollectiveGroup
+from p2p_collective._groups._multi_create import create_multi_group, join_ranked_group
+from p2p_collective._groups._multi_ops import check_reducible
+from p2p_collective._links._emulation import EMULATED_WINDOW_BYTES, LinkEmulation
+from p2p_collective._peers._rendezvous import Store
 
 __version__ = "0.1.0"
 

@@ -17,9 +17,9 @@ from p2p_collective._compression._settings import (
     CompressionPipelineConfig,
     parse_compression_pipeline,
 )
-from p2p_collective._emulation import NetEmulationConfig as NetEmulationConfig
-from p2p_collective._emulation import parse_net_emulation as parse_net_emulation
-from p2p_collective._plain import parse_allowlist_entry
+from p2p_collective._frames._plain import parse_allowlist_entry
+from p2p_collective._links._emulation import NetEmulationConfig as NetEmulationConfig
+from p2p_collective._links._emulation import parse_net_emulation as parse_net_emulation
 from p2p_collective._validate import fail as _fail
 from p2p_collective._validate import mapping as _plain_mapping
 from p2p_compress import (

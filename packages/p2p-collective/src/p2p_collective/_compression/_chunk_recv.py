@@ -18,15 +18,15 @@ import torch
 
 from p2p_collective._compression._chunks import CHUNK_MAGIC, DESCRIPTOR
 from p2p_collective._compression._decode import codec_name, decodes
+from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._state import CODEC_IDS, WireCodec
 from p2p_collective._compression._stats import WireStats
-from p2p_collective._direction import CleanFailure
-from p2p_collective._emulation import ArrivalGate
 from p2p_collective._errors import CollectiveTimeoutError, FramingError
-from p2p_collective._framing import TensorMeta
-from p2p_collective._jobs import Job
-from p2p_collective._payload import flat_bytes
-from p2p_collective._transport import remaining
+from p2p_collective._frames._framing import TensorMeta
+from p2p_collective._frames._payload import flat_bytes
+from p2p_collective._groups._direction import CleanFailure
+from p2p_collective._links._emulation import ArrivalGate
+from p2p_collective._links._transport import remaining
 from p2p_compress import (
     CODEC_RAW,
     BufferLease,

@@ -33,10 +33,10 @@ from typing import Final
 import torch
 
 from p2p_collective._compression._adaptive import Choice
+from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._state import WireCodec
-from p2p_collective._framing import Flag, TensorMeta, patch_flags
-from p2p_collective._jobs import Job
-from p2p_collective._payload import OutFrame
+from p2p_collective._frames._framing import Flag, TensorMeta, patch_flags
+from p2p_collective._frames._payload import OutFrame
 from p2p_compress import CODEC_RAW, BufferLease, plan_compression
 
 CHUNK_MAGIC: Final = b"P2PC"

@@ -17,12 +17,12 @@ from collections.abc import Callable
 
 import torch
 
+from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._state import CODEC_IDS, WireCodec
 from p2p_collective._compression._stats import WireStats
 from p2p_collective._errors import CollectiveTimeoutError, FramingError
-from p2p_collective._framing import TensorMeta
-from p2p_collective._jobs import Job
-from p2p_collective._transport import remaining
+from p2p_collective._frames._framing import TensorMeta
+from p2p_collective._links._transport import remaining
 from p2p_compress import (
     CODEC_NAMES,
     CODEC_RAW,

@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 from p2p_collective._errors import CollectiveError
-from p2p_collective._framing import FRAME_VERSION
-from p2p_collective._transport import StoreLike
+from p2p_collective._frames._framing import FRAME_VERSION
+from p2p_collective._links._transport import StoreLike
 from p2p_compress import TensorCompressionConfig
 
 

@@ -3,7 +3,7 @@
 One rule for every size: a tensor with bytes is compressed when it has at least
 ``min_bytes`` bytes and a dtype not in ``excluded_dtypes`` (and the result is smaller),
 whether its frame rides inline in the header message or not. A frame whose header part
-and (compressed) tensor bytes fit :data:`~p2p_collective._framing.HEADER_MAX` travels as
+and (compressed) tensor bytes fit :data:`~p2p_collective._frames._framing.HEADER_MAX` travels as
 one message with the bytes inline; the receiver decodes compressed entries of an inline
 frame straight from the header message.
 """
@@ -18,7 +18,7 @@ import torch
 
 from p2p_collective._compression._chunks import ChunkStream
 from p2p_collective._compression._state import WireCodec
-from p2p_collective._framing import (
+from p2p_collective._frames._framing import (
     FIXED,
     HEADER_MAX,
     Flag,
@@ -27,7 +27,7 @@ from p2p_collective._framing import (
     patch_flags,
     patch_wire_total,
 )
-from p2p_collective._payload import OutFrame, flat_bytes
+from p2p_collective._frames._payload import OutFrame, flat_bytes
 from p2p_compress import CompressionPlan, WireEntry, plan_compression
 
 

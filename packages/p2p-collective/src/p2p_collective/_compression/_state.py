@@ -7,9 +7,9 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from p2p_collective._compression._jobs import Worker
 from p2p_collective._compression._settings import CompressionPipelineConfig
-from p2p_collective._framing import TensorMeta
-from p2p_collective._jobs import Worker
+from p2p_collective._frames._framing import TensorMeta
 from p2p_compress import (
     Lz4CodecConfig,
     SparseCodecConfig,

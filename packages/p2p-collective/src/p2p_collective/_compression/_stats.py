@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p2p_collective._compression._adaptive import LinkAdvisor, Sampler
-from p2p_collective._framing import TensorMeta
+from p2p_collective._frames._framing import TensorMeta
 from p2p_compress import CODEC_RAW
 
 

@@ -15,7 +15,7 @@ from p2p_collective._compression._chunks import (
 )
 from p2p_collective._compression._pack import Packed
 from p2p_collective._compression._stats import WireStats
-from p2p_collective._emulation import LinkPacer
+from p2p_collective._links._emulation import LinkPacer
 
 
 class _TimedSend:

@@ -27,7 +27,7 @@ from typing import Any
 
 from p2p_collective._deadline import deadline_after, remaining
 from p2p_collective._errors import AuthenticationError, CollectiveError, CollectiveTimeoutError
-from p2p_collective._transport import StoreLike
+from p2p_collective._links._transport import StoreLike
 
 TOKEN_ENV = "P2P_JOB_TOKEN"
 """Environment variable a :class:`~p2p_collective.Collective` reads its job token from."""

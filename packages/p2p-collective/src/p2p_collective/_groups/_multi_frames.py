@@ -1,7 +1,7 @@
 """Object broadcasts of N-member groups: the pair stack's frame, cut into broadcasts.
 
 ``MultiCollectiveGroup.broadcast(obj)`` encodes ``obj`` with the same classifier and
-encoder as a pair ``send`` (:func:`p2p_collective._payload.encode`: magic, version,
+encoder as a pair ``send`` (:func:`p2p_collective._frames._payload.encode`: magic, version,
 sequence number, tensor entries, names, pickled object part) and broadcasts it as:
 
 1. a head message of :data:`OBJ_HEADER` bytes: the frame's first bytes, zero-padded;
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from p2p_collective._errors import FramingError
-from p2p_collective._framing import (
+from p2p_collective._frames._framing import (
     FIXED,
     FRAME_VERSION,
     MAGIC,
@@ -31,7 +31,7 @@ from p2p_collective._framing import (
     parse_meta,
     patch_seq,
 )
-from p2p_collective._payload import encode, rebuild
+from p2p_collective._frames._payload import encode, rebuild
 
 OBJ_HEADER = 1024
 """Bytes of the first message of an object broadcast (frame head + what fits of the rest)."""

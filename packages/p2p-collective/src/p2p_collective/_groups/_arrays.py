@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from p2p_collective._payload import check_tensor
+from p2p_collective._frames._payload import check_tensor
 
 
 def as_tensor(

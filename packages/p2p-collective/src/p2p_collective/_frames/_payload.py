@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from p2p_collective._framing import (
+from p2p_collective._frames._framing import (
     DTYPE_TO_CODE,
     FIXED,
     HEADER_MAX,
@@ -33,8 +33,8 @@ from p2p_collective._framing import (
     pack_small_object,
     patch_seq,
 )
-from p2p_collective._plain import load_object
-from p2p_collective._recvpool import POOL_MIN_BYTES
+from p2p_collective._frames._plain import load_object
+from p2p_collective._frames._recvpool import POOL_MIN_BYTES
 
 _NO_OBJECT: Any = object()
 
@@ -363,7 +363,7 @@ def rebuild(
     """Rebuild the sent object from a fully received frame.
 
     The object part (if any) is unpickled under ``object_policy`` (see
-    :func:`~p2p_collective._plain.load_object`).
+    :func:`~p2p_collective._frames._plain.load_object`).
 
     Raises:
         ObjectRefusedError: ``object_policy`` is ``"plain"`` and the object part holds

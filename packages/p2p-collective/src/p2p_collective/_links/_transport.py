@@ -3,7 +3,7 @@
 Per Collective it holds the transport resources (host, gloo device, liveness watcher,
 receive buffer pool). ``connect`` builds the gloo link of a direction (liveness
 connection plus process group) and then tries the shared-memory handshake; the caller
-gets a :class:`~p2p_collective._link.Link` and never names a concrete class. A new
+gets a :class:`~p2p_collective._links._link.Link` and never names a concrete class. A new
 transport is one module implementing ``Link`` and one branch here.
 
 The deadline helpers (:mod:`p2p_collective._deadline`) are re-exported for the modules
@@ -18,14 +18,14 @@ from typing import Any
 
 from p2p_collective._deadline import deadline_after, is_timeout, remaining, to_timedelta
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
-from p2p_collective._gloo_link import GlooLink
-from p2p_collective._link import Link
-from p2p_collective._liveness import Watcher, open_watch_socket
-from p2p_collective._recvpool import ReceiveBufferPool
-from p2p_collective._shm import join as _shm_join
-from p2p_collective._shm import offer as _shm_offer
-from p2p_collective._shm_link import ShmLink
-from p2p_collective._torch_gloo import make_device, new_gloo_group
+from p2p_collective._frames._recvpool import ReceiveBufferPool
+from p2p_collective._links._gloo_link import GlooLink
+from p2p_collective._links._link import Link
+from p2p_collective._links._shm import join as _shm_join
+from p2p_collective._links._shm import offer as _shm_offer
+from p2p_collective._links._shm_link import ShmLink
+from p2p_collective._links._torch_gloo import make_device, new_gloo_group
+from p2p_collective._peers._liveness import Watcher, open_watch_socket
 
 __all__ = [
     "Link",
@@ -43,7 +43,7 @@ class LinkFactory:
     """Per-Collective transport resources: host, gloo device, liveness watcher, buffer pool.
 
     ``shared_memory`` (the config switch) lets :meth:`connect` put a direction whose peer
-    is on this node on shared memory (:class:`~p2p_collective._shm_link.ShmLink`).
+    is on this node on shared memory (:class:`~p2p_collective._links._shm_link.ShmLink`).
     """
 
     def __init__(
@@ -123,7 +123,7 @@ class LinkFactory:
     ) -> Link:
         """Connect one direction under ``prefix``: liveness, process group, shared memory.
 
-        The shared-memory handshake (see :mod:`p2p_collective._shm`) runs after the
+        The shared-memory handshake (see :mod:`p2p_collective._links._shm`) runs after the
         process group is up; when it does not succeed the gloo link is returned, its
         ``transport_reason`` saying why (both sides agree on the outcome).
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from p2p_collective._address import address_name
 from p2p_collective._errors import GroupClosedError
-from p2p_collective._multi import MultiCollectiveGroup
+from p2p_collective._groups._multi import MultiCollectiveGroup
+from p2p_collective._peers._address import address_name
 
 MULTI_PREFIX = "coll:"
 """Cache keys of N-member groups start with this, so they never clash with two-party groups."""

@@ -1,7 +1,7 @@
 """Header receives: the receive side keeps the next headers' receives posted ahead.
 
 Every operation's first message is a header of at most ``HEADER_MAX`` bytes. Over gloo,
-header messages travel under their own tag (:data:`~p2p_collective._gloo_link.HEADER_TAG`)
+header messages travel under their own tag (:data:`~p2p_collective._links._gloo_link.HEADER_TAG`)
 and payload messages under another, and gloo matches each tag's receives in the order
 they were posted. So header receives can be posted ahead of any number of frames
 without ever catching a payload.
@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from p2p_collective._framing import HEADER_MAX, NO_MAGIC
-from p2p_collective._recvpool import PostedRecv
+from p2p_collective._frames._framing import HEADER_MAX, NO_MAGIC
+from p2p_collective._frames._recvpool import PostedRecv
 
 if TYPE_CHECKING:
-    from p2p_collective._link import Link
+    from p2p_collective._links._link import Link
 
 DEPTH = 2
 """Header receives a direction keeps posted from its first receive on."""

@@ -9,17 +9,17 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from p2p_collective._address import address_name
-from p2p_collective._auth import FROM_ENV, FromEnv, JobAuth, token_key
 from p2p_collective._compression import WireCodec
 from p2p_collective._config import CollectiveConfig
 from p2p_collective._errors import GroupClosedError
-from p2p_collective._group import CollectiveGroup
-from p2p_collective._multi import MultiCollectiveGroup
-from p2p_collective._multi_create import create_multi_group, join_ranked_group
-from p2p_collective._peer import LivenessOracle, Peers, new_instance
-from p2p_collective._rendezvous import as_torch_store
-from p2p_collective._transport import LinkFactory
+from p2p_collective._groups._group import CollectiveGroup
+from p2p_collective._groups._multi import MultiCollectiveGroup
+from p2p_collective._groups._multi_create import create_multi_group, join_ranked_group
+from p2p_collective._links._transport import LinkFactory
+from p2p_collective._peers._address import address_name
+from p2p_collective._peers._auth import FROM_ENV, FromEnv, JobAuth, token_key
+from p2p_collective._peers._peer import LivenessOracle, Peers, new_instance
+from p2p_collective._peers._rendezvous import as_torch_store
 from p2p_compress import probe_codec_library
 
 

@@ -11,10 +11,7 @@ from typing import Any
 import torch
 
 from p2p_asyncwork import AsyncResultWork
-from p2p_collective._arrays import as_tensor
-from p2p_collective._auth import JobAuth
 from p2p_collective._deadline import deadline_after, min_timeout, remaining, to_timedelta
-from p2p_collective._direction import CleanFailure, Direction
 from p2p_collective._errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -23,14 +20,17 @@ from p2p_collective._errors import (
     PeerError,
     PeerGoneError,
 )
-from p2p_collective._multi_frames import OBJ_HEADER, Incoming, encode_object, read_head
-from p2p_collective._multi_ops import check_reducible, like, liveness_mesh, reduce_op
-from p2p_collective._peer import Life, Peer, announce, new_instance
-from p2p_collective._rendezvous import claim_incarnation, private_client, wait_key
-from p2p_collective._ring import ring_op, ring_reduce_scatter
-from p2p_collective._torch_gloo import op_options
-from p2p_collective._transport import StoreLike
-from p2p_collective._waiter import Waiter, gloo_failure, wait_sliced
+from p2p_collective._groups._arrays import as_tensor
+from p2p_collective._groups._direction import CleanFailure, Direction
+from p2p_collective._groups._multi_frames import OBJ_HEADER, Incoming, encode_object, read_head
+from p2p_collective._groups._multi_ops import check_reducible, like, liveness_mesh, reduce_op
+from p2p_collective._groups._ring import ring_op, ring_reduce_scatter
+from p2p_collective._links._torch_gloo import op_options
+from p2p_collective._links._transport import StoreLike
+from p2p_collective._links._waiter import Waiter, gloo_failure, wait_sliced
+from p2p_collective._peers._auth import JobAuth
+from p2p_collective._peers._peer import Life, Peer, announce, new_instance
+from p2p_collective._peers._rendezvous import claim_incarnation, private_client, wait_key
 
 _P2P_TAG = 1 << 28  # far from the tags gloo numbers its collectives with (0, 1, ...)
 RING_MIN_BYTES = 256 << 10
@@ -107,7 +107,7 @@ class MultiCollectiveGroup:
         self._options: dict[tuple[Any, ...], Any] = {}  # see _opts
         self._spare: torch.Tensor | None = None  # see _scratch
         self._object_seq = 0  # object broadcasts so far: every member counts alike
-        # The members' fate (see _peer.py): one Peer per other member, bound to its life.
+        # The members' fate (see _peers/_peer.py): one Peer per other member, bound to its life.
         self.instance = instance if instance is not None else new_instance()
         self._peers: list[Peer | None] = (
             list(peers)
@@ -264,7 +264,7 @@ class MultiCollectiveGroup:
         return self._gone
 
     def _wait(self, works: list[Any], what: str, deadline: float | None, p2p: bool = False) -> None:
-        """Wait for gloo works (see :mod:`p2p_collective._waiter`); map failures to ours.
+        """Wait for gloo works (see :mod:`p2p_collective._links._waiter`); map failures to ours.
 
         Collectives are waited for in slices on this thread; gloo's send/recv works never
         report ``is_completed()``, so the group's waiter thread waits for them.

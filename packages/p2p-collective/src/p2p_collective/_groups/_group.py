@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from p2p_asyncwork import AsyncResultWork
-from p2p_collective._auth import JobAuth
 from p2p_collective._compression import (
     Outgoing,
     WireCodec,
@@ -21,8 +20,6 @@ from p2p_collective._compression import (
 )
 from p2p_collective._config import CollectiveConfig
 from p2p_collective._deadline import deadline_after, min_timeout, remaining
-from p2p_collective._direction import CleanFailure, Direction
-from p2p_collective._emulation import ArrivalGate, LinkPacer
 from p2p_collective._errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -31,7 +28,7 @@ from p2p_collective._errors import (
     ObjectRefusedError,
     PeerError,
 )
-from p2p_collective._framing import (
+from p2p_collective._frames._framing import (
     FIXED,
     HEADER_MAX,
     KIND_NAMES,
@@ -40,9 +37,8 @@ from p2p_collective._framing import (
     pack_raw_header,
     parse_fixed,
 )
-from p2p_collective._headers import HeaderReceiver
-from p2p_collective._link import Link
-from p2p_collective._payload import (
+from p2p_collective._frames._headers import HeaderReceiver
+from p2p_collective._frames._payload import (
     SMALL_OBJECT_MAX,
     SmallObject,
     SmallTensor,
@@ -53,10 +49,14 @@ from p2p_collective._payload import (
     flat_bytes,
     rebuild,
 )
-from p2p_collective._peer import Life, Peer, dead_error, new_instance
-from p2p_collective._rendezvous import claim_incarnation, private_client, wait_key
-from p2p_collective._transport import LinkFactory, StoreLike
-from p2p_collective._wire import HEADER_MAX_TENSOR, patch_frame_seq, read_frame
+from p2p_collective._frames._wire import HEADER_MAX_TENSOR, patch_frame_seq, read_frame
+from p2p_collective._groups._direction import CleanFailure, Direction
+from p2p_collective._links._emulation import ArrivalGate, LinkPacer
+from p2p_collective._links._link import Link
+from p2p_collective._links._transport import LinkFactory, StoreLike
+from p2p_collective._peers._auth import JobAuth
+from p2p_collective._peers._peer import Life, Peer, dead_error, new_instance
+from p2p_collective._peers._rendezvous import claim_incarnation, private_client, wait_key
 from p2p_compress import CompressionError
 
 
@@ -232,7 +232,7 @@ class CollectiveGroup:
         self._closed = False
         self._close_lock = threading.Lock()
         self._incarnation: int | None = None
-        # The peer's fate: this group is bound to one life of it (see _peer.py).
+        # The peer's fate: this group is bound to one life of it (see _peers/_peer.py).
         self.peer = peer if peer is not None else Peer(peer_name)
         self.instance = instance if instance is not None else new_instance()
         self._life: Life | None = None

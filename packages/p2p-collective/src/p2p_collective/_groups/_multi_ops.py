@@ -1,6 +1,6 @@
 """Helpers of N-member groups: reduce ops, dtype checks, output kinds, liveness mesh.
 
-Everything here is package-internal; :mod:`p2p_collective._multi` builds the group on it.
+Everything here is package-internal; :mod:`p2p_collective._groups._multi` builds the group on it.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from p2p_collective._arrays import as_tensor
-from p2p_collective._liveness import open_watch_socket
-from p2p_collective._transport import StoreLike
+from p2p_collective._groups._arrays import as_tensor
+from p2p_collective._links._transport import StoreLike
+from p2p_collective._peers._liveness import open_watch_socket
 
 __all__ = [
     "REDUCE_OPS",

@@ -9,7 +9,7 @@ group that includes that address (two-party or N-member) goes through it:
   peer's *instance*: a random id its ``Collective`` drew when it was built. One instance
   is one :class:`Life` of the peer.
 * **Liveness.** Every liveness connection toward the peer (one per connected direction
-  or N-member group, see :mod:`p2p_collective._liveness`) reports to the peer. A
+  or N-member group, see :mod:`p2p_collective._peers._liveness`) reports to the peer. A
   connection that ends with the peer's goodbye byte was closed on purpose (that group
   was closed) and fails only that link's operation; one that ends without it, or
   fails, means the process is gone, and so does a ``False`` from the *oracle* the layer
@@ -36,11 +36,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from p2p_collective._auth import JobAuth
 from p2p_collective._compression import check_peer_wire_config, publish_wire_config
-from p2p_collective._emulation import publish_clock, shares_clock
 from p2p_collective._errors import CollectiveError, PeerError, PeerGoneError
-from p2p_collective._rendezvous import meet
+from p2p_collective._links._emulation import publish_clock, shares_clock
+from p2p_collective._peers._auth import JobAuth
+from p2p_collective._peers._rendezvous import meet
 
 _log = logging.getLogger("p2p_collective")
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from p2p_collective._errors import ObjectRefusedError
-from p2p_collective._framing import DTYPE_TO_CODE
+from p2p_collective._frames._framing import DTYPE_TO_CODE
 
 PLAIN_TYPES = (
     "None, bool, int, float, complex, str, bytes, bytearray, list, tuple, dict,"

@@ -40,9 +40,9 @@ from p2p_collective._errors import (
     FramingError,
     PeerError,
 )
-from p2p_collective._gloo_link import GlooLink
-from p2p_collective._recvpool import PostedRecv
-from p2p_collective._shm import Segment
+from p2p_collective._frames._recvpool import PostedRecv
+from p2p_collective._links._gloo_link import GlooLink
+from p2p_collective._links._shm import Segment
 
 SHM_MIN_BYTES = 256 << 10
 """Messages of at least this many bytes go through the segment; smaller ones inline."""
@@ -71,7 +71,7 @@ def _timeout_for(deadline: float | None) -> float | None:
 
 
 class ShmLink:
-    """A :class:`~p2p_collective._link.Link` over shared memory (same node).
+    """A :class:`~p2p_collective._links._link.Link` over shared memory (same node).
 
     It owns the direction's gloo link too (its liveness connection keeps reporting a
     vanished peer; it is the fallback's process group) and closes it with itself.

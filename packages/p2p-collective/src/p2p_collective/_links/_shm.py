@@ -6,7 +6,7 @@ processes have unmapped it or died, so a crash leaves nothing behind) and one Un
 socket in the abstract namespace, which carries the control messages and, once, the
 segment's file descriptor (``SCM_RIGHTS``). The segment is a ring of :data:`SLOTS` slots
 of :data:`SLOT_BYTES` bytes, created by the sending side and reused for the group's whole
-life; see :mod:`p2p_collective._shm_link` for how messages move through it.
+life; see :mod:`p2p_collective._links._shm_link` for how messages move through it.
 
 Handshake (under the direction's store prefix, within the init timeout):
 
@@ -52,7 +52,7 @@ the receiver copies it out: measured on a 2-core EPYC (32 MiB L3), 4 x 2 MiB mov
 13.6-14.8 GB/s, 4 x 8 MiB 8-8.9 GB/s, 8 x 1 MiB 11-13 GB/s (bench_shm, same runs).
 
 Pages are allocated when first written, so a direction that never carries a message of
-at least :data:`~p2p_collective._shm_link.SHM_MIN_BYTES` costs no memory."""
+at least :data:`~p2p_collective._links._shm_link.SHM_MIN_BYTES` costs no memory."""
 
 _HELLO = struct.Struct("<4sHHIQ")  # magic, version, reserved, slots, slot bytes
 _MAGIC = b"P2PS"

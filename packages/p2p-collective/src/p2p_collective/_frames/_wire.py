@@ -16,9 +16,8 @@ import torch
 
 from p2p_collective._compression import FrameDecoder, WireCodec, WireStats, check_entries
 from p2p_collective._compression._chunk_recv import receive_chunks
-from p2p_collective._emulation import ArrivalGate
 from p2p_collective._errors import FramingError
-from p2p_collective._framing import (
+from p2p_collective._frames._framing import (
     FIXED,
     HEADER_MAX,
     NO_MAGIC,
@@ -29,10 +28,11 @@ from p2p_collective._framing import (
     parse_fixed,
     parse_meta,
 )
-from p2p_collective._framing import patch_seq as _patch_seq
-from p2p_collective._link import Link
-from p2p_collective._payload import OutFrame, allocate, flat_bytes
-from p2p_collective._recvpool import ReceiveBufferPool
+from p2p_collective._frames._framing import patch_seq as _patch_seq
+from p2p_collective._frames._payload import OutFrame, allocate, flat_bytes
+from p2p_collective._frames._recvpool import ReceiveBufferPool
+from p2p_collective._links._emulation import ArrivalGate
+from p2p_collective._links._link import Link
 
 
 def patch_frame_seq(frame: OutFrame, seq: int) -> None:

@@ -12,7 +12,7 @@ to complete finish, the link is declared gone and its pending operation fails wi
 The one byte ever sent on such a connection is :data:`BYE`, written just before a side
 closes it on purpose (it closed the group). End-of-file after ``BYE`` means "that group
 was closed"; end-of-file without it (or an error) means the process is gone, and its
-:class:`~p2p_collective._peer.Peer` fails everything toward it.
+:class:`~p2p_collective._peers._peer.Peer` fails everything toward it.
 """
 
 from __future__ import annotations

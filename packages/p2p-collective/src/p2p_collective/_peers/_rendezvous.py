@@ -21,10 +21,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch.distributed as dist
 
-from p2p_collective._auth import JobAuth
 from p2p_collective._deadline import to_timedelta
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
-from p2p_collective._transport import StoreLike
+from p2p_collective._links._transport import StoreLike
+from p2p_collective._peers._auth import JobAuth
 
 _TorchStore: Any = dist.Store  # type: ignore[attr-defined]
 _TCPStore: Any = dist.TCPStore  # type: ignore[attr-defined]
@@ -198,7 +198,7 @@ def meet(
     """Announce this side of one direction and wait for the peer's matching announcement.
 
     With ``auth``, both sides then prove that they hold the same job token (see
-    :mod:`p2p_collective._auth`); the token never enters the store.
+    :mod:`p2p_collective._peers._auth`); the token never enters the store.
 
     Args:
         store: The rendezvous store (a client private to this direction).

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, GroupClosedError
-from p2p_collective._framing import patch_arrival
+from p2p_collective._frames._framing import patch_arrival
 from p2p_collective._validate import fail as _fail
 from p2p_collective._validate import mapping as _mapping
 

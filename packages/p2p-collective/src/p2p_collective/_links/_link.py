@@ -2,11 +2,11 @@
 
 A *link* is one direction of a two-party group over one transport. Everything above it
 (the direction's operations, frames, header receives) talks to it only through this
-protocol, and :meth:`~p2p_collective._transport.LinkFactory.connect` returns it; nothing
+protocol, and :meth:`~p2p_collective._links._transport.LinkFactory.connect` returns it; nothing
 above the factory names a concrete link class.
 
-Links today: :class:`~p2p_collective._gloo_link.GlooLink` (a two-rank gloo process
-group: any two hosts) and :class:`~p2p_collective._shm_link.ShmLink` (same node: a
+Links today: :class:`~p2p_collective._links._gloo_link.GlooLink` (a two-rank gloo process
+group: any two hosts) and :class:`~p2p_collective._links._shm_link.ShmLink` (same node: a
 shared-memory ring plus a Unix socket). Adding a transport is one module implementing
 this protocol plus one branch in ``LinkFactory.connect`` that decides when to use it (as
 the shared-memory handshake does). An accelerator link (``NcclLink``, CUDA IPC) goes
@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 
 from p2p_collective._errors import PeerError
-from p2p_collective._recvpool import PostedRecv
+from p2p_collective._frames._recvpool import PostedRecv
 
 
 class Link(Protocol):
