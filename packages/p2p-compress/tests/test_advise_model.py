@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from p2p_compress import Lz4CodecConfig, ZstdCodecConfig, make_synthetic_tensor
-from p2p_compress._advise import Measurement, codec_seconds, measure, recommend, render_yaml
+from p2p_compress._advice._advise import Measurement, codec_seconds, measure, recommend, render_yaml
 
 MiB = 1 << 20
 GBIT = 1e9 / 8

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from p2p_compress import parse_tensor_compression
-from p2p_compress._cli import main
+from p2p_compress._advice._cli import main
 
 FAST = ["--repeat", "1", "--lz4-accelerations", "1", "--zstd-levels", "1"]
 

@@ -12,7 +12,7 @@ import torch
 import p2p_compress
 
 MODULES = sorted(
-    m.name for m in pkgutil.iter_modules(p2p_compress.__path__, prefix="p2p_compress.")
+    m.name for m in pkgutil.walk_packages(p2p_compress.__path__, prefix="p2p_compress.")
 )
 
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-import p2p_compress._lz4 as lz4_mod
-import p2p_compress._zstd_native as native_mod
+import p2p_compress._codecs._lz4 as lz4_mod
+import p2p_compress._codecs._zstd_native as native_mod
 from p2p_compress import CompressionError, Lz4Codec, ZstdCodec, probe_codec_library
 
 

@@ -18,6 +18,8 @@ Example:
     True
 """
 
+from p2p_compress._advice._sizes import SIZE_RULE, parse_size
+from p2p_compress._advice._synthetic import SYNTHETIC_KINDS, make_synthetic_tensor
 from p2p_compress._api import (
     CompressedTensor,
     CompressedTensors,
@@ -26,7 +28,7 @@ from p2p_compress._api import (
     default_buffer_pool,
     default_codec_provider,
 )
-from p2p_compress._codec import (
+from p2p_compress._codecs._codec import (
     CODEC_LZ4,
     CODEC_NAMES,
     CODEC_RAW,
@@ -34,6 +36,10 @@ from p2p_compress._codec import (
     CODEC_ZSTD,
     TensorCodec,
 )
+from p2p_compress._codecs._lz4 import LZ4_MAX_INPUT_SIZE, Lz4Codec
+from p2p_compress._codecs._probe import probe_codec_library
+from p2p_compress._codecs._sparse import SparseCodec
+from p2p_compress._codecs._zstd import ZstdCodec
 from p2p_compress._config import (
     Lz4CodecConfig,
     SparseCodecConfig,
@@ -44,7 +50,6 @@ from p2p_compress._config import (
     parse_tensor_compression,
 )
 from p2p_compress._errors import CompressionError, CompressionTimeoutError
-from p2p_compress._lz4 import LZ4_MAX_INPUT_SIZE, Lz4Codec
 from p2p_compress._plan import (
     RAW_REASONS,
     CompressionPlan,
@@ -53,12 +58,7 @@ from p2p_compress._plan import (
     plan_compression,
 )
 from p2p_compress._pool import BufferLease, TensorBufferPool
-from p2p_compress._probe import probe_codec_library
 from p2p_compress._provider import TensorCodecProvider
-from p2p_compress._sizes import SIZE_RULE, parse_size
-from p2p_compress._sparse import SparseCodec
-from p2p_compress._synthetic import SYNTHETIC_KINDS, make_synthetic_tensor
-from p2p_compress._zstd import ZstdCodec
 
 __version__ = "0.1.0"
 

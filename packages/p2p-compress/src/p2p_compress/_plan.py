@@ -10,10 +10,10 @@ from types import TracebackType
 
 import torch
 
-from p2p_compress._codec import CODEC_NAMES, CODEC_RAW, TensorCodec
+from p2p_compress._codecs._codec import CODEC_NAMES, CODEC_RAW, TensorCodec
+from p2p_compress._codecs._memory import tensor_bytes, uint8_buffer_bytes
 from p2p_compress._config import TensorCompressionConfig
 from p2p_compress._errors import CompressionError
-from p2p_compress._memory import tensor_bytes, uint8_buffer_bytes
 from p2p_compress._pool import BufferLease, TensorBufferPool
 from p2p_compress._provider import TensorCodecProvider
 

@@ -8,7 +8,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from p2p_compress._codec import TensorCodec
+from p2p_compress._codecs._codec import TensorCodec
+from p2p_compress._codecs._lz4 import Lz4Codec
+from p2p_compress._codecs._sparse import SparseCodec
+from p2p_compress._codecs._zstd import ZstdCodec
 from p2p_compress._config import (
     CodecConfig,
     Lz4CodecConfig,
@@ -17,9 +20,6 @@ from p2p_compress._config import (
     ZstdCodecConfig,
 )
 from p2p_compress._errors import CompressionTimeoutError
-from p2p_compress._lz4 import Lz4Codec
-from p2p_compress._sparse import SparseCodec
-from p2p_compress._zstd import ZstdCodec
 
 
 class TensorCodecProvider:

@@ -31,21 +31,21 @@ from p2p_worker._channels import (
     connect_channel,
     create_channel,
 )
-from p2p_worker._cluster import Cluster
 from p2p_worker._config import ClusterConfig, parse_cluster_config
 from p2p_worker._errors import ClusterError, PlacementError, WorkerError
-from p2p_worker._group import WorkerGroup, WorkerRank
-from p2p_worker._handle import GroupCallHandle
-from p2p_worker._info import NodeInfo, WorkerInfo
-from p2p_worker._options import CollectiveGroupOptions
-from p2p_worker._packed import PackedPlacementStrategy
-from p2p_worker._placement import (
+from p2p_worker._groups._group import WorkerGroup, WorkerRank
+from p2p_worker._groups._handle import GroupCallHandle
+from p2p_worker._groups._options import CollectiveGroupOptions
+from p2p_worker._groups._packed import PackedPlacementStrategy
+from p2p_worker._groups._placement import (
     CountPlacementStrategy,
     NodePlacementStrategy,
     PlacementStrategy,
     WorkerPlacement,
 )
-from p2p_worker._worker import Worker
+from p2p_worker._info import NodeInfo, WorkerInfo
+from p2p_worker._job._cluster import Cluster
+from p2p_worker._workers._worker import Worker
 
 __version__ = "0.1.0"
 

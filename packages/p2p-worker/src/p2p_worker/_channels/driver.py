@@ -24,7 +24,7 @@ from p2p_worker._channels.spawn import resolve_names
 from p2p_worker._channels.work import ChannelWork
 
 if TYPE_CHECKING:
-    from p2p_worker._cluster import Cluster
+    from p2p_worker._job._cluster import Cluster
 
 __all__ = ["Channel", "ChannelWork", "connect_channel", "create_channel"]
 

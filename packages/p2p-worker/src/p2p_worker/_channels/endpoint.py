@@ -1,7 +1,7 @@
 """Where a process stands in a job's channels: a worker's runtime, or the driver's endpoint.
 
 A worker already has what a channel peer needs (an address, a store client and a
-``Collective``: its :class:`~p2p_worker._runtime.WorkerRuntime`). The driver is not a
+``Collective``: its :class:`~p2p_worker._workers._runtime.WorkerRuntime`). The driver is not a
 worker, so it gets a runtime of its own per :class:`~p2p_worker.Cluster`: the address
 ``p2p_driver.<pid>:0``, a client of the job's store and a ``Collective`` with the job's
 configuration, built on first use.
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from p2p_worker._address import WorkerAddress
 from p2p_worker._channels.errors import ChannelError
-from p2p_worker._runtime import WorkerRuntime, current_runtime
+from p2p_worker._workers._runtime import WorkerRuntime, current_runtime
 
 if TYPE_CHECKING:
-    from p2p_worker._cluster import Cluster
+    from p2p_worker._job._cluster import Cluster
 
 _lock = threading.Lock()
 _drivers: weakref.WeakKeyDictionary[Any, WorkerRuntime] = weakref.WeakKeyDictionary()
@@ -33,7 +33,7 @@ def driver_endpoint(cluster: Cluster) -> WorkerRuntime:
         TypeError: ``cluster`` is not a Cluster.
         ClusterError: The cluster was shut down.
     """
-    from p2p_worker._cluster import Cluster, open_job_context
+    from p2p_worker._job._cluster import Cluster, open_job_context
 
     if not isinstance(cluster, Cluster):
         raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
@@ -63,7 +63,7 @@ def current_endpoint(cluster: Cluster | None = None) -> WorkerRuntime:
     if cluster is None and runtime is not None:
         return runtime
     if cluster is None:
-        from p2p_worker._cluster import live_clusters
+        from p2p_worker._job._cluster import live_clusters
 
         open_now = live_clusters()
         if len(open_now) != 1:
@@ -84,7 +84,7 @@ def endpoint_for_store(store: tuple[str, int]) -> WorkerRuntime:
     runtime = current_runtime()
     if runtime is not None and (runtime.job.store_host, runtime.job.store_port) == store:
         return runtime
-    from p2p_worker._cluster import live_clusters
+    from p2p_worker._job._cluster import live_clusters
 
     for cluster in live_clusters():
         if cluster.store_address == store:

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from p2p_worker._address import WorkerAddress
-from p2p_worker._runtime import JobContext
+from p2p_worker._workers._runtime import JobContext
 
 CHANNEL_NAMESPACE = "p2p_channels"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")

@@ -75,8 +75,8 @@ from p2p_worker._channels.queue import (
     payload_nbytes,
 )
 from p2p_worker._info import WorkerInfo
-from p2p_worker._runtime import JobContext, WorkerRuntime
-from p2p_worker._worker_base import WorkerBase
+from p2p_worker._workers._runtime import JobContext, WorkerRuntime
+from p2p_worker._workers._worker_base import WorkerBase
 
 logger = logging.getLogger(__name__)
 

@@ -29,13 +29,13 @@ from typing import Any
 import ray
 
 from p2p_collective import Collective, CollectiveGroup, MultiCollectiveGroup, check_reducible
-from p2p_worker._oracle import actor_id_alive
 from p2p_worker._raycoll._checks import as_torch, check_not_self, check_rank
 from p2p_worker._raycoll._env import Meeting, meeting
 from p2p_worker._raycoll._errors import CollectiveArgumentError, TensorTypeError
 from p2p_worker._raycoll._pair import PairCollectives, check_like
 from p2p_worker._raycoll._ringpairs import RingCollectives
 from p2p_worker._raycoll._types import Backend
+from p2p_worker._workers._oracle import actor_id_alive
 
 INCARNATION_KEY = "p2p-raycoll/{name}/{size}/incarnation/{rank}"
 RING_ENV = "P2P_RAYCOLL_RING"

@@ -38,7 +38,7 @@ from typing import ClassVar, Final
 import numpy as np
 import torch
 
-from p2p_compress._codec import CODEC_SPARSE, TensorCodec
+from p2p_compress._codecs._codec import CODEC_SPARSE, TensorCodec
 from p2p_compress._errors import CompressionError
 
 SPARSE_MAGIC: Final = b"P2SZ"

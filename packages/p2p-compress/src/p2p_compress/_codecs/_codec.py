@@ -7,7 +7,7 @@ from typing import ClassVar, Final
 
 import torch
 
-from p2p_compress._memory import tensor_bytes, uint8_buffer_bytes
+from p2p_compress._codecs._memory import tensor_bytes, uint8_buffer_bytes
 
 CODEC_RAW: Final = 0
 """Wire id of an uncompressed payload."""

@@ -10,10 +10,10 @@ from p2p_worker._channels.handle import (
     Channel,
 )
 from p2p_worker._channels.service import ChannelService
-from p2p_worker._worker_base import WorkerBase
+from p2p_worker._workers._worker_base import WorkerBase
 
 if TYPE_CHECKING:
-    from p2p_worker._group import WorkerGroup
+    from p2p_worker._groups._group import WorkerGroup
 
 W = TypeVar("W", bound="Worker")
 
@@ -82,7 +82,7 @@ class Worker(WorkerBase):
             >>> group.launched
             False
         """
-        from p2p_worker._group import WorkerGroup
+        from p2p_worker._groups._group import WorkerGroup
 
         return WorkerGroup(cls, args, kwargs)
 

@@ -10,9 +10,9 @@ from typing import Any
 import ray
 
 from p2p_asyncwork import AsyncWork, WorkTimeoutError
-from p2p_worker._actor import Failure
 from p2p_worker._errors import WorkerError
-from p2p_worker._timer import Reduction, reduce_durations
+from p2p_worker._workers._actor import Failure
+from p2p_worker._workers._timer import Reduction, reduce_durations
 
 _PENDING: Any = object()
 

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from p2p_compress._codec import TensorCodec
+from p2p_compress._codecs._codec import TensorCodec
+from p2p_compress._codecs._lz4 import Lz4Codec
+from p2p_compress._codecs._zstd import ZstdCodec
 from p2p_compress._config import (
     DEFAULT_MIN_BYTES,
     Lz4CodecConfig,
@@ -17,8 +19,6 @@ from p2p_compress._config import (
 )
 from p2p_compress._dtypes import dtype_name
 from p2p_compress._errors import CompressionError
-from p2p_compress._lz4 import Lz4Codec
-from p2p_compress._zstd import ZstdCodec
 
 CodecConfig = Lz4CodecConfig | ZstdCodecConfig
 

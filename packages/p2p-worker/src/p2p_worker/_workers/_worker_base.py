@@ -15,14 +15,14 @@ import torch
 
 from p2p_asyncwork import AsyncWork
 from p2p_collective import Collective, CollectiveGroup
-from p2p_worker._accelerator import AcceleratorAttribute
 from p2p_worker._address import WorkerAddress, member_address
-from p2p_worker._collectives import CollectivesMixin
 from p2p_worker._errors import WorkerError
+from p2p_worker._groups._options import CollectiveGroupOptions, check_options
 from p2p_worker._info import WorkerInfo
-from p2p_worker._options import CollectiveGroupOptions, check_options
-from p2p_worker._runtime import WorkerRuntime
-from p2p_worker._timer import timed, timer
+from p2p_worker._workers._accelerator import AcceleratorAttribute
+from p2p_worker._workers._collectives import CollectivesMixin
+from p2p_worker._workers._runtime import WorkerRuntime
+from p2p_worker._workers._timer import timed, timer
 
 Ranks = int | Sequence[int]
 """A rank in a group, or a rank path from a root group down (``(0, 1)``: child 1 of rank 0)."""

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from p2p_compress._codec import TensorCodec
+from p2p_compress._codecs._codec import TensorCodec
+from p2p_compress._codecs._lz4 import Lz4Codec
+from p2p_compress._codecs._sparse import SparseCodec
+from p2p_compress._codecs._zstd import ZstdCodec
 from p2p_compress._errors import CompressionError
-from p2p_compress._lz4 import Lz4Codec
-from p2p_compress._sparse import SparseCodec
-from p2p_compress._zstd import ZstdCodec
 
 
 def probe_codec_library(name: str) -> None:

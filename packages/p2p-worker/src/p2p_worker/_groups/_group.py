@@ -15,7 +15,26 @@ import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from p2p_worker._actor import (
+from p2p_worker._address import WorkerAddress, check_group_name
+from p2p_worker._errors import WorkerError
+from p2p_worker._groups._args import looks_large
+from p2p_worker._groups._group_start import (
+    build_setups,
+    check_max_concurrency,
+    check_strategy,
+    reserve,
+    wait_exit,
+)
+from p2p_worker._groups._handle import GroupCallHandle
+from p2p_worker._groups._placement import (
+    NodeCapacity,
+    NodePlacementStrategy,
+    PlacementStrategy,
+    WorkerPlacement,
+    default_placement,
+)
+from p2p_worker._info import NodeInfo, WorkerInfo
+from p2p_worker._workers._actor import (
     CONTROL_GROUP,
     Boot,
     Probe,
@@ -23,30 +42,11 @@ from p2p_worker._actor import (
     is_async_method,
     make_actor_class,
 )
-from p2p_worker._address import WorkerAddress, check_group_name
-from p2p_worker._args import looks_large
-from p2p_worker._errors import WorkerError
-from p2p_worker._group_start import (
-    build_setups,
-    check_max_concurrency,
-    check_strategy,
-    reserve,
-    wait_exit,
-)
-from p2p_worker._handle import GroupCallHandle
-from p2p_worker._info import NodeInfo, WorkerInfo
-from p2p_worker._placement import (
-    NodeCapacity,
-    NodePlacementStrategy,
-    PlacementStrategy,
-    WorkerPlacement,
-    default_placement,
-)
-from p2p_worker._runtime import JobContext, WorkerRuntime, current_runtime
-from p2p_worker._worker_base import WorkerBase
+from p2p_worker._workers._runtime import JobContext, WorkerRuntime, current_runtime
+from p2p_worker._workers._worker_base import WorkerBase
 
 if TYPE_CHECKING:
-    from p2p_worker._cluster import Cluster
+    from p2p_worker._job._cluster import Cluster
 
 W = TypeVar("W", bound=WorkerBase)
 
@@ -200,7 +200,7 @@ class WorkerGroup(Generic[W]):
             ...     cluster, PackedPlacementStrategy(2, cpus_per_worker=0), name="trainer"
             ... )
         """
-        from p2p_worker._cluster import Cluster
+        from p2p_worker._job._cluster import Cluster
 
         self._check_not_launched()
         if not isinstance(cluster, Cluster):

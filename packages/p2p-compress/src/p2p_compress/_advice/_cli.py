@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from p2p_compress._advise import (
+from p2p_compress._advice._advise import (
     DEFAULT_CHUNK_BYTES,
     Measurement,
     Recommendation,
@@ -19,11 +19,11 @@ from p2p_compress._advise import (
     render_yaml,
     setting_label,
 )
+from p2p_compress._advice._sizes import SIZE_RULE, parse_size
+from p2p_compress._advice._synthetic import SYNTHETIC_KINDS, make_synthetic_tensor
 from p2p_compress._config import DEFAULT_MIN_BYTES, ZSTD_MAX_LEVEL, Lz4CodecConfig, ZstdCodecConfig
 from p2p_compress._dtypes import dtype_name
 from p2p_compress._errors import CompressionError
-from p2p_compress._sizes import SIZE_RULE, parse_size
-from p2p_compress._synthetic import SYNTHETIC_KINDS, make_synthetic_tensor
 
 
 def _size_arg(option: str, minimum: int) -> Callable[[str], int]:

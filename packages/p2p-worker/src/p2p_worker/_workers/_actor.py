@@ -24,8 +24,8 @@ import ray
 import ray.cloudpickle
 
 from p2p_worker._info import WorkerInfo
-from p2p_worker._runtime import JobContext, WorkerRuntime, probe_codec, set_current_runtime
-from p2p_worker._timer import collect_durations
+from p2p_worker._workers._runtime import JobContext, WorkerRuntime, probe_codec, set_current_runtime
+from p2p_worker._workers._timer import collect_durations
 
 CONTROL_GROUP = "p2p_ctl"
 

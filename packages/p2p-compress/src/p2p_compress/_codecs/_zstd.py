@@ -17,11 +17,11 @@ from typing import Any, ClassVar, Final
 
 import torch
 
-from p2p_compress._codec import CODEC_ZSTD, TensorCodec
+from p2p_compress._codecs._codec import CODEC_ZSTD, TensorCodec
+from p2p_compress._codecs._memory import address, memory_view
+from p2p_compress._codecs._zstd_native import NativeZstd, load_errors, load_libzstd
 from p2p_compress._config import ZSTD_MAX_LEVEL
 from p2p_compress._errors import CompressionError
-from p2p_compress._memory import address, memory_view
-from p2p_compress._zstd_native import NativeZstd, load_errors, load_libzstd
 
 _INSTALL_HINT: Final = "install python-zstandard: pip install 'zstandard>=0.22'"
 _BLOCK_RESERVED: Final = 3

@@ -13,7 +13,7 @@ from p2p_worker._address import WorkerAddress, member_address, parse_group_name
 from p2p_worker._errors import WorkerError
 
 if TYPE_CHECKING:
-    from p2p_worker._runtime import WorkerRuntime
+    from p2p_worker._workers._runtime import WorkerRuntime
 
 SIZE_KEY = "p2p/worker-group-size/{}"
 SIZE_TIMEOUT = 60.0
@@ -243,7 +243,7 @@ class CollectivesMixin:
             >>> w = self.broadcast(weights, groups=[("trainer", 0), ("rollout", [0, 1])],
             ...                    src=("trainer", 0))  # doctest: +SKIP
         """
-        from p2p_worker._options import check_options
+        from p2p_worker._groups._options import check_options
 
         check_options(options)
         if groups is not None and members is None and src is None and not _rlinf_groups(groups):

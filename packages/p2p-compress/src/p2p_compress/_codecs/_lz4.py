@@ -19,9 +19,9 @@ from typing import Any, ClassVar, Final
 
 import torch
 
-from p2p_compress._codec import CODEC_LZ4, TensorCodec
+from p2p_compress._codecs._codec import CODEC_LZ4, TensorCodec
+from p2p_compress._codecs._memory import address
 from p2p_compress._errors import CompressionError
-from p2p_compress._memory import address
 
 LZ4_MAX_INPUT_SIZE: Final = 0x7E000000
 LZ4_ACCELERATION_MAX: Final = 65537

@@ -1,0 +1,1 @@
+"""Advice: the ``p2p-compress`` command, codec measurements on sample tensors, byte sizes."""

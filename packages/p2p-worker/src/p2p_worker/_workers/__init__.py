@@ -1,0 +1,1 @@
+"""Workers: the Worker class, its Ray actor, its runtime, timers and worker-level collectives."""
