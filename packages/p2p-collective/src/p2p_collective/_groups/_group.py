@@ -14,17 +14,15 @@ from p2p_asyncwork import AsyncResultWork
 from p2p_collective._compression import (
     Outgoing,
     WireCodec,
-    WireStats,
     transmit,
     wire_fingerprint,
 )
 from p2p_collective._config import CollectiveConfig
-from p2p_collective._deadline import deadline_after, min_timeout, remaining
+from p2p_collective._deadline import deadline_after
 from p2p_collective._errors import (
     CollectiveError,
     CollectiveTimeoutError,
     FramingError,
-    GroupClosedError,
     ObjectRefusedError,
     PeerError,
 )
@@ -37,7 +35,6 @@ from p2p_collective._frames._framing import (
     pack_raw_header,
     parse_fixed,
 )
-from p2p_collective._frames._headers import HeaderReceiver
 from p2p_collective._frames._payload import (
     SMALL_OBJECT_MAX,
     SmallObject,
@@ -50,125 +47,17 @@ from p2p_collective._frames._payload import (
     rebuild,
 )
 from p2p_collective._frames._wire import HEADER_MAX_TENSOR, patch_frame_seq, read_frame
-from p2p_collective._groups._direction import CleanFailure, Direction
-from p2p_collective._links._emulation import ArrivalGate, LinkPacer
-from p2p_collective._links._link import Link
+from p2p_collective._groups._direction import CleanFailure
+from p2p_collective._groups._side import Side
+from p2p_collective._links._emulation import LinkPacer
 from p2p_collective._links._transport import LinkFactory, StoreLike
 from p2p_collective._peers._auth import JobAuth
 from p2p_collective._peers._peer import Life, Peer, dead_error, new_instance
-from p2p_collective._peers._rendezvous import claim_incarnation, private_client, wait_key
+from p2p_collective._peers._rendezvous import claim_incarnation
 from p2p_compress import CompressionError
-
-
-class _Side:
-    """The transport state of one direction: lazily connected link and sequence counter."""
-
-    def __init__(self, group: CollectiveGroup, role: str) -> None:
-        self.role = role
-        src, dst = (group.rank, 1 - group.rank) if role == "send" else (1 - group.rank, group.rank)
-        self.direction_key = f"{src}to{dst}"
-        # A receive that finds the stream out of step (FramingError) also hangs up the
-        # link, so the peer's pending send fails at once instead of at its deadline.
-        self.direction = Direction(
-            f"p2p[{group.name}].{role}", self._hang_up if role == "recv" else None
-        )
-        self.link: Link | None = None
-        self.store: StoreLike | None = None
-        self.seq = 0
-        # Sending: small objects and send_tensor headers are written here when their turn
-        # comes. Receiving: header messages, the next ones' receives posted ahead.
-        self.out = torch.zeros(HEADER_MAX if role == "send" else 0, dtype=torch.uint8)
-        self.out_view = self.out.numpy().data
-        self._out_msgs: dict[int, torch.Tensor] = {}  # n -> self.out[:n], reused
-        self.headers = HeaderReceiver()
-        self.wire_stats = WireStats()  # tensors compressed / raw, codec and pacing time
-        # Receiving: holds frames from an emulated link until their emulated arrival.
-        self.gate = ArrivalGate(f"p2p[{group.name}].recv from {group.peer_name!r}")
-        self._group = group
-
-    def out_msg(self, n: int) -> torch.Tensor:
-        """The first ``n`` bytes of the send buffer as a tensor, one view per size.
-
-        Views are reused: slicing a tensor costs about a microsecond, a fair share of a
-        small message's budget.
-        """
-        msg = self._out_msgs.get(n)
-        if msg is None:
-            if len(self._out_msgs) >= _OUT_MSG_VIEWS:
-                self._out_msgs.clear()
-            msg = self._out_msgs[n] = self.out[:n]
-        return msg
-
-    def ensure_link(self, deadline: float | None) -> Link:
-        """Return the link, joining the peer first if this is the direction's first use.
-
-        The rendezvous is the peer's (:meth:`Peer.meet_direction`): job token, wire
-        fingerprint, clock and the peer's instance, to which the group is then bound.
-        """
-        if self.link is not None:
-            return self.link
-        g = self._group
-        if g.closed:
-            raise CleanFailure(GroupClosedError(f"p2p[{g.name}]: the group was closed"))
-        wait = min_timeout(g.init_timeout, remaining(deadline))
-        what = f"p2p[{g.name}].{self.role}"
-        try:
-            g.check_peer(g.store, what)  # a peer known dead fails here, not at the timeout
-            if self.store is None:
-                self.store = private_client(g.store, wait)
-            store = self.store
-            prefix = f"p2p/{g.name}/{g.incarnation(store)}/{self.direction_key}"
-            life, shared = g.peer.meet_direction(
-                store,
-                prefix,
-                self.role,
-                instance=g.instance,
-                fingerprint=g.wire_fingerprint,
-                self_name=g.self_name,
-                auth=g.auth,
-                timeout=wait,
-                cancelled=lambda: g.stopped(store, what),
-            )
-            g.bind(life, what)
-            if self.role == "recv":
-                self.gate.shared_clock = shared
-        except CollectiveError as exc:  # nothing is on the wire yet: retry later is fine
-            raise CleanFailure(exc) from exc
-        self.link = g.links.connect(
-            store,
-            prefix,
-            g.rank,
-            self.role == "recv",
-            g.peer_name,
-            g.init_timeout,
-            wait_key=lambda key, t: wait_key(store, key, t, lambda: g.stopped(store, what)),
-        )
-        self.link.set_on_gone(self._link_gone)
-        return self.link
-
-    def _link_gone(self, exc: PeerError, died: bool) -> None:
-        """The link's liveness connection ended: the peer died, or closed this group."""
-        life = self._group.life
-        if died and life is not None:
-            life.end(exc)  # every group bound to that life hears it, this one included
-        else:
-            self.direction.abort(exc)
-
-    def _hang_up(self, exc: BaseException) -> None:
-        if isinstance(exc, FramingError):
-            self.close()
-
-    def close(self) -> None:
-        self.headers.discard()
-        if self.link is not None:
-            self.link.close()
-            self.link = None
-        self.store = None
-
 
 _BUFFERED_TRANSPORTS = frozenset({"shm"})
 """Links whose small send completes without the peer (``send(eager=True)`` runs inline)."""
-_OUT_MSG_VIEWS = 256  # message sizes whose send-buffer views a direction keeps
 
 
 class CollectiveGroup:
@@ -237,8 +126,8 @@ class CollectiveGroup:
         self.instance = instance if instance is not None else new_instance()
         self._life: Life | None = None
         self._life_token = 0
-        self._send = _Side(self, "send")
-        self._recv = _Side(self, "recv")
+        self._send = Side(self, "send")
+        self._recv = Side(self, "recv")
         if wire is None and config.compression is not None:
             wire = WireCodec(config.compression, config.buffer_pool, config.compression_pipeline)
         self._wire = wire  # shared by the Collective's groups: pool, codec provider, threads
@@ -309,7 +198,7 @@ class CollectiveGroup:
 
     def _submit(
         self,
-        side: _Side,
+        side: Side,
         run: Callable[[float | None], Any],
         label: str,
         deadline: float | None,
