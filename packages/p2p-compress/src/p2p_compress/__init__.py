@@ -59,6 +59,7 @@ from p2p_compress._plan import (
 )
 from p2p_compress._pool import BufferLease, TensorBufferPool
 from p2p_compress._provider import TensorCodecProvider
+from p2p_compress._shuffle import SHUFFLE_ITEMSIZES, shuffle_bytes, unshuffle_bytes
 
 __version__ = "0.1.0"
 
@@ -96,6 +97,9 @@ __all__ = [
     "WireEntry",
     "RAW_REASONS",
     "decompress_into_tensor",
+    "shuffle_bytes",
+    "unshuffle_bytes",
+    "SHUFFLE_ITEMSIZES",
     # standalone use
     "compress_tensors",
     "decompress_tensors",

@@ -157,7 +157,9 @@ def _transmit_chunked(
                     DESCRIPTOR.size + n, chunk.ready, deadline
                 )
                 paced += slept
-            desc = pack_descriptor(chunk.codec_id, int(chunk.source.numel()), n, arrive_ns, hold_us)
+            desc = pack_descriptor(
+                chunk.codec_id, int(chunk.source.numel()), n, arrive_ns, hold_us, chunk.shuffled
+            )
             send(torch.frombuffer(bytearray(desc), dtype=torch.uint8), deadline, False)
             send(chunk.payload, deadline, False)
             wire += DESCRIPTOR.size + n
