@@ -290,6 +290,48 @@ def test_an_adaptive_sender_mixing_codecs_is_bit_exact_for_every_kind_and_dtype(
         assert side["pool"]["pool"]["active_bytes"] == 0
 
 
+def test_the_advisor_sends_raw_over_shared_memory_unless_it_is_emulated() -> None:
+    from p2p_collective._compression._adaptive import MEMORY_REASON, Choice, LinkAdvisor
+
+    adv = LinkAdvisor((1, 2), threads=1, probe_every=2)
+    assert not adv.memory_link  # nothing sent yet: the transport is not known
+    adv.observe_link(1 << 20, 0.1, None, transport="shm")
+    assert adv.memory_link
+    for _ in range(6):  # no learning frame, no probe, whatever the link's rate looked like
+        assert adv.decide("int64:c2", True) == Choice(None)
+    assert adv.reason == MEMORY_REASON
+    assert adv.as_dict()["transport"] == "shm"
+    adv.observe_link(1 << 20, 1.0, 125e6, transport="shm")  # emulated: judged by its rate
+    assert not adv.memory_link
+    assert adv.decide("int64:c2", True).learn == (1, 2)
+
+
+@TRANSPORTS
+def test_adaptive_over_plain_shared_memory_compresses_and_probes_nothing(
+    peers: PeerPair, gname: str, shm: bool
+) -> None:
+    cl = cluster("lz4", shm)
+    cl["collective"]["compression_pipeline"] = {
+        "chunk_bytes": CHUNK,
+        "adaptive": {"probe_every": 2},
+    }
+    ids = [wt.token_ids(512 * KiB, seed=k) for k in range(6)]
+    sent, got = peers.run(
+        ck.t_send_all, (gname, cl, ids, False), ck.t_recv_all, (gname, cl, len(ids))
+    )
+    assert all(torch.equal(a, b) for a, b in zip(ids, got["got"], strict=True))
+    adaptive = sent["stats"]["adaptive"]
+    assert adaptive["transport"] == ("shm" if shm else "gloo")
+    if shm:
+        assert adaptive["decision"] == "raw"
+        assert adaptive["reason"].startswith("raw: shared memory"), adaptive
+        assert adaptive["codecs"] == {}  # nothing compressed, not even aside
+        assert sent["stats"]["raw_reasons"] == {"adaptive": 6}
+        assert sent["pool"]["codec"] is None  # no codec was ever created
+    else:  # loopback gloo is a real link: its codecs are learned
+        assert adaptive["codecs"], adaptive
+
+
 def test_the_advisor_learns_then_decides_and_probes_both_ways() -> None:
     from p2p_collective._compression._adaptive import Choice, LinkAdvisor
 

@@ -110,6 +110,9 @@ class Outgoing:
                 stats.advisor = LinkAdvisor(
                     codec.adaptive_ids, codec.compressor_threads, adaptive.probe_every
                 )
+            if stats.advisor.memory_link:  # raw, nothing sampled or probed
+                stats.advisor.decide("", False)  # (keeps its reason current)
+                return cls(Packed(frame, None, _adaptive_reasons(codec, frame), 0.0), None)
             dtype = _main_dtype(codec, frame)
             if is_chunked(codec, frame):  # decided as it goes, by then earlier frames taught more
                 out = cls(None, None)
