@@ -166,6 +166,7 @@ def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
                 n = int(store.get(f"bw/count/{key}").decode())
             works = [g.recv(async_op=True, timeout=TIMEOUT) for _ in range(n)]
             barrier(key)
+            c0 = time.process_time()
             keep = max(1, CHECK_BYTES // size)
             got = []
             for i in range(n):  # drop what is not checked (a shm cell moves gigabytes)
@@ -175,20 +176,23 @@ def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
                     got.append(x)
                 del x
             t1 = time.monotonic()
+            cpu = time.process_time() - c0
             want = payload(cell)
             if cell["shape"] == "tensor":
                 ok = all(torch.equal(x, want) for x in got)
             else:
                 ok = all(torch.equal(a, b) for x in got for a, b in zip(x, want, strict=True))
-            g.send((t1, ok), timeout=TIMEOUT)
+            g.send((t1, ok, cpu), timeout=TIMEOUT)
             return None
         before = g.stats()["send"]
         barrier(key)
         t0 = time.monotonic()
+        c0 = time.process_time()
         works = [g.send(payload(cell), async_op=True, timeout=TIMEOUT) for _ in range(n)]
         for w in works:
             w.wait(timeout=TIMEOUT)
-        t1, ok = g.recv(timeout=TIMEOUT)
+        t1, ok, rx_cpu = g.recv(timeout=TIMEOUT)
+        cpu = time.process_time() - c0 + rx_cpu
         after = g.stats()["send"]
         if not ok:
             raise AssertionError(f"received data differs: {cell}")
@@ -200,6 +204,8 @@ def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
             "tensor_wire_bytes": after["tensor_wire_bytes"] - before["tensor_wire_bytes"],
             "wire_bytes": after["wire_bytes"] - before["wire_bytes"],
             "Bps": raw / (t1 - t0),
+            "cpu_s": cpu,  # both processes, every thread
+            "cpu_per_byte": cpu / raw,
             "raw_reasons": {
                 k: v - before["raw_reasons"].get(k, 0)
                 for k, v in after["raw_reasons"].items()
@@ -254,16 +260,16 @@ def _median(results: list[dict[str, Any]], **match: Any) -> float:
     )
 
 
-def _paired(results: list[dict[str, Any]], base: str, **match: Any) -> float:
-    """The median over rounds of a cell's throughput over codec ``base``'s in the same round.
+def _paired(results: list[dict[str, Any]], base: str, key: str = "Bps", **match: Any) -> float:
+    """The median over rounds of a cell's ``key`` over codec ``base``'s in the same round.
 
     Cells of one round run back to back, so pairing them cancels most of what a busy
     host does to both; the median then drops the rounds something hit one of them.
     """
-    by_round = {r["round"]: r["Bps"] for r in _rows(results, **match)}
+    by_round = {r["round"]: r[key] for r in _rows(results, **match)}
     other = {**match, "codec": base}
     pairs = [
-        by_round[r["round"]] / r["Bps"] for r in _rows(results, **other) if r["round"] in by_round
+        by_round[r["round"]] / r[key] for r in _rows(results, **other) if r["round"] in by_round
     ]
     return float(statistics.median(pairs))
 
@@ -293,7 +299,9 @@ def _report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, d
         " link),"
         " `auto/best` = auto against the best of raw, lz4 and zstd on that link (by median,"
         " named), paired by round like `x`; `auto shrink` = raw / wire bytes of auto's"
-        " tensors (1.00: it sent them raw).",
+        " tensors (1.00: it sent them raw); `auto CPU / raw CPU` = CPU seconds of both"
+        " processes (every thread) per raw byte, auto's over raw's, paired by round like `x`"
+        " (what the adaptive mode costs, less swayed by the host's load than wall time).",
         "",
     ]
     targets: dict[str, float] = {}
@@ -303,7 +311,7 @@ def _report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, d
         )
         head = ["kind", *(f"{c} MB/s" for c in codecs), *(f"{c} x" for c in codecs if c != "raw")]
         if "auto" in codecs:
-            head += ["auto/best", "auto shrink"]
+            head += ["auto/best", "auto shrink", "auto CPU / raw CPU"]
         lines += [f"## {label}", "", "| " + " | ".join(head) + " |"]
         lines.append("| --- |" + " ---: |" * (len(head) - 1))
         for kind in kinds:
@@ -322,6 +330,12 @@ def _report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, d
                 rows = _rows(main, link=link, codec="auto", kind=kind)
                 raw_b = sum(r["raw_bytes"] for r in rows)
                 cols.append(f"{raw_b / max(1, sum(r['tensor_wire_bytes'] for r in rows)):.2f}")
+                if "raw" in codecs:
+                    cpu = _paired(main, "raw", "cpu_per_byte", link=link, codec="auto", kind=kind)
+                    targets[f"{link}/auto_cpu_of_raw/{kind}"] = cpu
+                    cols.append(f"{cpu:.2f}")
+                else:
+                    cols.append("-")
             lines.append("| " + " | ".join(cols) + " |")
         lines.append("")
     ov = [r for r in results if r.get("section") == "overlap"]

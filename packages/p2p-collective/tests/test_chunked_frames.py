@@ -330,6 +330,24 @@ def test_adaptive_over_plain_shared_memory_compresses_and_probes_nothing(
         assert sent["pool"]["codec"] is None  # no codec was ever created
     else:  # loopback gloo is a real link: its codecs are learned
         assert adaptive["codecs"], adaptive
+        assert adaptive["dtype"] == "int64:c2:s"  # lz4 1.5-3x on a sample, byte-shuffled
+
+
+def test_shuffled_data_classes_are_taken_to_decode_as_slowly_as_they_compress() -> None:
+    from p2p_collective._compression._adaptive import LinkAdvisor
+
+    lz4 = 1
+    adv = LinkAdvisor((lz4,), threads=2)
+    for data in ("int64:c2", "int64:c2:s"):
+        adv.observe_codec(lz4, data, 1 << 20, 1 << 18, 0.002)  # 524 MB/s, ratio 4
+    adv.observe_link(1 << 20, 1.0, 10e9, transport="gloo")  # emulated 80 Gbit/s
+    adv.decide("int64:c2", True)
+    plain = adv.as_dict()["predicted_mbps"]["lz4"]
+    adv.decide("int64:c2:s", True)
+    shuffled = adv.as_dict()["predicted_mbps"]["lz4"]
+    # two compressor threads: plain decoding (3x) keeps up with both, shuffled (1x) not
+    assert plain == pytest.approx(2 * 524.288 * 8)
+    assert shuffled == pytest.approx(524.288 * 8)
 
 
 def test_the_advisor_learns_then_decides_and_probes_both_ways() -> None:

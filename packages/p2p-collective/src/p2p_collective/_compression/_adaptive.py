@@ -13,7 +13,9 @@ With ``compression_pipeline.adaptive`` each sending direction (one link) keeps a
   its ratio. A frame's data class is the dtype of its largest eligible tensor and, for
   a chunked frame, the ratio class of a 16 KiB lz4 sample of that tensor
   (:meth:`Sampler.sample_class`: ``float32:c0`` does not shrink, ``float32:c2`` shrinks
-  1.5-3x), so sparse and random float32 on one link keep figures of their own.
+  1.5-3x), so sparse and random float32 on one link keep figures of their own; a class
+  whose chunks are byte-shuffled before compression ends in ``:s`` (``int64:c2:s``), and
+  its decoding is taken as :data:`SHUFFLED_DECODE_SPEEDUP` times as fast as compressing.
 
 Shared memory that is not emulated is never compressed and never probed: its "wire" is
 a memory copy on this host's CPUs, and any codec's pass over the same bytes (then a
@@ -74,6 +76,12 @@ DECODE_SPEEDUP: Final[dict[int, float]] = {1: 3.0, 2: 2.5, 3: 0.5}
 """Per codec id, decoding is taken as this many times faster than compressing (the sender
 cannot see the receiver's decoding; ``bench_codec_chunks.py`` measures lz4 3-4x, zstd
 2.5-3x, and sparse 0.5-0.8x: it compresses in a few passes but writes every word back)."""
+SHUFFLED: Final = ":s"
+"""The suffix of a data class whose chunks are byte-shuffled before compression."""
+SHUFFLED_DECODE_SPEEDUP: Final[dict[int, float]] = {1: 1.0, 2: 0.7}
+"""The same for byte-shuffled chunks: the unshuffle pass costs about what the shuffle did,
+and lz4 on the shuffled bytes is fast both ways (``bench_codec_chunks.py``, int64 token
+ids: lz4+shuffle 671 / 667 MB/s compress / decode, zstd-1+shuffle 449 / 317)."""
 LINK_SAMPLES: Final = 2
 """Raw frames a real link sends before it is judged (the first one pays the cold start)."""
 EARLY_REFRESH: Final = (2, 4)
@@ -290,7 +298,10 @@ class LinkAdvisor:
         if fig.ratio < MIN_RATIO:
             return None
         codec, wire = 1 / fig.bps, 1 / (fig.ratio * link)
-        decode = 1 / (DECODE_SPEEDUP.get(cid, 2.0) * fig.bps)
+        speedup = DECODE_SPEEDUP.get(cid, 2.0)
+        if dtype.endswith(SHUFFLED):
+            speedup = SHUFFLED_DECODE_SPEEDUP.get(cid, speedup)
+        decode = 1 / (speedup * fig.bps)
         if chunked:
             return max(codec / self._threads, wire, decode)
         return codec + wire + decode

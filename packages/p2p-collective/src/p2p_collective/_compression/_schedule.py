@@ -7,7 +7,8 @@ import weakref
 from collections.abc import Callable
 from functools import partial
 
-from p2p_collective._compression._adaptive import LinkAdvisor, Sampler
+from p2p_collective._compression._adaptive import SHUFFLED, LinkAdvisor, Sampler
+from p2p_collective._compression._byteplanes import shuffle_itemsize
 from p2p_collective._compression._chunks import chunk_frame, is_chunked
 from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._pack import Packed, compress_frame
@@ -39,7 +40,7 @@ def _adaptive_chunks(
     """A chunked frame of an adaptive link, its codec chosen now (as it goes on the wire).
 
     Its data class is the dtype and the ratio class of a sample of its largest eligible
-    tensor.
+    tensor, with ``:s`` when that tensor's chunks are byte-shuffled.
     """
     with_bytes = [m for m in frame.metas if m.raw_bytes]
     candidates = [
@@ -50,6 +51,8 @@ def _adaptive_chunks(
     _, largest = max(candidates)
     data = frame.payloads[largest]
     dtype = f"{dtype}:c{sampler.sample_class(data)}"
+    if shuffle_itemsize(with_bytes[largest].dtype, data):
+        dtype += SHUFFLED
     choice = advisor.decide(dtype, True)
     if choice.codec is None:  # raw: one plain frame; a probe is compressed aside
         if choice.probe is not None:
