@@ -16,7 +16,6 @@ from conftest import PeerPair
 from test_collective_sendrecv import same
 
 from p2p_collective import FramingError
-from p2p_collective._compression._byteplanes import shuffle_itemsize
 from p2p_collective._compression._chunk_recv import receive_chunks
 from p2p_collective._compression._chunks import pack_descriptor
 from p2p_collective._frames._framing import TensorMeta
@@ -76,18 +75,6 @@ def test_lz4_sends_int64_token_ids_in_a_quarter_of_their_bytes(
     s = sent["stats"]
     assert s["compressed_chunks"] == 8
     assert s["tensor_raw_bytes"] / s["tensor_wire_bytes"] > 3.5  # plain lz4: 1.98
-
-
-def test_the_sample_decides_which_tensors_are_shuffled() -> None:
-    def flat(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(-1).view(torch.uint8)
-
-    ids = wt.token_ids(64 * KiB)
-    assert shuffle_itemsize(torch.int64, flat(ids)) == 8
-    runs = make_synthetic_tensor("repeated", 64 * KiB)
-    assert shuffle_itemsize(torch.float32, flat(runs)) == 0  # runs of elements: plain
-    assert shuffle_itemsize(torch.uint8, flat(ids)) == 0  # one byte: nothing to regroup
-    assert shuffle_itemsize(torch.int64, flat(ids)[:512]) == 0  # too short to judge
 
 
 def _feed(messages: list[bytes]) -> Any:

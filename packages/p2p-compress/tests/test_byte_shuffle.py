@@ -12,6 +12,7 @@ from p2p_compress import (
     Lz4Codec,
     make_synthetic_tensor,
     shuffle_bytes,
+    shuffle_itemsize,
     unshuffle_bytes,
 )
 
@@ -77,3 +78,15 @@ def test_bad_arguments_are_named(args: tuple[object, ...], error: type, says: st
     for fn in (shuffle_bytes, unshuffle_bytes):
         with pytest.raises(error, match=says):
             fn(src, dst, itemsize)  # type: ignore[arg-type]
+
+
+def test_the_sample_decides_which_tensors_are_shuffled() -> None:
+    def flat(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(-1).view(torch.uint8)
+
+    ids = make_synthetic_tensor("int64_token_ids", 64 * 1024)
+    assert shuffle_itemsize(torch.int64, flat(ids)) == 8
+    runs = make_synthetic_tensor("repeated", 64 * 1024)
+    assert shuffle_itemsize(torch.float32, flat(runs)) == 0  # runs of elements: plain
+    assert shuffle_itemsize(torch.uint8, flat(ids)) == 0  # one byte: nothing to regroup
+    assert shuffle_itemsize(torch.int64, flat(ids)[:512]) == 0  # too short to judge

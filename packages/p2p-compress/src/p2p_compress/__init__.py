@@ -38,6 +38,12 @@ from p2p_compress._codecs._codec import (
 )
 from p2p_compress._codecs._lz4 import LZ4_MAX_INPUT_SIZE, Lz4Codec
 from p2p_compress._codecs._probe import probe_codec_library
+from p2p_compress._codecs._shuffle import (
+    SHUFFLE_ITEMSIZES,
+    shuffle_bytes,
+    shuffle_itemsize,
+    unshuffle_bytes,
+)
 from p2p_compress._codecs._sparse import SparseCodec
 from p2p_compress._codecs._zstd import ZstdCodec
 from p2p_compress._config import (
@@ -59,7 +65,6 @@ from p2p_compress._plan import (
 )
 from p2p_compress._pool import BufferLease, TensorBufferPool
 from p2p_compress._provider import TensorCodecProvider
-from p2p_compress._shuffle import SHUFFLE_ITEMSIZES, shuffle_bytes, unshuffle_bytes
 
 __version__ = "0.1.0"
 
@@ -98,6 +103,7 @@ __all__ = [
     "RAW_REASONS",
     "decompress_into_tensor",
     "shuffle_bytes",
+    "shuffle_itemsize",
     "unshuffle_bytes",
     "SHUFFLE_ITEMSIZES",
     # standalone use

@@ -42,12 +42,18 @@ from typing import Final
 import torch
 
 from p2p_collective._compression._adaptive import Choice
-from p2p_collective._compression._byteplanes import shuffle_itemsize
 from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._state import WireCodec
 from p2p_collective._frames._framing import Flag, TensorMeta, patch_flags
 from p2p_collective._frames._payload import OutFrame
-from p2p_compress import CODEC_RAW, CODEC_SPARSE, BufferLease, plan_compression, shuffle_bytes
+from p2p_compress import (
+    CODEC_RAW,
+    CODEC_SPARSE,
+    BufferLease,
+    plan_compression,
+    shuffle_bytes,
+    shuffle_itemsize,
+)
 
 CHUNK_MAGIC: Final = b"P2PC"
 SHUFFLED: Final = 0x80

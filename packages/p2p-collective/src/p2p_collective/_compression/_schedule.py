@@ -8,13 +8,13 @@ from collections.abc import Callable
 from functools import partial
 
 from p2p_collective._compression._adaptive import SHUFFLED, LinkAdvisor, Sampler
-from p2p_collective._compression._byteplanes import shuffle_itemsize
 from p2p_collective._compression._chunks import chunk_frame, is_chunked
 from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._pack import Packed, compress_frame
 from p2p_collective._compression._state import WireCodec
 from p2p_collective._compression._stats import WireStats
 from p2p_collective._frames._payload import OutFrame
+from p2p_compress import shuffle_itemsize
 
 
 def _main_dtype(codec: WireCodec, frame: OutFrame) -> str:

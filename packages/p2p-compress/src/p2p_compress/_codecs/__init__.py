@@ -1,1 +1,3 @@
-"""Codecs: the codec interface, lz4, zstd and sparse on tensor memory, and library probes."""
+"""Codecs: the codec interface, lz4, zstd and sparse on tensor memory, the byte shuffle, and
+library probes.
+"""
