@@ -7,8 +7,9 @@ beforehand. Effective throughput is raw tensor bytes delivered per second, from 
 sender's first send to the receiver's last completed receive (one machine, one
 monotonic clock). Every (link, codec) pair has its own pair of Collectives configured
 with ``cluster.net_emulation`` and ``tensor_compression``; all pairs run in the same
-run, interleaved cell by cell within each round (after a warm-up of two sends per cell,
-where the adaptive mode learns its link), and ratios compare medians of rounds against
+run, interleaved cell by cell within each round (after a warm-up of three sends per
+cell, where the adaptive mode learns its link; each round rotates the order of the
+codecs of a link and data kind), and ratios compare medians of rounds against
 raw's on the same link. Each cell sends enough tensors to last ``--min-cell-seconds`` at
 the rate its own warm-up showed (at least ``--messages``, at most 32 times that), so a
 shared-memory cell moves gigabytes and a slow codec's cell no more than it needs; the
@@ -115,6 +116,27 @@ def _cells(args: dict[str, Any]) -> list[dict[str, Any]]:
                         }
                     )
     return cells
+
+
+def _round_order(cells: list[dict[str, Any]], r: int) -> list[int]:
+    """Cell indexes of round ``r``: each run of cells of one (link, kind, shape) rotated by r.
+
+    So no codec always follows the same neighbour (a cell after a compressing one may
+    find the heap, the caches or the other process's threads in another state), and
+    every codec takes every place in turn.
+    """
+    order: list[int] = []
+    start = 0
+    for i in range(1, len(cells) + 1):
+        same = i < len(cells) and all(
+            cells[i][k] == cells[start][k] for k in ("link", "kind", "shape", "overlap")
+        )
+        if not same:
+            group = list(range(start, i))
+            shift = r % len(group)
+            order += group[shift:] + group[:shift]
+            start = i
+    return order
 
 
 def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
@@ -226,7 +248,8 @@ def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
         counts.append(max(count, min(want + 1, MAX_COUNT_FACTOR * count)))
     results = []
     for r in range(args["rounds"]):
-        for i, cell in enumerate(cells):
+        for i in _round_order(cells, r):
+            cell = cells[i]
             key = f"r{r}c{i}"
             if role == "tx":
                 store.set(f"bw/count/{key}", str(counts[i]).encode())
