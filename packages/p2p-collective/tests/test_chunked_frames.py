@@ -345,9 +345,9 @@ def test_shuffled_data_classes_are_taken_to_decode_as_slowly_as_they_compress() 
     plain = adv.as_dict()["predicted_mbps"]["lz4"]
     adv.decide("int64:c2:s", True)
     shuffled = adv.as_dict()["predicted_mbps"]["lz4"]
-    # two compressor threads: plain decoding (3x) keeps up with both, shuffled (1x) not
+    # two compressor threads: plain decoding (3x) keeps up with both, shuffled (0.6x) not
     assert plain == pytest.approx(2 * 524.288 * 8)
-    assert shuffled == pytest.approx(524.288 * 8)
+    assert shuffled == pytest.approx(0.6 * 524.288 * 8)
 
 
 def test_the_advisor_learns_then_decides_and_probes_both_ways() -> None:

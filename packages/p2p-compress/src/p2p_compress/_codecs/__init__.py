@@ -1,3 +1,1 @@
-"""Codecs: the codec interface, lz4, zstd and sparse on tensor memory, the byte shuffle, and
-library probes.
-"""
+"""Codecs: the interface, lz4, zstd, sparse and the byte shuffle on tensor memory; probes."""
