@@ -23,8 +23,8 @@ pooled buffer within the budget goes raw with ``no_buffer``. Each chunk's buffer
 back to the pool once its send completed.
 
 Byte shuffle: when a tensor's elements are 2, 4 or 8 bytes wide and lz4 shrinks a
-16 KiB sample of it at least :data:`SHUFFLE_GAIN` times more after
-:func:`~p2p_compress.shuffle_bytes` (token ids stored as int64: 3.9x instead of 2.0x),
+16 KiB sample of it at least 1.25x more after :func:`~p2p_compress.shuffle_bytes`
+(:func:`~p2p_compress.shuffle_itemsize`; token ids stored as int64: 3.9x instead of 2.0x),
 its lz4 and zstd chunks are shuffled into a pooled buffer before compression (no
 buffer within the budget: compressed unshuffled). A chunk that stays raw goes
 unshuffled.
