@@ -15,10 +15,19 @@ per second, compression time included) of:
 
 It prints each mode's throughput against the tbf rate and against raw in the same run,
 the agreement of the real shaped link with the emulation (target: within 15%), and
-writes ``multinode.json`` and ``multinode.md`` into ``--out``. Run as root (it makes
+writes ``multinode.json`` and ``multinode.md`` into ``--out``.
+
+The emulation models the link, so the comparison is judged only where the link is the
+bottleneck: a cell whose wire rate over the shaped veth (wire bytes per second) stays
+below :data:`LINK_BOUND` of the tbf rate is bound by the CPUs (compressing and decoding on a
+small, shared host), and its shaped / emulated ratio compares two moments of the host's
+load, not the link model; the table says so instead of judging it. To judge compressed
+chunked frames on a small host, pick a ``--rate`` below what the codecs sustain there
+(e.g. ``--rate 200mbit``) and a short run (``--kinds``, ``--codecs``). Run as root (it makes
 network namespaces); elsewhere it writes a report saying why it did not run.
 
 Usage: python benchmarks/bench_multinode.py --out bench-out [--size-mib 32] [--reps 6]
+       [--rate 1gbit] [--kinds token_ids,sparse_f32] [--codecs raw,lz4,zstd,auto]
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ KINDS = ("token_ids", "sparse_f32")
 GLOO_CODECS = ("raw", "lz4", "zstd")
 CODECS = (*GLOO_CODECS, "auto")
 """``auto``: ``compression_pipeline.adaptive: true`` (raw, lz4, zstd or sparse per link)."""
+LINK_BOUND = 0.85
+"""A cell is link-bound when its wire rate reaches this share of the tbf rate."""
 
 
 def make_tensor(kind: str, nbytes: int, seed: int = 0) -> Any:
@@ -180,7 +191,7 @@ def _p2p_driver(args: argparse.Namespace) -> dict[str, Any]:
     recv = Receiver.create_group().launch(cluster, placement_strategy=place[1], name="bn_recv")
     nbytes = args.size_mib * 1024**2
     rows = []
-    for kind in KINDS:
+    for kind in args.kinds:
         s, r = send.run(kind, nbytes, args.reps), recv.run(kind, nbytes, args.reps)
         s.wait()
         rows.append({"kind": kind, "raw": nbytes, **r.wait()[0]})
@@ -251,11 +262,28 @@ def _load_harness() -> Any:
 def _driver(cluster: Any, args: argparse.Namespace, mode: str, config: Any = None) -> Any:
     argv = [str(Path(__file__).resolve()), "--driver", mode, "--size-mib", str(args.size_mib)]
     argv += ["--reps", str(args.reps), "--config", json.dumps(config)]
+    argv += ["--kinds", ",".join(args.kinds), "--codecs", ",".join(args.codecs)]
     return cluster.run_driver(argv, timeout=600).check()
 
 
 def _mbps(row: dict[str, Any]) -> float:
     return float(row["raw"]) * 8 / row["seconds"] / 1e6
+
+
+def _wire_mbps(row: dict[str, Any]) -> float:
+    return float(row.get("wire", row["raw"])) * 8 / row["seconds"] / 1e6
+
+
+def judge(shaped: dict[str, Any], emulated: dict[str, Any], rate_mbps: float) -> str:
+    """The comparison cell of one (data, codec): within 15%, or why it is not judged."""
+    ratio = _mbps(shaped) / _mbps(emulated)
+    load = _wire_mbps(shaped) / rate_mbps
+    if load < LINK_BOUND:  # the real link was not the bottleneck: nothing to model
+        return (
+            f"not judged: CPU-bound (the shaped link's wire at {load:.0%} of its rate),"
+            " compares the host's load"
+        )
+    return str(abs(ratio - 1) <= 0.15)
 
 
 def run_all(args: argparse.Namespace, harness: Any) -> dict[str, Any]:
@@ -279,7 +307,7 @@ def run_all(args: argparse.Namespace, harness: Any) -> dict[str, Any]:
             report["p2p_emulated"] = []
         # Shaped and emulated runs of one codec back to back (the veth shaped, then
         # unshaped): on a shared host the load drifts, and only neighbours compare.
-        for codec in CODECS:
+        for codec in args.codecs:
             cluster.shape(args.rate)
             for row in _driver(cluster, args, "p2p", p2p_config(codec, None))["rows"]:
                 report["p2p"].append({**row, "codec": codec})
@@ -334,10 +362,12 @@ def render(report: dict[str, Any]) -> str:
             "| data | codec | shaped veth / emulated | within 15% |",
             "| --- | --- | --- | --- |",
         ]
-        emu = {(r["kind"], r["codec"]): _mbps(r) for r in report["p2p_emulated"]}
+        emu = {(r["kind"], r["codec"]): r for r in report["p2p_emulated"]}
         for r in report["p2p"]:
-            ratio = _mbps(r) / emu[(r["kind"], r["codec"])]
-            lines.append(f"| {r['kind']} | {r['codec']} | {ratio:.2f} | {abs(ratio - 1) <= 0.15} |")
+            other = emu[(r["kind"], r["codec"])]
+            ratio = _mbps(r) / _mbps(other)
+            verdict = judge(r, other, rate)
+            lines.append(f"| {r['kind']} | {r['codec']} | {ratio:.2f} | {verdict} |")
     lines += [""] + [f"- {n}" for n in report.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -347,10 +377,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out")
     parser.add_argument("--size-mib", type=int, default=32)
     parser.add_argument("--reps", type=int, default=6)
-    parser.add_argument("--rate", default="1gbit")
+    parser.add_argument("--rate", default="1gbit", help="tc tbf rate (default 1gbit)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
+    parser.add_argument("--codecs", default=",".join(CODECS), help=f"of {', '.join(CODECS)}")
     parser.add_argument("--driver", choices=("gloo", "p2p"), help=argparse.SUPPRESS)
     parser.add_argument("--config", default="null", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.kinds = [k for k in args.kinds.split(",") if k]
+    args.codecs = [c for c in args.codecs.split(",") if c]
+    for name, got, allowed in (("kinds", args.kinds, KINDS), ("codecs", args.codecs, CODECS)):
+        bad = [x for x in got if x not in allowed]
+        if bad or not got:
+            parser.error(f"--{name}: got {bad or got}; allowed: {', '.join(allowed)}")
     if args.driver:
         result = _gloo_driver(args) if args.driver == "gloo" else _p2p_driver(args)
         print("P2PMN-RESULT " + json.dumps(result), flush=True)

@@ -7,9 +7,18 @@ beforehand. Effective throughput is raw tensor bytes delivered per second, from 
 sender's first send to the receiver's last completed receive (one machine, one
 monotonic clock). Every (link, codec) pair has its own pair of Collectives configured
 with ``cluster.net_emulation`` and ``tensor_compression``; all pairs run in the same
-run, interleaved cell by cell within each round (after a warm-up of two sends per cell,
-where the adaptive mode learns its link), and ratios compare medians of rounds against
-raw's on the same link.
+run, interleaved cell by cell within each round (after a warm-up of three sends per
+cell, where the adaptive mode learns its link; each round rotates the order of the
+codecs of a link and data kind), and ratios compare medians of rounds against
+raw's on the same link. Each cell sends enough tensors to last ``--min-cell-seconds`` at
+the rate its own warm-up showed (at least ``--messages``, at most 32 times that), so a
+shared-memory cell moves gigabytes and a slow codec's cell no more than it needs; the
+receiver checks the first received tensors (up to 1 GiB) and the last one bit for bit
+and drops the others as they arrive.
+
+``--busy-core CPU`` keeps that CPU busy for the whole run with another process (``python
+-c 'while True: pass'`` pinned to it with ``os.sched_setaffinity``, as ``taskset -c CPU``
+would), to measure what a loaded machine does to each codec and to the adaptive mode.
 
 Links: emulated 100 Mbit/s, 1 Gbit/s, 10 Gbit/s (no delay, shared memory underneath),
 plain gloo over loopback and plain shared memory. Codecs: ``raw`` (no compression),
@@ -21,7 +30,7 @@ done in line by the direction threads, on the 1 Gbit/s link, for single tensors 
 for lists of four.
 
 Usage:
-    python benchmarks/bench_wire.py --out bench-results [--quick]
+    python benchmarks/bench_wire.py --out bench-results [--quick] [--busy-core 0]
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import multiprocessing as mp
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,8 +69,11 @@ OVERLAP_KINDS = ("int64_token_ids", "sparse_float32")
 TIMEOUT = 600.0
 WARM_SENDS = 3
 """Sends per cell before the rounds (a real link's adaptive mode sends two raw, then learns)."""
-MAX_COUNT_FACTOR = 4
+MAX_COUNT_FACTOR = 32
 """A fast cell sends at most this many times ``--messages``."""
+CHECK_BYTES = 1 << 30
+"""The receiver keeps (and checks) at most this many bytes of a cell's first tensors."""
+BUSY_LOOP = "while True: pass"
 
 
 def _cluster(link: str, codec: str, overlap: bool = True, threads: int = 0) -> dict[str, Any]:
@@ -103,6 +116,27 @@ def _cells(args: dict[str, Any]) -> list[dict[str, Any]]:
                         }
                     )
     return cells
+
+
+def _round_order(cells: list[dict[str, Any]], r: int) -> list[int]:
+    """Cell indexes of round ``r``: each run of cells of one (link, kind, shape) rotated by r.
+
+    So no codec always follows the same neighbour (a cell after a compressing one may
+    find the heap, the caches or the other process's threads in another state), and
+    every codec takes every place in turn.
+    """
+    order: list[int] = []
+    start = 0
+    for i in range(1, len(cells) + 1):
+        same = i < len(cells) and all(
+            cells[i][k] == cells[start][k] for k in ("link", "kind", "shape", "overlap")
+        )
+        if not same:
+            group = list(range(start, i))
+            shift = r % len(group)
+            order += group[shift:] + group[:shift]
+            start = i
+    return order
 
 
 def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
@@ -154,22 +188,33 @@ def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
                 n = int(store.get(f"bw/count/{key}").decode())
             works = [g.recv(async_op=True, timeout=TIMEOUT) for _ in range(n)]
             barrier(key)
-            got = [w.wait(timeout=TIMEOUT) for w in works]
+            c0 = time.process_time()
+            keep = max(1, CHECK_BYTES // size)
+            got = []
+            for i in range(n):  # drop what is not checked (a shm cell moves gigabytes)
+                x = works[i].wait(timeout=TIMEOUT)
+                works[i] = None
+                if i < keep or i == n - 1:
+                    got.append(x)
+                del x
             t1 = time.monotonic()
+            cpu = time.process_time() - c0
             want = payload(cell)
             if cell["shape"] == "tensor":
                 ok = all(torch.equal(x, want) for x in got)
             else:
                 ok = all(torch.equal(a, b) for x in got for a, b in zip(x, want, strict=True))
-            g.send((t1, ok), timeout=TIMEOUT)
+            g.send((t1, ok, cpu), timeout=TIMEOUT)
             return None
         before = g.stats()["send"]
         barrier(key)
         t0 = time.monotonic()
+        c0 = time.process_time()
         works = [g.send(payload(cell), async_op=True, timeout=TIMEOUT) for _ in range(n)]
         for w in works:
             w.wait(timeout=TIMEOUT)
-        t1, ok = g.recv(timeout=TIMEOUT)
+        t1, ok, rx_cpu = g.recv(timeout=TIMEOUT)
+        cpu = time.process_time() - c0 + rx_cpu
         after = g.stats()["send"]
         if not ok:
             raise AssertionError(f"received data differs: {cell}")
@@ -181,6 +226,8 @@ def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
             "tensor_wire_bytes": after["tensor_wire_bytes"] - before["tensor_wire_bytes"],
             "wire_bytes": after["wire_bytes"] - before["wire_bytes"],
             "Bps": raw / (t1 - t0),
+            "cpu_s": cpu,  # both processes, every thread
+            "cpu_per_byte": cpu / raw,
             "raw_reasons": {
                 k: v - before["raw_reasons"].get(k, 0)
                 for k, v in after["raw_reasons"].items()
@@ -189,20 +236,20 @@ def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
         }
 
     cells = _cells(args)
-    rates: dict[tuple[str, str, str], float] = {}
+    rates: list[float] = []
     for i, cell in enumerate(cells):  # warm-up: connect, create codecs and pooled buffers
         warm = run_cell(cell, f"warm{i}", WARM_SENDS)  # auto learns its link and codecs here
-        where = (cell["link"], cell["kind"], cell["shape"])
-        rates[where] = max(rates.get(where, 0.0), 0.0 if warm is None else warm["Bps"])
-    # Every codec of a (link, kind) sends as many tensors, enough for the fastest one's
-    # cell to last min_cell_s (a 30 ms cell on a fast link is noise on a busy host).
+        rates.append(0.0 if warm is None else warm["Bps"])
+    # Each cell sends enough tensors to last min_cell_s at its warm-up rate (a 30 ms cell
+    # on a fast link is noise on a busy host; a slow codec's cell is long anyway).
     counts = []
-    for cell in cells:
-        want = int(rates[(cell["link"], cell["kind"], cell["shape"])] * args["min_cell_s"] / size)
+    for rate in rates:
+        want = int(rate * args["min_cell_s"] / size)
         counts.append(max(count, min(want + 1, MAX_COUNT_FACTOR * count)))
     results = []
     for r in range(args["rounds"]):
-        for i, cell in enumerate(cells):
+        for i in _round_order(cells, r):
+            cell = cells[i]
             key = f"r{r}c{i}"
             if role == "tx":
                 store.set(f"bw/count/{key}", str(counts[i]).encode())
@@ -236,16 +283,16 @@ def _median(results: list[dict[str, Any]], **match: Any) -> float:
     )
 
 
-def _paired(results: list[dict[str, Any]], base: str, **match: Any) -> float:
-    """The median over rounds of a cell's throughput over codec ``base``'s in the same round.
+def _paired(results: list[dict[str, Any]], base: str, key: str = "Bps", **match: Any) -> float:
+    """The median over rounds of a cell's ``key`` over codec ``base``'s in the same round.
 
     Cells of one round run back to back, so pairing them cancels most of what a busy
     host does to both; the median then drops the rounds something hit one of them.
     """
-    by_round = {r["round"]: r["Bps"] for r in _rows(results, **match)}
+    by_round = {r["round"]: r[key] for r in _rows(results, **match)}
     other = {**match, "codec": base}
     pairs = [
-        by_round[r["round"]] / r["Bps"] for r in _rows(results, **other) if r["round"] in by_round
+        by_round[r["round"]] / r[key] for r in _rows(results, **other) if r["round"] in by_round
     ]
     return float(statistics.median(pairs))
 
@@ -262,20 +309,22 @@ def _report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, d
         "# Compression on the wire: effective throughput over emulated links",
         "",
         f"Command: `{meta['command']}`  ",
+        f"Load: {meta['load']}.  ",
         f"Host: {meta['host']}, torch {meta['torch']}; {meta['messages']} asynchronous sends"
         f" of one {meta['size'] // MiB} MiB tensor per cell, {rounds} round(s), every codec"
         " interleaved within each round; medians of rounds.",
         "MB/s = 1e6 raw tensor bytes delivered per second (sender's first send to receiver's"
-        " last receive), median of rounds. On a fast link every codec sends more tensors,"
-        f" enough for the fastest cell to last {meta['min_cell_s']} s (up to"
-        f" {MAX_COUNT_FACTOR}x the sends)."
+        " last receive), median of rounds. A fast cell sends more tensors, enough to last"
+        f" {meta['min_cell_s']} s at its warm-up rate (up to {MAX_COUNT_FACTOR}x the sends)."
         " `x` = median over rounds of the cell against raw in the same round.",
         "lz4 / zstd try every dtype (`excluded_dtypes: []`, zstd level 1); default = lz4 with"
         " the seed's defaults (float32 excluded); auto = adaptive (raw, lz4, zstd or sparse per"
         " link),"
         " `auto/best` = auto against the best of raw, lz4 and zstd on that link (by median,"
         " named), paired by round like `x`; `auto shrink` = raw / wire bytes of auto's"
-        " tensors (1.00: it sent them raw).",
+        " tensors (1.00: it sent them raw); `auto CPU / raw CPU` = CPU seconds of both"
+        " processes (every thread) per raw byte, auto's over raw's, paired by round like `x`"
+        " (what the adaptive mode costs, less swayed by the host's load than wall time).",
         "",
     ]
     targets: dict[str, float] = {}
@@ -285,7 +334,7 @@ def _report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, d
         )
         head = ["kind", *(f"{c} MB/s" for c in codecs), *(f"{c} x" for c in codecs if c != "raw")]
         if "auto" in codecs:
-            head += ["auto/best", "auto shrink"]
+            head += ["auto/best", "auto shrink", "auto CPU / raw CPU"]
         lines += [f"## {label}", "", "| " + " | ".join(head) + " |"]
         lines.append("| --- |" + " ---: |" * (len(head) - 1))
         for kind in kinds:
@@ -304,6 +353,12 @@ def _report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, d
                 rows = _rows(main, link=link, codec="auto", kind=kind)
                 raw_b = sum(r["raw_bytes"] for r in rows)
                 cols.append(f"{raw_b / max(1, sum(r['tensor_wire_bytes'] for r in rows)):.2f}")
+                if "raw" in codecs:
+                    cpu = _paired(main, "raw", "cpu_per_byte", link=link, codec="auto", kind=kind)
+                    targets[f"{link}/auto_cpu_of_raw/{kind}"] = cpu
+                    cols.append(f"{cpu:.2f}")
+                else:
+                    cols.append("-")
             lines.append("| " + " | ".join(cols) + " |")
         lines.append("")
     ov = [r for r in results if r.get("section") == "overlap"]
@@ -375,10 +430,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--min-cell-seconds",
         type=float,
-        default=0.3,
-        help="a cell sends more tensors (up to 4x --messages) to last this long (default 0.3)",
+        default=0.5,
+        help=f"a cell sends more tensors (up to {MAX_COUNT_FACTOR}x --messages) to last this"
+        " long (default 0.5)",
     )
     parser.add_argument("--verbose", action="store_true", help="print every cell as it runs")
+    parser.add_argument(
+        "--busy-core",
+        type=int,
+        default=None,
+        metavar="CPU",
+        help="keep CPU busy with another process for the whole run (a pinned busy loop)",
+    )
     parser.add_argument(
         "--compressor-threads", type=int, default=None, help="compressor threads per Collective"
     )
@@ -420,15 +483,31 @@ def main(argv: list[str] | None = None) -> int:
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=TIMEOUT),
     )
+    busy = None
+    if ns.busy_core is not None:  # as `taskset -c CPU python -c 'while True: pass'`
+        busy = subprocess.Popen(
+            [sys.executable, "-c", BUSY_LOOP],
+            preexec_fn=lambda: os.sched_setaffinity(0, {ns.busy_core}),
+        )
+    load0 = os.getloadavg()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_peer, args=(role, store.port, args, out)) for role in ("tx", "rx")]
     t0 = time.monotonic()
     for p in procs:
         p.start()
-    results = out.get(timeout=3 * 3600)
-    for p in procs:
-        p.join(timeout=60)
+    try:
+        results = out.get(timeout=3 * 3600)
+        for p in procs:
+            p.join(timeout=60)
+    finally:
+        load1 = os.getloadavg()
+        if busy is not None:
+            busy.kill()
+            busy.wait(timeout=10)
+    load = f"load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end (1 min)"
+    if ns.busy_core is not None:
+        load += f"; CPU {ns.busy_core} kept busy by `python -c '{BUSY_LOOP}'` pinned to it"
     meta = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv or sys.argv[1:])]),
         "host": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.platform()})",
@@ -440,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         "kinds": args["kinds"],
         "quick": ns.quick,
         "elapsed_s": time.monotonic() - t0,
+        "load": load,
     }
     report, targets = _report(results, meta)
     ns.out.mkdir(parents=True, exist_ok=True)

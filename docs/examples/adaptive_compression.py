@@ -69,8 +69,11 @@ def run(role: str, store_port: int) -> None:
             assert group.recv(timeout=TIMEOUT) == "all arrived"
             adaptive = group.stats()["send"]["adaptive"]
             print(f"{link}: {adaptive['decision']} -- {adaptive['reason']}")
-            if link == "slow":  # the wire is the bottleneck: the better ratio wins
-                assert adaptive["decision"] == "zstd", adaptive
+            if link == "slow":  # the wire is the bottleneck: a codec wins (lz4 on the
+                # byte-shuffled ids shrinks them about as much as zstd, 3.9x vs 4.0x)
+                assert adaptive["decision"] in ("lz4", "zstd"), adaptive
+            else:  # plain shared memory: a memory copy no codec can beat, never compressed
+                assert adaptive["decision"] == "raw", adaptive
         else:
             for tensor in tensors:
                 assert torch.equal(group.recv(timeout=TIMEOUT), tensor)

@@ -11,7 +11,6 @@ mode as a series of its own.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_bench_smoke import _command, _log
+from test_bench_smoke import _command, _log, bench_env
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -30,15 +29,7 @@ MODES = ("raw", "lz4", "zstd_whole", "zstd_auto", "auto")
 def auto_run() -> Any:
     out = Path(tempfile.mkdtemp(prefix="p2pbench-auto-"))
     ray_tmp = tempfile.mkdtemp(prefix="p2pa", dir="/tmp")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(
-        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-        P2P_RAY_TMPDIR=ray_tmp,
-        RAY_USAGE_STATS_ENABLED="0",
-        GLOO_SOCKET_IFNAME="lo",
-        PYTHONUNBUFFERED="1",
-        COLUMNS="160",
-    )
+    env = bench_env(ray_tmp)
     args = ["--kinds", "tensor", "--sizes", "4MiB", "--codecs", ",".join(MODES)]
     args += ["--link", "1gbit", "--reps", "4", "--no-baselines", "--out", str(out)]
     proc = subprocess.run(

@@ -37,10 +37,12 @@ def _command() -> list[str]:
     return [sys.executable, "-c", "import sys; from p2p_worker.bench import main; sys.exit(main())"]
 
 
-@pytest.fixture(scope="module")
-def quick_run() -> Any:
-    out = Path(tempfile.mkdtemp(prefix="p2pbench-"))
-    ray_tmp = tempfile.mkdtemp(prefix="p2pb", dir="/tmp")
+def bench_env(ray_tmp: str) -> dict[str, str]:
+    """The environment of a ``p2p-bench`` run as a user starts it on one machine.
+
+    An embedded local Ray (never an outer cluster's ``RAY_ADDRESS``) with its own short
+    temp dir ``ray_tmp``, gloo on loopback, unbuffered output and a wide table.
+    """
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
@@ -50,6 +52,14 @@ def quick_run() -> Any:
         PYTHONUNBUFFERED="1",
         COLUMNS="160",
     )
+    return env
+
+
+@pytest.fixture(scope="module")
+def quick_run() -> Any:
+    out = Path(tempfile.mkdtemp(prefix="p2pbench-"))
+    ray_tmp = tempfile.mkdtemp(prefix="p2pb", dir="/tmp")
+    env = bench_env(ray_tmp)
     proc = subprocess.run(
         [*_command(), "--quick", "--out", str(out)],
         env=env,

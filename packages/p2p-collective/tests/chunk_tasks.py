@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -62,27 +64,41 @@ def t_recv_all(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int) -> d
     return out
 
 
-def t_send_corrupt_chunk(ctx: PeerContext, tag: str, cluster: dict[str, Any]) -> str:
-    """Send a chunked tensor whose second compressed chunk is garbled, then a good one."""
+@contextlib.contextmanager
+def garbled_chunk(
+    nth: int, codec_id: int | None = None, nbytes: int | None = None
+) -> Iterator[None]:
+    """Within the block, the ``nth`` compressed chunk (1-based; 0: none) is garbled.
+
+    Only chunks compressed with ``codec_id`` count (None: any codec); ``nbytes`` of its
+    payload (None: all) are overwritten with 0xFF after compression. The payload is a
+    pooled buffer, never the user's tensor.
+    """
     from p2p_collective._compression import _chunks
 
-    g = group(ctx, tag, cluster)
     original = _chunks.compress_chunk
     seen = [0]
 
-    def corrupt(codec: Any, chunk: Any) -> Any:
+    def garble(codec: Any, chunk: Any) -> Any:
         out = original(codec, chunk)
-        if out.codec_id:
+        if out.codec_id and (codec_id is None or out.codec_id == codec_id):
             seen[0] += 1
-            if seen[0] == 2 and out.payload is not None:
-                out.payload.fill_(0xFF)  # a pooled buffer, not the user's tensor
+            if seen[0] == nth and out.payload is not None:
+                out.payload[:nbytes].fill_(0xFF)
         return out
 
-    _chunks.compress_chunk = corrupt  # type: ignore[assignment]
+    _chunks.compress_chunk = garble  # type: ignore[assignment]
     try:
-        g.send(token_ids(512 * KiB, seed=1), timeout=60)
+        yield
     finally:
         _chunks.compress_chunk = original  # type: ignore[assignment]
+
+
+def t_send_corrupt_chunk(ctx: PeerContext, tag: str, cluster: dict[str, Any]) -> str:
+    """Send a chunked tensor whose second compressed chunk is garbled, then a good one."""
+    g = group(ctx, tag, cluster)
+    with garbled_chunk(2):
+        g.send(token_ids(512 * KiB, seed=1), timeout=60)
     g.send(token_ids(512 * KiB, seed=2), timeout=60)  # the same direction, still usable
     reply = str(g.recv(timeout=60))
     close(tag)
@@ -111,13 +127,18 @@ def t_recv_corrupt_chunk(ctx: PeerContext, tag: str, cluster: dict[str, Any]) ->
     return out
 
 
+def id_bytes(n: int, seed: int) -> torch.Tensor:
+    """Token ids' bytes as uint8: nothing to byte-shuffle, so lz4 keeps its 2x to zstd's 4x."""
+    return token_ids(n, seed=seed).view(torch.uint8)
+
+
 def _lz4_rate(adaptive: dict[str, Any]) -> float:
     """An emulated rate (Mbit/s) where lz4 is the fastest: the wire keeps pace with lz4.
 
     At ``link = lz4's rate / lz4's ratio`` lz4's compressed stream just fills the link,
     so lz4 beats raw by its ratio and beats zstd when zstd compresses slower than lz4.
     """
-    data = adaptive["dtype"]  # int64 and the class of its sample
+    data = adaptive["dtype"]  # uint8 and the class of its sample
     lz4 = adaptive["codecs"]["lz4"][data]
     zstd = adaptive["codecs"]["zstd"][data]
     assert lz4["mbps"] > 1.5 * zstd["mbps"], adaptive  # lz4 is the faster codec
@@ -143,7 +164,7 @@ def t_send_adaptive(
             mbps = {"slow": 20.0, "fast": 100_000.0}[phase]
         pacer.set_bandwidth(mbps)
         for k in range(n):
-            g.send(token_ids(512 * KiB, seed=10 * i + k), timeout=60)
+            g.send(id_bytes(512 * KiB, seed=10 * i + k), timeout=60)
         st = g.stats()["send"]
         out.append(
             {"mbps": mbps, "adaptive": st["adaptive"], "raw_reasons": dict(st["raw_reasons"])}
@@ -158,7 +179,7 @@ def t_recv_adaptive(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int,
     ok = True
     for i in range(m):
         for k in range(n):
-            ok = ok and bool(torch.equal(g.recv(timeout=60), token_ids(512 * KiB, seed=10 * i + k)))
+            ok = ok and bool(torch.equal(g.recv(timeout=60), id_bytes(512 * KiB, seed=10 * i + k)))
     g.send("done", timeout=60)
     close(tag)
     return ok
@@ -181,26 +202,10 @@ def t_send_sparse(
 
     ``corrupt``: the index of the sparse-compressed chunk (1-based) to garble, 0: none.
     """
-    from p2p_collective._compression import _chunks
-
     g = group(ctx, tag, cluster)
-    original = _chunks.compress_chunk
-    seen = [0]
-
-    def garble(codec: Any, chunk: Any) -> Any:
-        out = original(codec, chunk)
-        if out.codec_id == 3:
-            seen[0] += 1
-            if seen[0] == corrupt and out.payload is not None:
-                out.payload[:4].fill_(0xFF)  # a pooled buffer: the magic
-        return out
-
-    _chunks.compress_chunk = garble  # type: ignore[assignment]
-    try:
+    with garbled_chunk(corrupt, codec_id=3, nbytes=4):  # sparse's magic
         for k in range(n):
             g.send(sparse_f32(512 * KiB, seed=k), timeout=60)
-    finally:
-        _chunks.compress_chunk = original  # type: ignore[assignment]
     st = g.stats()["send"]
     g.send(make_synthetic_tensor("random_float32", 512 * KiB, seed=99), timeout=60)
     reply = g.recv(timeout=60)

@@ -95,7 +95,9 @@ def test_a_pool_budget_smaller_than_a_chunk_sends_raw_with_a_reason(
     assert s["chunk_raw_reasons"] == {"no_buffer": 16}
     assert s["raw_reasons"] == {"no_buffer": 1}
     assert s["compressed_chunks"] == 0
-    assert sent["pool"]["pool"]["rejections"] == 16
+    # token ids are byte-shuffled before compression: each chunk asked the pool twice,
+    # for the shuffled bytes and for the compressed ones
+    assert sent["pool"]["pool"]["rejections"] == 2 * 16
 
 
 @TRANSPORTS
@@ -222,7 +224,9 @@ def test_adaptive_switches_both_ways_when_the_emulated_rate_changes(
     # zstd level 6: a clearly better ratio than lz4 and a clearly slower codec, so each
     # wins somewhere whatever else loads the machine
     cl["collective"]["tensor_compression"]["level"] = 6
-    # lz4 and zstd only: sparse would compete with lz4 on int64 ids (high words are zero)
+    # lz4 and zstd only: sparse would compete with lz4 on int64 ids (high words are zero);
+    # the ids go as their uint8 bytes (t_send_adaptive), which are not byte-shuffled, so
+    # zstd's ratio stays twice lz4's
     cl["collective"]["compression_pipeline"] = {
         "chunk_bytes": CHUNK,
         "adaptive": {"codecs": ["lz4", "zstd"]},
@@ -248,7 +252,7 @@ def test_adaptive_switches_both_ways_when_the_emulated_rate_changes(
     assert phases[3]["raw_reasons"].get("adaptive", 0) >= n - 2  # the first is decided before
     assert last["switches"] >= 5
     data = last["dtype"]
-    assert data.startswith("int64:c")  # int64 and the ratio class of its lz4 sample
+    assert data.startswith("uint8:c")  # the dtype and the ratio class of its lz4 sample
     assert last["codecs"]["zstd"][data]["ratio"] > last["codecs"]["lz4"][data]["ratio"] > 1.5
     assert set(last["predicted_mbps"]) == {"raw", "lz4", "zstd"}
 
@@ -284,6 +288,66 @@ def test_an_adaptive_sender_mixing_codecs_is_bit_exact_for_every_kind_and_dtype(
     assert "zstd" in got["pool"]["other_codecs"], got["pool"]
     for side in (sent, got):
         assert side["pool"]["pool"]["active_bytes"] == 0
+
+
+def test_the_advisor_sends_raw_over_shared_memory_unless_it_is_emulated() -> None:
+    from p2p_collective._compression._adaptive import MEMORY_REASON, Choice, LinkAdvisor
+
+    adv = LinkAdvisor((1, 2), threads=1, probe_every=2)
+    assert not adv.memory_link  # nothing sent yet: the transport is not known
+    adv.observe_link(1 << 20, 0.1, None, transport="shm")
+    assert adv.memory_link
+    for _ in range(6):  # no learning frame, no probe, whatever the link's rate looked like
+        assert adv.decide("int64:c2", True) == Choice(None)
+    assert adv.reason == MEMORY_REASON
+    assert adv.as_dict()["transport"] == "shm"
+    adv.observe_link(1 << 20, 1.0, 125e6, transport="shm")  # emulated: judged by its rate
+    assert not adv.memory_link
+    assert adv.decide("int64:c2", True).learn == (1, 2)
+
+
+@TRANSPORTS
+def test_adaptive_over_plain_shared_memory_compresses_and_probes_nothing(
+    peers: PeerPair, gname: str, shm: bool
+) -> None:
+    cl = cluster("lz4", shm)
+    cl["collective"]["compression_pipeline"] = {
+        "chunk_bytes": CHUNK,
+        "adaptive": {"probe_every": 2},
+    }
+    ids = [wt.token_ids(512 * KiB, seed=k) for k in range(6)]
+    sent, got = peers.run(
+        ck.t_send_all, (gname, cl, ids, False), ck.t_recv_all, (gname, cl, len(ids))
+    )
+    assert all(torch.equal(a, b) for a, b in zip(ids, got["got"], strict=True))
+    adaptive = sent["stats"]["adaptive"]
+    assert adaptive["transport"] == ("shm" if shm else "gloo")
+    if shm:
+        assert adaptive["decision"] == "raw"
+        assert adaptive["reason"].startswith("raw: shared memory"), adaptive
+        assert adaptive["codecs"] == {}  # nothing compressed, not even aside
+        assert sent["stats"]["raw_reasons"] == {"adaptive": 6}
+        assert sent["pool"]["codec"] is None  # no codec was ever created
+    else:  # loopback gloo is a real link: its codecs are learned
+        assert adaptive["codecs"], adaptive
+        assert adaptive["dtype"] == "int64:c2:s"  # lz4 1.5-3x on a sample, byte-shuffled
+
+
+def test_shuffled_data_classes_are_taken_to_decode_as_slowly_as_they_compress() -> None:
+    from p2p_collective._compression._adaptive import LinkAdvisor
+
+    lz4 = 1
+    adv = LinkAdvisor((lz4,), threads=2)
+    for data in ("int64:c2", "int64:c2:s"):
+        adv.observe_codec(lz4, data, 1 << 20, 1 << 18, 0.002)  # 524 MB/s, ratio 4
+    adv.observe_link(1 << 20, 1.0, 10e9, transport="gloo")  # emulated 80 Gbit/s
+    adv.decide("int64:c2", True)
+    plain = adv.as_dict()["predicted_mbps"]["lz4"]
+    adv.decide("int64:c2:s", True)
+    shuffled = adv.as_dict()["predicted_mbps"]["lz4"]
+    # two compressor threads: plain decoding (3x) keeps up with both, shuffled (0.6x) not
+    assert plain == pytest.approx(2 * 524.288 * 8)
+    assert shuffled == pytest.approx(0.6 * 524.288 * 8)
 
 
 def test_the_advisor_learns_then_decides_and_probes_both_ways() -> None:

@@ -44,3 +44,15 @@ def test_measured_token_ids_pay_on_slow_links_and_not_on_shared_memory() -> None
     rows = measure([("ids", ids)], [Lz4CodecConfig(), ZstdCodecConfig()], repeat=1)
     assert recommend(rows, link_bytes_per_s=0.1 * GBIT).config is not None
     assert recommend(rows, link_bytes_per_s=1000 * GBIT).config is None  # 1 Tbit/s
+
+
+def test_tensors_sent_in_chunks_are_measured_byte_shuffled_as_the_wire_sends_them() -> None:
+    ids = make_synthetic_tensor("int64_token_ids", 4 * MiB, seed=2)
+    chunked = measure([("ids", ids)], [Lz4CodecConfig()], repeat=1)
+    whole = measure([("ids", ids)], [Lz4CodecConfig()], repeat=1, chunk_bytes=0)
+    assert chunked[0].shuffled
+    assert chunked[0].label == "lz4 acceleration=1 +shuffle"
+    assert chunked[0].ratio > 3.5  # lz4 after the shuffle
+    assert not whole[0].shuffled
+    assert 1.8 < whole[0].ratio < 2.1  # lz4 as it is
+    assert chunked[0].as_dict()["shuffled"] is True

@@ -38,6 +38,12 @@ from p2p_compress._codecs._codec import (
 )
 from p2p_compress._codecs._lz4 import LZ4_MAX_INPUT_SIZE, Lz4Codec
 from p2p_compress._codecs._probe import probe_codec_library
+from p2p_compress._codecs._shuffle import (
+    SHUFFLE_ITEMSIZES,
+    shuffle_bytes,
+    shuffle_itemsize,
+    unshuffle_bytes,
+)
 from p2p_compress._codecs._sparse import SparseCodec
 from p2p_compress._codecs._zstd import ZstdCodec
 from p2p_compress._config import (
@@ -96,6 +102,10 @@ __all__ = [
     "WireEntry",
     "RAW_REASONS",
     "decompress_into_tensor",
+    "shuffle_bytes",
+    "shuffle_itemsize",
+    "unshuffle_bytes",
+    "SHUFFLE_ITEMSIZES",
     # standalone use
     "compress_tensors",
     "decompress_tensors",

@@ -13,7 +13,14 @@ With ``compression_pipeline.adaptive`` each sending direction (one link) keeps a
   its ratio. A frame's data class is the dtype of its largest eligible tensor and, for
   a chunked frame, the ratio class of a 16 KiB lz4 sample of that tensor
   (:meth:`Sampler.sample_class`: ``float32:c0`` does not shrink, ``float32:c2`` shrinks
-  1.5-3x), so sparse and random float32 on one link keep figures of their own.
+  1.5-3x), so sparse and random float32 on one link keep figures of their own; a class
+  whose chunks are byte-shuffled before compression ends in ``:s`` (``int64:c2:s``), and
+  its decoding is taken as :data:`SHUFFLED_DECODE_SPEEDUP` times as fast as compressing.
+
+Shared memory that is not emulated is never compressed and never probed: its "wire" is
+a memory copy on this host's CPUs, and any codec's pass over the same bytes (then a
+decoder's on the same host) costs more than the copy it would shorten. The advisor
+learns the link's transport from the first frame it sends (raw, as every first frame).
 
 On a real link a waiting receiver only makes sends look slower, so the delivered rate
 is the larger of a new sample and the running estimate (which then follows a slower
@@ -69,6 +76,15 @@ DECODE_SPEEDUP: Final[dict[int, float]] = {1: 3.0, 2: 2.5, 3: 0.5}
 """Per codec id, decoding is taken as this many times faster than compressing (the sender
 cannot see the receiver's decoding; ``bench_codec_chunks.py`` measures lz4 3-4x, zstd
 2.5-3x, and sparse 0.5-0.8x: it compresses in a few passes but writes every word back)."""
+SHUFFLED: Final = ":s"
+"""The suffix of a data class whose chunks are byte-shuffled before compression."""
+SHUFFLED_DECODE_SPEEDUP: Final[dict[int, float]] = {1: 0.6, 2: 0.5}
+"""The same for byte-shuffled chunks: lz4 on the shuffled bytes is fast both ways, so the
+shuffle and the unshuffle pass set the pace, and the unshuffle (8-byte elements: a strided
+write) runs at about 0.6x the shuffle's rate (1.37 vs 0.85 GB/s on one thread here;
+``bench_codec_chunks.py`` at load 13, int64 token ids: lz4+shuffle 671 / 667 MB/s
+compress / decode, zstd-1+shuffle 449 / 317). With 1x an emulated 10 Gbit/s link and gloo
+over loopback took lz4 for token ids at 2 GB/s, which the decoder could not keep up with."""
 LINK_SAMPLES: Final = 2
 """Raw frames a real link sends before it is judged (the first one pays the cold start)."""
 EARLY_REFRESH: Final = (2, 4)
@@ -82,6 +98,12 @@ SAMPLE_BYTES: Final = 16 * 1024
 """The bytes of a chunked frame's largest eligible tensor that classify its data."""
 PROBE_BYTES: Final = 256 * 1024
 """The bytes a link sending raw compresses aside to refresh a codec's figures."""
+MEMORY_LINK: Final = "shm"
+"""The transport whose link is a memory copy on this host (never compressed unless emulated)."""
+MEMORY_REASON: Final = (
+    "raw: shared memory (a memory copy on this host; every codec's pass over the bytes"
+    " costs more than the copy it would save)"
+)
 CLASS_BOUNDS: Final = (1.1, 1.5, 3.0, 6.0, 12.0)
 """lz4 sample ratios that separate the data classes (wide, so data sits well inside one)."""
 
@@ -178,6 +200,7 @@ class LinkAdvisor:
         self.link_bps: float | None = None  # delivered bytes per second
         self._link_samples = 0
         self.emulated_bps: float | None = None  # the emulated link's bandwidth, if any
+        self.transport: str | None = None  # the link's transport, from its first frame
         self._figures: dict[tuple[int, str], _Figures] = {}
         self.choice: int | None = None  # the codec in use, None: raw
         self.reason = "learning the link"
@@ -187,15 +210,28 @@ class LinkAdvisor:
         self.switches = 0
         self._predicted: dict[str, float] = {}
 
+    @property
+    def memory_link(self) -> bool:
+        """Whether the link is shared memory without emulation (always raw, nothing probed)."""
+        return self.transport == MEMORY_LINK and self.emulated_bps is None
+
     def observe_link(
-        self, nbytes: int, seconds: float, emulated_bps: float | None, raw: bool = True
+        self,
+        nbytes: int,
+        seconds: float,
+        emulated_bps: float | None,
+        raw: bool = True,
+        transport: str | None = None,
     ) -> None:
         """A frame's wire bytes took ``seconds`` on the link (sends and pacing).
 
-        Only raw frames (``raw``) update the delivered rate.
+        Only raw frames (``raw``) update the delivered rate. ``transport`` names the link
+        (``"shm"``, ``"gloo"``; None: unknown).
         """
         with self._lock:
             self.emulated_bps = emulated_bps
+            if transport is not None:
+                self.transport = transport
             if raw and nbytes >= MIN_OBSERVED_BYTES and seconds > 0:
                 sample = nbytes / seconds
                 self.link_bps = max(sample, _blend(self.link_bps, sample))
@@ -219,6 +255,9 @@ class LinkAdvisor:
             chunked: Whether the frame is large enough to be sent in chunks.
         """
         with self._lock:
+            if self.memory_link:  # (the data is not looked at: ``dtype`` may be "")
+                self._set(None, MEMORY_REASON)
+                return Choice(None)
             self.dtype = dtype
             link = self.emulated_bps
             if link is None and self._link_samples >= LINK_SAMPLES:
@@ -262,7 +301,10 @@ class LinkAdvisor:
         if fig.ratio < MIN_RATIO:
             return None
         codec, wire = 1 / fig.bps, 1 / (fig.ratio * link)
-        decode = 1 / (DECODE_SPEEDUP.get(cid, 2.0) * fig.bps)
+        speedup = DECODE_SPEEDUP.get(cid, 2.0)
+        if dtype.endswith(SHUFFLED):
+            speedup = SHUFFLED_DECODE_SPEEDUP.get(cid, speedup)
+        decode = 1 / (speedup * fig.bps)
         if chunked:
             return max(codec / self._threads, wire, decode)
         return codec + wire + decode
@@ -303,7 +345,7 @@ class LinkAdvisor:
 
         Returns:
             ``decision`` (``"raw"`` or the codec's name), ``reason``, ``switches`` (changes
-            of decision), ``dtype`` (of the last frame decided), ``link_mbps``
+            of decision), ``dtype`` (of the last frame decided), ``transport``, ``link_mbps``
             (delivered, from raw frames), ``emulated_mbps``, ``predicted_mbps`` (raw data
             per second each way, for the last frame's dtype) and ``codecs``: per codec
             name and dtype, ``mbps`` (one compressor call) and ``ratio``.
@@ -320,6 +362,7 @@ class LinkAdvisor:
                 "reason": self.reason,
                 "switches": self.switches,
                 "dtype": self.dtype,
+                "transport": self.transport,
                 "link_mbps": None if self.link_bps is None else self.link_bps * 8 / 1e6,
                 "emulated_mbps": (
                     None if self.emulated_bps is None else self.emulated_bps * 8 / 1e6

@@ -5,8 +5,10 @@ never longer than the chunk's raw size, and never longer than the receive posted
 it). A raw chunk is received straight into its place in the target tensor; a compressed
 one into a pooled buffer of exactly its wire size (a plain allocation when the budget is
 spent), then decoded into its place on a decoder thread while the direction thread
-receives the next chunk. A chunk that does not decode is reported once the whole frame
-is off the wire, so the direction stays in step and usable.
+receives the next chunk (a chunk whose descriptor says it was byte-shuffled is
+decoded into a pooled scratch buffer, then unshuffled into its place). A chunk that does
+not decode is reported once the whole frame is off the wire, so the direction stays in
+step and usable.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from p2p_collective._compression._chunks import CHUNK_MAGIC, DESCRIPTOR
+from p2p_collective._compression._chunks import CHUNK_MAGIC, DESCRIPTOR, SHUFFLED
 from p2p_collective._compression._decode import codec_name, decodes
 from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._state import CODEC_IDS, WireCodec
@@ -29,10 +31,12 @@ from p2p_collective._links._emulation import ArrivalGate
 from p2p_collective._links._transport import remaining
 from p2p_compress import (
     CODEC_RAW,
+    SHUFFLE_ITEMSIZES,
     BufferLease,
     CompressionError,
     CompressionTimeoutError,
     decompress_into_tensor,
+    unshuffle_bytes,
 )
 
 
@@ -47,13 +51,22 @@ class _Decode:
 
 
 def _descriptor(
-    view: memoryview, codec: WireCodec | None, peer: str, where: str, left: int
-) -> tuple[int, int, int, int, int]:
-    magic, codec_id, raw_len, wire_len, arrive_ns, hold_us = DESCRIPTOR.unpack_from(view, 0)
+    view: memoryview, codec: WireCodec | None, peer: str, where: str, left: int, itemsize: int
+) -> tuple[int, int, int, int, int, int]:
+    """A validated descriptor: codec id, raw and wire bytes, arrival, hold, shuffle size."""
+    magic, code, raw_len, wire_len, arrive_ns, hold_us = DESCRIPTOR.unpack_from(view, 0)
     if magic != CHUNK_MAGIC:
         raise FramingError(
             f"frame from {peer!r}: expected the descriptor of {where} but got bytes starting"
             f" {bytes(view[:8]).hex()}"
+        )
+    codec_id = code & ~SHUFFLED
+    shuffle = itemsize if code & SHUFFLED else 0
+    if code & SHUFFLED and (codec_id == CODEC_RAW or itemsize not in SHUFFLE_ITEMSIZES):
+        raise FramingError(
+            f"frame from {peer!r}: {where} says it is shuffled, but it is"
+            f" {codec_name(codec_id)} of {itemsize}-byte elements (shuffles are of compressed"
+            f" chunks of {', '.join(map(str, SHUFFLE_ITEMSIZES))}-byte elements)"
         )
     if not 0 < raw_len <= left:
         raise FramingError(
@@ -74,7 +87,7 @@ def _descriptor(
             f"frame from {peer!r}: compressed {where} has {wire_len} wire bytes for"
             f" {raw_len} raw bytes"
         )
-    return codec_id, raw_len, wire_len, arrive_ns, hold_us
+    return codec_id, raw_len, wire_len, arrive_ns, hold_us, shuffle
 
 
 def receive_chunks(
@@ -124,8 +137,8 @@ def receive_chunks(
                 where = f"chunk {k} of tensor {i}"
                 recv(desc, deadline)
                 received_at = time.monotonic()
-                codec_id, raw_len, wire_len, arrive_ns, hold_us = _descriptor(
-                    view, codec, peer, where, m.raw_bytes - off
+                codec_id, raw_len, wire_len, arrive_ns, hold_us, shuffle = _descriptor(
+                    view, codec, peer, where, m.raw_bytes - off, m.dtype.itemsize
                 )
                 dst = target[off : off + raw_len]
                 if codec_id == CODEC_RAW:
@@ -143,7 +156,7 @@ def receive_chunks(
                         if lease is not None:
                             lease.discard()  # the transport may still write into it
                         raise
-                    job = _decode_job(codec, codec_id, src, dst, lease, deadline)
+                    job = _decode_job(codec, codec_id, src, dst, lease, deadline, shuffle)
                     pending.append(_Decode(i, k, job, lease))
                     if codec.pipeline.overlap:
                         codec.decoder.put(job)
@@ -182,19 +195,44 @@ def _decode_job(
     dst: torch.Tensor,
     lease: BufferLease | None,
     deadline: float | None,
+    shuffle: int = 0,
 ) -> Job[float]:
     provider = codec.provider(codec_id)
 
     def decode() -> float:
         t0 = time.perf_counter()
         try:
-            decompress_into_tensor(codec_id, src, dst, provider, timeout=remaining(deadline))
+            if shuffle:
+                _decode_shuffled(codec, codec_id, src, dst, shuffle, deadline)
+            else:
+                decompress_into_tensor(codec_id, src, dst, provider, timeout=remaining(deadline))
         finally:
             if lease is not None:
                 lease.release()
         return time.perf_counter() - t0
 
     return Job(decode)
+
+
+def _decode_shuffled(
+    codec: WireCodec,
+    codec_id: int,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    itemsize: int,
+    deadline: float | None,
+) -> None:
+    """Decode a shuffled chunk into a pooled scratch buffer, then unshuffle it into ``dst``."""
+    n = int(dst.numel())
+    scratch = codec.pool.acquire(n)
+    planes = torch.empty(n, dtype=torch.uint8) if scratch is None else scratch.buffer[:n]
+    try:
+        provider = codec.provider(codec_id)
+        decompress_into_tensor(codec_id, src, planes, provider, timeout=remaining(deadline))
+        unshuffle_bytes(planes, dst, itemsize)
+    finally:
+        if scratch is not None:
+            scratch.release()
 
 
 def _finish(

@@ -6,7 +6,9 @@ raw size), then each tensor with bytes travels as chunks of ``chunk_bytes`` (the
 shorter), in order. Each chunk is one 32-byte descriptor message::
 
     magic    4s  b"P2PC"
-    codec    u8  0 raw, else the job's codec id
+    codec    u8  0 raw, else the codec id; bit 0x80 (:data:`SHUFFLED`): the chunk's bytes
+                 were byte-shuffled by its tensor's element size before compression
+                 (:func:`p2p_compress.shuffle_bytes`), the receiver unshuffles them
     raw_len  u32 the chunk's raw bytes (> 0)
     wire_len u32 its bytes on the wire (raw: = raw_len; compressed: 0 < wire < raw)
     arrive_ns u64 link emulation: when the chunk's last byte reaches the far end, ns of
@@ -19,6 +21,13 @@ thread compresses a chunk itself when no compressor has started it); each keeps 
 compressed form only when smaller (else raw, with the reason), and a chunk that gets no
 pooled buffer within the budget goes raw with ``no_buffer``. Each chunk's buffer goes
 back to the pool once its send completed.
+
+Byte shuffle: when a tensor's elements are 2, 4 or 8 bytes wide and lz4 shrinks a
+16 KiB sample of it at least 1.25x more after :func:`~p2p_compress.shuffle_bytes`
+(:func:`~p2p_compress.shuffle_itemsize`; token ids stored as int64: 3.9x instead of 2.0x),
+its lz4 and zstd chunks are shuffled into a pooled buffer before compression (no
+buffer within the budget: compressed unshuffled). A chunk that stays raw goes
+unshuffled.
 """
 
 from __future__ import annotations
@@ -37,9 +46,18 @@ from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._state import WireCodec
 from p2p_collective._frames._framing import Flag, TensorMeta, patch_flags
 from p2p_collective._frames._payload import OutFrame
-from p2p_compress import CODEC_RAW, BufferLease, plan_compression
+from p2p_compress import (
+    CODEC_RAW,
+    CODEC_SPARSE,
+    BufferLease,
+    plan_compression,
+    shuffle_bytes,
+    shuffle_itemsize,
+)
 
 CHUNK_MAGIC: Final = b"P2PC"
+SHUFFLED: Final = 0x80
+"""The descriptor's codec bit that says the chunk's bytes were shuffled before compression."""
 DESCRIPTOR = struct.Struct("<4sB3xIIQI4x")
 """The chunk descriptor message (32 bytes)."""
 
@@ -58,6 +76,8 @@ class Chunk:
     lease: BufferLease | None = None
     seconds: float = 0.0
     ready: float = 0.0  # time.monotonic() when it was ready to go
+    itemsize: int = 0  # shuffle by this element size before compressing (0: do not)
+    shuffled: bool = False  # compressed after a shuffle (the descriptor says so)
 
     @property
     def wire_len(self) -> int:
@@ -73,13 +93,27 @@ def compress_chunk(codec: WireCodec, chunk: Chunk) -> Chunk:
         CompressionError: The codec failed (no lease is kept).
     """
     t0 = time.perf_counter()
-    plan = plan_compression(
-        [chunk.source], codec.chunk_config_for(chunk.use), codec.provider(chunk.use), codec.pool
-    )
+    source, scratch = chunk.source, None
+    if chunk.itemsize and chunk.use != CODEC_SPARSE:
+        n = int(source.numel())
+        scratch = codec.pool.acquire(n)
+        if scratch is not None:  # else compressed as it is (the budget is spent)
+            source = scratch.buffer[:n]
+            shuffle_bytes(chunk.source, source, chunk.itemsize)
+    try:
+        plan = plan_compression(
+            [source], codec.chunk_config_for(chunk.use), codec.provider(chunk.use), codec.pool
+        )
+    finally:
+        if scratch is not None:
+            scratch.release()
     entry = plan.entries[0]
     chunk.seconds = time.perf_counter() - t0
     chunk.codec_id, chunk.reason = entry.codec_id, entry.reason
     chunk.payload, chunk.lease = entry.payload, entry.lease
+    chunk.shuffled = scratch is not None and entry.codec_id != CODEC_RAW
+    if entry.codec_id == CODEC_RAW:
+        chunk.payload = chunk.source  # raw goes as it is, never shuffled
     chunk.ready = time.monotonic()
     return chunk
 
@@ -182,6 +216,7 @@ def chunk_frame(
     for i, (payload, meta) in enumerate(zip(frame.payloads, with_bytes, strict=True)):
         ok = codec.eligible(meta)
         step = size if ok else meta.raw_bytes
+        itemsize = shuffle_itemsize(meta.dtype, payload) if ok else 0
         for off in range(0, meta.raw_bytes, step):
             use = main
             if ok and learn:  # learning: the codecs take turns
@@ -191,7 +226,9 @@ def chunk_frame(
                 use, probe = probe, None  # this one chunk refreshes the probed codec
             try_it = ok and (choice is None or use is not None)
             reason = "" if try_it else "adaptive" if ok else codec.raw_reason(meta)
-            chunks.append(Chunk(i, payload[off : off + step], try_it, reason, use))
+            chunks.append(
+                Chunk(i, payload[off : off + step], try_it, reason, use, itemsize=itemsize)
+            )
     patch_flags(frame.view, Flag.CHUNKED)
     stream = ChunkStream(codec, chunks, window=max(2, 2 * codec.compressor_threads))
     stream.start(stream.window)
@@ -216,6 +253,9 @@ def actual_metas(metas: list[TensorMeta], stream: ChunkStream) -> list[TensorMet
     return out
 
 
-def pack_descriptor(codec_id: int, raw_len: int, wire_len: int, arrive_ns: int, hold: int) -> bytes:
-    """The 32 bytes of one chunk descriptor."""
-    return DESCRIPTOR.pack(CHUNK_MAGIC, codec_id, raw_len, wire_len, arrive_ns, hold)
+def pack_descriptor(
+    codec_id: int, raw_len: int, wire_len: int, arrive_ns: int, hold: int, shuffled: bool = False
+) -> bytes:
+    """The 32 bytes of one chunk descriptor (``shuffled`` sets :data:`SHUFFLED`)."""
+    code = codec_id | SHUFFLED if shuffled else codec_id
+    return DESCRIPTOR.pack(CHUNK_MAGIC, code, raw_len, wire_len, arrive_ns, hold)

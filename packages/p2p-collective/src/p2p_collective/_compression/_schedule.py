@@ -7,13 +7,14 @@ import weakref
 from collections.abc import Callable
 from functools import partial
 
-from p2p_collective._compression._adaptive import LinkAdvisor, Sampler
+from p2p_collective._compression._adaptive import SHUFFLED, LinkAdvisor, Sampler
 from p2p_collective._compression._chunks import chunk_frame, is_chunked
 from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._pack import Packed, compress_frame
 from p2p_collective._compression._state import WireCodec
 from p2p_collective._compression._stats import WireStats
 from p2p_collective._frames._payload import OutFrame
+from p2p_compress import shuffle_itemsize
 
 
 def _main_dtype(codec: WireCodec, frame: OutFrame) -> str:
@@ -39,7 +40,7 @@ def _adaptive_chunks(
     """A chunked frame of an adaptive link, its codec chosen now (as it goes on the wire).
 
     Its data class is the dtype and the ratio class of a sample of its largest eligible
-    tensor.
+    tensor, with ``:s`` when that tensor's chunks are byte-shuffled.
     """
     with_bytes = [m for m in frame.metas if m.raw_bytes]
     candidates = [
@@ -50,6 +51,8 @@ def _adaptive_chunks(
     _, largest = max(candidates)
     data = frame.payloads[largest]
     dtype = f"{dtype}:c{sampler.sample_class(data)}"
+    if shuffle_itemsize(with_bytes[largest].dtype, data):
+        dtype += SHUFFLED
     choice = advisor.decide(dtype, True)
     if choice.codec is None:  # raw: one plain frame; a probe is compressed aside
         if choice.probe is not None:
@@ -110,6 +113,9 @@ class Outgoing:
                 stats.advisor = LinkAdvisor(
                     codec.adaptive_ids, codec.compressor_threads, adaptive.probe_every
                 )
+            if stats.advisor.memory_link:  # raw, nothing sampled or probed
+                stats.advisor.decide("", False)  # (keeps its reason current)
+                return cls(Packed(frame, None, _adaptive_reasons(codec, frame), 0.0), None)
             dtype = _main_dtype(codec, frame)
             if is_chunked(codec, frame):  # decided as it goes, by then earlier frames taught more
                 out = cls(None, None)

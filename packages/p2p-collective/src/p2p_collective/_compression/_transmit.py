@@ -41,11 +41,13 @@ def transmit(
     pacer: LinkPacer | None,
     stats: WireStats,
     deadline: float | None,
+    transport: str | None = None,
 ) -> int:
     """Put a packed frame on the wire, message by message; return the message count.
 
-    With an adaptive link (``stats.advisor``) the link's delivered rate and the codec's
-    figures of this frame are handed to the advisor.
+    With an adaptive link (``stats.advisor``) the link's delivered rate, its
+    ``transport`` (the link's name, e.g. ``"shm"``) and the codec's figures of this frame
+    are handed to the advisor.
     """
     advisor = stats.advisor
     if advisor is None:
@@ -61,7 +63,7 @@ def transmit(
         sent_raw = not any(c.codec_id for c in packed.chunks.chunks)
     else:
         sent_raw = not any(m.codec_id for m in packed.frame.metas)
-    advisor.observe_link(timed.nbytes, timed.seconds + paced, emulated, sent_raw)
+    advisor.observe_link(timed.nbytes, timed.seconds + paced, emulated, sent_raw, transport)
     dtype = packed.adaptive_dtype
     if packed.chunks is not None:
         for c in packed.chunks.chunks:
@@ -157,7 +159,9 @@ def _transmit_chunked(
                     DESCRIPTOR.size + n, chunk.ready, deadline
                 )
                 paced += slept
-            desc = pack_descriptor(chunk.codec_id, int(chunk.source.numel()), n, arrive_ns, hold_us)
+            desc = pack_descriptor(
+                chunk.codec_id, int(chunk.source.numel()), n, arrive_ns, hold_us, chunk.shuffled
+            )
             send(torch.frombuffer(bytearray(desc), dtype=torch.uint8), deadline, False)
             send(chunk.payload, deadline, False)
             wire += DESCRIPTOR.size + n

@@ -472,7 +472,7 @@ class CollectiveGroup:
         frame = packed.frame
         patch_frame_seq(frame, side.seq)
         side.seq += 1
-        sent = transmit(link.send, packed, self._pacer, side.wire_stats, deadline)
+        sent = transmit(link.send, packed, self._pacer, side.wire_stats, deadline, link.transport)
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += sent

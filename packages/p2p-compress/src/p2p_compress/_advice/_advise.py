@@ -10,6 +10,7 @@ import torch
 
 from p2p_compress._codecs._codec import TensorCodec
 from p2p_compress._codecs._lz4 import Lz4Codec
+from p2p_compress._codecs._shuffle import shuffle_bytes, shuffle_itemsize, unshuffle_bytes
 from p2p_compress._codecs._zstd import ZstdCodec
 from p2p_compress._config import (
     DEFAULT_MIN_BYTES,
@@ -21,6 +22,8 @@ from p2p_compress._dtypes import dtype_name
 from p2p_compress._errors import CompressionError
 
 CodecConfig = Lz4CodecConfig | ZstdCodecConfig
+DEFAULT_CHUNK_BYTES = 1 << 20
+"""p2p-collective's default ``compression_pipeline.chunk_bytes`` (chunked frames)."""
 
 
 def setting_label(codec: CodecConfig) -> str:
@@ -42,6 +45,12 @@ class Measurement:
     wire_bytes: int
     compress_s: float
     decompress_s: float
+    shuffled: bool = False  # byte-shuffled first, as chunked frames send this tensor
+
+    @property
+    def label(self) -> str:
+        """The codec setting, with ``+shuffle`` when the bytes were shuffled first."""
+        return setting_label(self.setting) + (" +shuffle" if self.shuffled else "")
 
     @property
     def ratio(self) -> float:
@@ -61,6 +70,7 @@ class Measurement:
             "dtype": dtype_name(self.dtype),
             "shape": list(self.shape),
             "codec": setting_label(self.setting),
+            "shuffled": self.shuffled,
             "raw_bytes": self.raw_bytes,
             "compressed_bytes": self.wire_bytes,
             "ratio": round(self.ratio, 4),
@@ -89,13 +99,20 @@ def measure(
     settings: Sequence[CodecConfig],
     *,
     repeat: int = 3,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> list[Measurement]:
     """Compress and decompress every tensor with every setting, checking the round trip.
+
+    A tensor of two chunks or more whose bytes p2p-collective's chunked frames would
+    byte-shuffle first (:func:`~p2p_compress.shuffle_itemsize`) is measured that way:
+    shuffle and compress, decompress and unshuffle.
 
     Args:
         tensors: (name, contiguous CPU tensor) pairs.
         settings: codec configs to try.
         repeat: timed runs per direction; the best is kept.
+        chunk_bytes: p2p-collective's ``compression_pipeline.chunk_bytes`` (0: no chunked
+            frames, nothing is shuffled).
 
     Returns:
         One measurement per tensor and setting, tensors outermost.
@@ -106,15 +123,23 @@ def measure(
     codecs = [(s, _make_codec(s)) for s in settings]
     out: list[Measurement] = []
     for name, tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        chunked = chunk_bytes and nbytes >= 2 * chunk_bytes
+        itemsize = shuffle_itemsize(tensor.dtype, _bytes_of(tensor)) if chunked else 0
         for setting, codec in codecs:
-            row = _measure_one(name, tensor, setting, codec, repeat)
+            row = _measure_one(name, tensor, setting, codec, repeat, itemsize)
             if row is not None:
                 out.append(row)
     return out
 
 
 def _measure_one(
-    name: str, tensor: torch.Tensor, setting: CodecConfig, codec: TensorCodec, repeat: int
+    name: str,
+    tensor: torch.Tensor,
+    setting: CodecConfig,
+    codec: TensorCodec,
+    repeat: int,
+    itemsize: int = 0,
 ) -> Measurement | None:
     nbytes = tensor.numel() * tensor.element_size()
     bound = codec.max_compressed_size(nbytes)
@@ -122,14 +147,33 @@ def _measure_one(
         return None
     buffer = torch.empty(bound, dtype=torch.uint8)
     target = torch.empty_like(tensor)
-    written = codec.compress_into(tensor, buffer)
-    comp = _best_time(lambda: codec.compress_into(tensor, buffer), repeat)
+    src, dst = _bytes_of(tensor), _bytes_of(target)
+    planes = torch.empty(nbytes if itemsize else 0, dtype=torch.uint8)
+
+    def compress() -> int:
+        if itemsize:
+            shuffle_bytes(src, planes, itemsize)
+            return codec.compress_into(planes, buffer)
+        return codec.compress_into(tensor, buffer)
+
+    written = compress()
+    comp = _best_time(compress, repeat)
     payload = buffer[:written]
-    decomp = _best_time(lambda: codec.decompress_into(payload, target), repeat)
-    if not torch.equal(_bytes_of(target), _bytes_of(tensor)):
+
+    def decompress() -> None:
+        if itemsize:
+            codec.decompress_into(payload, planes)
+            unshuffle_bytes(planes, dst, itemsize)
+        else:
+            codec.decompress_into(payload, target)
+
+    decomp = _best_time(decompress, repeat)
+    if not torch.equal(dst, src):
         raise CompressionError(f"{setting_label(setting)} did not restore tensor {name}")
     shape = tuple(tensor.shape)
-    return Measurement(name, tensor.dtype, shape, setting, nbytes, written, comp, decomp)
+    return Measurement(
+        name, tensor.dtype, shape, setting, nbytes, written, comp, decomp, bool(itemsize)
+    )
 
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
@@ -153,10 +197,6 @@ class Recommendation:
     best_s: float
     per_setting: dict[str, float]
     link_bytes_per_s: float
-
-
-DEFAULT_CHUNK_BYTES = 1 << 20
-"""p2p-collective's default ``compression_pipeline.chunk_bytes`` (chunked frames)."""
 
 
 def codec_seconds(m: Measurement, link: float, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> float:

@@ -190,7 +190,7 @@ def _print_report(results: list[Measurement], rec: Recommendation, skipped: str)
                 dtype_name(m.dtype),
                 "x".join(map(str, m.shape)) or "()",
                 f"{m.raw_bytes / 2**20:.2f}",
-                setting_label(m.setting),
+                m.label,
                 f"{m.ratio:.3f}",
                 _rate(m.raw_bytes, m.compress_s),
                 _rate(m.raw_bytes, m.decompress_s),
@@ -271,7 +271,7 @@ def _advise(args: argparse.Namespace) -> int:
     if "zstd" in names:
         settings += [ZstdCodecConfig(level=lv) for lv in args.zstd_levels]
     try:
-        results = measure(chosen, settings, repeat=args.repeat)
+        results = measure(chosen, settings, repeat=args.repeat, chunk_bytes=args.chunk_bytes)
     except CompressionError as exc:
         print(f"p2p-compress advise: {exc}", file=sys.stderr)
         return 1

@@ -1,1 +1,1 @@
-"""Codecs: the codec interface, lz4, zstd and sparse on tensor memory, and library probes."""
+"""Codecs: the interface, lz4, zstd, sparse and the byte shuffle on tensor memory; probes."""
