@@ -11,6 +11,9 @@ receiver never has to guess where a message went:
   and sends one "chunk ready" byte. The receiver copies each chunk out of its slot
   straight into the tensor it passed to ``recv`` and answers one "slot free" byte, so
   the two copies overlap. Slots are used in ring order, counted on both sides.
+* a frame's header followed by its payload (:meth:`ShmLink.send_pair`, what
+  ``send_tensor`` sends) leaves the header's inline record in the same ``sendmsg`` as
+  the payload's first control record, so the receiver wakes once for both.
 
 A send of a shared-memory message completes once the receiver has copied every chunk out
 (all slots free again), as a gloo send completes only once the receiver took it. Copies
