@@ -58,9 +58,14 @@ def test_compressed_payloads_travel_through_shared_memory(peers: PeerPair, gname
     assert tr_a["send"] == tr_b["recv"] == SHM
 
 
-def test_send_tensor_lands_in_the_preallocated_tensor(peers: PeerPair, gname: str) -> None:
+# 200 KiB: the header and the payload inline in one sendmsg; 1 MiB: the header with the
+# payload's first control record once chunk 0 is in its slot; 24 MiB: twelve chunks
+@pytest.mark.parametrize("nbytes", [200 * 1024, MIB + 8, 24 * MIB + 8])
+def test_send_tensor_lands_in_the_preallocated_tensor(
+    peers: PeerPair, gname: str, nbytes: int
+) -> None:
     sent, (same_buf, equal, got) = peers.run(
-        st.t_send_tensor, (gname, 24 * MIB + 8), st.t_send_tensor, (gname, 24 * MIB + 8)
+        st.t_send_tensor, (gname, nbytes), st.t_send_tensor, (gname, nbytes)
     )
     assert same_buf
     assert equal

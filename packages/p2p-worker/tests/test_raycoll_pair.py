@@ -8,62 +8,36 @@ and fall back to it (the group's gloo process group), alike.
 
 from __future__ import annotations
 
-import datetime
-import multiprocessing as mp
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
+from raycoll_spawn import run_members
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _member(rank: int, port: int, shm: bool, key: str, out: Any) -> None:
-    from p2p_collective import Collective, CollectiveConfig
+def _pair_body(coll: Any, rank: int, key: str) -> tuple[bool, list[bool]]:
     from p2p_worker._raycoll._pair import PairCollectives
 
-    store = dist.TCPStore(
-        "127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60)
-    )
-    coll = Collective(
-        f"{key}-{rank}", store, config=CollectiveConfig(shared_memory=shm), timeout=60
-    )
-    try:
-        pair = coll.create_pair_group([f"{key}-0", f"{key}-1"], group_name=f"{key}/coll")
-        two = PairCollectives(pair, rank)
-        on_shm = two.connect(60)
-        results = []
-        if on_shm:
-            for n in (5, 300_000):  # sent inline, then from the pair's sending thread
-                t = torch.arange(n, dtype=torch.float32) + rank
-                two.allreduce(t, "sum", 60)
-                results.append(bool(torch.equal(t, 2 * torch.arange(n, dtype=torch.float32) + 1)))
-                m = torch.full((n,), float(rank))
-                two.reduce(m, 1, "max", 60)
-                results.append(bool(torch.equal(m, torch.full((n,), float(rank)))))
-            two.barrier(60)
-        out.put((rank, on_shm, results))
-    except BaseException as exc:  # reported to the test, never a silent hang
-        out.put((rank, repr(exc), []))
-    finally:
-        coll.close()
+    pair = coll.create_pair_group([f"{key}-0", f"{key}-1"], group_name=f"{key}/coll")
+    two = PairCollectives(pair, rank)
+    on_shm = two.connect(60)
+    results = []
+    if on_shm:
+        for n in (5, 300_000):  # sent inline, then from the pair's sending thread
+            t = torch.arange(n, dtype=torch.float32) + rank
+            two.allreduce(t, "sum", 60)
+            results.append(bool(torch.equal(t, 2 * torch.arange(n, dtype=torch.float32) + 1)))
+            m = torch.full((n,), float(rank))
+            two.reduce(m, 1, "max", 60)
+            results.append(bool(torch.equal(m, torch.full((n,), float(rank)))))
+        two.barrier(60)
+    return on_shm, results
 
 
 def _run(shm: tuple[bool, bool], key: str) -> list[Any]:
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_member, args=(r, store.port, shm[r], key, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        return sorted(out.get(timeout=90) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+    return run_members(_pair_body, key, shm)
 
 
 def test_on_one_node_the_pair_runs_on_shared_memory_with_gloo_results() -> None:

@@ -560,8 +560,7 @@ class CollectiveGroup:
             side.out[head : head + n].copy_(payload)
             link.send(side.out_msg(head + n), deadline, header=True)
         else:  # a header the receiver checks, then the bytes straight into its tensor
-            link.send(side.out_msg(head), deadline, header=True)
-            link.send(payload, deadline)
+            link.send_pair(side.out_msg(head), payload, deadline)
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += 1 if inline else 2

@@ -123,6 +123,11 @@ class GlooLink:
         """Send the bytes of a flat uint8 tensor as one message (``header``: a frame's first)."""
         self._run("send", tensor, deadline, True, HEADER_TAG if header else PAYLOAD_TAG)
 
+    def send_pair(self, head: torch.Tensor, payload: torch.Tensor, deadline: float | None) -> None:
+        """Send a frame's header message, then its payload message."""
+        self.send(head, deadline, header=True)
+        self.send(payload, deadline)
+
     def recv(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
         """Receive one message into a flat uint8 tensor (the message may be shorter)."""
         self._run("recv", tensor, deadline, False, HEADER_TAG if header else PAYLOAD_TAG)

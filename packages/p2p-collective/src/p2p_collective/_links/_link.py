@@ -46,6 +46,13 @@ class Link(Protocol):
     def send(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
         """Send the bytes of a flat uint8 tensor as one message (``header``: a frame's first)."""
 
+    def send_pair(self, head: torch.Tensor, payload: torch.Tensor, deadline: float | None) -> None:
+        """Send a frame's header message, then its payload message (as ``send`` twice).
+
+        A link may hand both to its transport at once: the receiver still reads two
+        messages in this order.
+        """
+
     def recv(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:
         """Receive one message into a flat uint8 tensor (the message may be shorter)."""
 

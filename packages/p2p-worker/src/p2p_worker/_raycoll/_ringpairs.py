@@ -14,8 +14,10 @@ links of one node instead of handing them to gloo's threads and TCP connections.
   tensors followed by a local reduction in rank order. Either way every member ends
   with the same bits: a chunk is reduced once and then copied, or every member
   reduces the same tensors in the same order.
-- ``broadcast``: a chain from the root, right-wards, in pipelined chunks.
-- ``reduce``: a chain ending at the destination, right-wards, in pipelined chunks.
+- ``broadcast``: a chain from the root, right-wards, one message per hop (pieces of
+  :data:`CHAIN_CHUNK` beyond that size; the shared-memory link already overlaps the
+  sender's and the receiver's copies of each hop, slot by slot).
+- ``reduce``: a chain ending at the destination, right-wards, likewise.
 - ``reducescatter``: a ring reduce-scatter of the items.
 - ``barrier``: N - 1 steps of one byte (member r has then heard, through its left
   neighbour, from every member, each of which had entered the barrier).
@@ -48,18 +50,26 @@ SYNC_SEND_MAX = 64 << 10
 SMALL_ALLREDUCE = 64 << 10
 """Bytes up to which ``allreduce`` gathers whole tensors and reduces them locally."""
 
-CHAIN_CHUNK = 1 << 20
-"""Bytes per message of the pipelined chains (``broadcast``, ``reduce``)."""
+CHAIN_CHUNK = 64 << 20
+"""Bytes per message of the chains (``broadcast``, ``reduce``): up to this, one message.
+
+Measured on 2 busy cores (load 10 to 16, 8 members, the slowest member's median of 5 to
+9 rounds, ring pieces of several sizes alternating in the same sitting with Ray's gloo):
+a 16 MiB broadcast took 46.5 / 35.7 / 28.4 / 23.1 / 21.2 ms in pieces of 1 / 2 / 4 / 8 /
+16 MiB (Ray 42-44 ms, gloo through p2p 39-41 ms); 64 MiB 213 / 205 / 106 / 107 / 60 ms
+in pieces of 1 / 4 / 8 / 16 / 64 MiB (Ray 248 ms); with 4 members 16 MiB 16.8 / 13.1 /
+10.2 / 9.2 ms in pieces of 1 / 4 / 8 / 16 MiB (Ray 32 ms); a 16 MiB reduce of 8 members
+48.5 / 37.4 / 30.3 ms in pieces of 1 / 4 / 16 MiB (Ray 69 ms). Each piece costs a hand-off
+to the sending thread and a wake-up per hop, and on two cores the hops cannot run side
+by side anyway: within one hop the link already overlaps both copies.
+"""
 
 
 GLOO_FROM_MEMBERS = 8
-"""From this many members, some operations and sizes stay on gloo (see :func:`takes`)."""
+"""From this many members, some allreduces stay on gloo (see :func:`takes`)."""
 
 GLOO_ALLREDUCE_BELOW = 16 << 20
 """Bytes below which (and above :data:`SMALL_ALLREDUCE`) such an ``allreduce`` stays on gloo."""
-
-GLOO_BROADCAST_FROM = 16 << 20
-"""Bytes from which such a ``broadcast`` stays on gloo."""
 
 
 def takes(op: str, nbytes: int, size: int) -> bool:
@@ -67,19 +77,18 @@ def takes(op: str, nbytes: int, size: int) -> bool:
 
     Measured (2 busy cores, ``bench_collectives.py``, 4 KiB / 1 MiB / 16 MiB, same
     sittings as gloo): the ring won or tied every cell of 4 members, and every cell of
-    8 but two, which stay on gloo: a 1 MiB ``allreduce`` (0.63x of Ray's against gloo's
-    0.94x: the ring's 2 (N - 1) = 14 steps of 128 KiB, each handed to a sending thread,
-    cost more than gloo's fewer steps) and a 16 MiB ``broadcast`` (0.94x and 0.82x
-    against gloo's 0.99x: seven hops of copies through two cores). Sizes between the
-    measured ones go with the nearer measured loss. Every member computes the same
-    answer from the same arguments (Ray requires equal sizes), so all take one path.
+    8 but a 1 MiB ``allreduce`` (0.63x of Ray's against gloo's 0.94x: the ring's
+    2 (N - 1) = 14 steps of 128 KiB, each handed to a sending thread, cost more than
+    gloo's fewer steps), which stays on gloo, as do sizes between it and the measured
+    wins. (A 16 MiB ``broadcast`` of 8 members stayed on gloo too while the chain
+    moved 1 MiB pieces; as one message per hop it took 21-23 ms against gloo's 39-41 ms
+    and Ray's 42-44 ms, see :data:`CHAIN_CHUNK`.) Every member computes the same answer
+    from the same arguments (Ray requires equal sizes), so all take one path.
     """
     if size < GLOO_FROM_MEMBERS:
         return True
     if op == "allreduce":
         return not SMALL_ALLREDUCE < nbytes < GLOO_ALLREDUCE_BELOW
-    if op == "broadcast":
-        return nbytes < GLOO_BROADCAST_FROM
     return True
 
 
@@ -93,8 +102,9 @@ def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return [(cuts[i], cuts[i + 1]) for i in range(parts)]
 
 
-def _pieces(n: int, itemsize: int) -> Iterator[tuple[int, int]]:
-    step = max(1, CHAIN_CHUNK // max(1, itemsize))
+def _pieces(n: int, itemsize: int, chunk: int) -> Iterator[tuple[int, int]]:
+    """Consecutive ranges of ``range(n)`` of at most ``chunk`` bytes (at least one item)."""
+    step = max(1, chunk // max(1, itemsize))
     for lo in range(0, n, step):
         yield lo, min(n, lo + step)
 
@@ -107,13 +117,23 @@ class RingCollectives:
         right: The two-party group with member ``rank + 1``.
         rank: This member's rank.
         size: Number of members.
+        chain_bytes: Bytes per message of ``broadcast`` and ``reduce`` (every member must
+            pass the same value).
     """
 
-    def __init__(self, left: CollectiveGroup, right: CollectiveGroup, rank: int, size: int):
+    def __init__(
+        self,
+        left: CollectiveGroup,
+        right: CollectiveGroup,
+        rank: int,
+        size: int,
+        chain_bytes: int = CHAIN_CHUNK,
+    ):
         self.left = left
         self.right = right
         self.rank = rank
         self.size = size
+        self.chain_bytes = chain_bytes
         self._spare: torch.Tensor | None = None
         self._broken: BaseException | None = None
 
@@ -242,16 +262,14 @@ class RingCollectives:
         """``t`` of ``src`` is copied into ``t`` of every member, along a chain."""
         pos = (self.rank - src) % self.size
         flat = _flat(t)
-        sends = []
+        sends: list[Any] = []
         try:
-            for lo, hi in _pieces(flat.numel(), t.element_size()):
+            for lo, hi in _pieces(flat.numel(), t.element_size(), self.chain_bytes):
                 piece = flat[lo:hi]
                 if pos > 0:
                     self.left.recv_tensor(piece, timeout=time_left(deadline))
                 if pos < self.size - 1:
-                    sends.append(
-                        self.right.send_tensor(piece, async_op=True, timeout=time_left(deadline))
-                    )
+                    self._forward(piece, hi == flat.numel(), sends, deadline)
         finally:
             for s in sends:
                 s.wait(timeout=time_left(deadline))
@@ -266,15 +284,11 @@ class RingCollectives:
         flat = _flat(t)
         last = self.size - 1
         acc = flat if pos == last else self._scratch(flat.numel(), t.dtype)
-        sends = []
+        sends: list[Any] = []
         try:
-            for lo, hi in _pieces(flat.numel(), t.element_size()):
+            for lo, hi in _pieces(flat.numel(), t.element_size(), self.chain_bytes):
                 if pos == 0:
-                    sends.append(
-                        self.right.send_tensor(
-                            flat[lo:hi], async_op=True, timeout=time_left(deadline)
-                        )
-                    )
+                    self._forward(flat[lo:hi], hi == flat.numel(), sends, deadline)
                     continue
                 if pos == last:
                     got = self._chain_buf(hi - lo, t.dtype)
@@ -284,12 +298,27 @@ class RingCollectives:
                 piece = acc[lo:hi]
                 self.left.recv_tensor(piece, timeout=time_left(deadline))
                 combine(piece, flat[lo:hi], op)
-                sends.append(
-                    self.right.send_tensor(piece, async_op=True, timeout=time_left(deadline))
-                )
+                self._forward(piece, hi == flat.numel(), sends, deadline)
         finally:
             for s in sends:
                 s.wait(timeout=time_left(deadline))
+
+    def _forward(
+        self, piece: torch.Tensor, last: bool, sends: list[Any], deadline: float | None
+    ) -> None:
+        """Send a chain's piece to the right: the last one in this thread, others queued.
+
+        An earlier piece's send runs on the pair's sending thread while this thread
+        receives the next piece; the last one (the only one, up to :data:`CHAIN_CHUNK`)
+        has nothing to overlap with, and a send in the calling thread saves the hand-off
+        to the sending thread and the wake-up back (it still goes after the queued ones).
+        Measured on 2 busy cores, 8 members, 1 MiB, same sitting (median of 15): broadcast
+        6.23 ms with a queued last send, 5.45 ms sent here; reduce 7.80 and 6.30 ms.
+        """
+        if last:
+            self.right.send_tensor(piece, timeout=time_left(deadline))
+        else:
+            sends.append(self.right.send_tensor(piece, async_op=True, timeout=time_left(deadline)))
 
     def _chain_buf(self, n: int, dtype: torch.dtype) -> torch.Tensor:
         return self._scratch(n, dtype)
