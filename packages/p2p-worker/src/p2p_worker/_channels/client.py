@@ -438,7 +438,7 @@ class ChannelLink:
         if failed is not None:
             self._break(group, failed)
         work = ChannelWork(fut, lambda wait, timeout: self._withdraw(token, wait, timeout))
-        return Op(seq, kind, work, item, batch)
+        return Op(seq, kind, work, item, batch, bool(getattr(request, "inline", False)))
 
     def query(self, request: Callable[[int], tuple[Any, ...]], timeout: float | None) -> Any:
         """Send request ``request(token)`` and wait for its answer (no put or get: no order).
@@ -572,6 +572,19 @@ class ChannelLink:
         with self._lock:
             return (self._gen, self._sent)
 
+    def puts_settled(self) -> bool:
+        """Whether every put issued so far is processed (holding ``_lock``; no credits held).
+
+        A put being processed holds the put order lock until its payload is counted in
+        ``_sent``; so when neither a put is pending nor that lock is held, ``_sent``
+        covers every earlier payload (what an inline put's sync must name).
+        """
+        return (
+            self._seq["put"] == self._next["put"]
+            and not self._credits
+            and not self._order["put"].locked()
+        )
+
     def want_credits(self) -> int:
         """Credits a new put asks for: some when it is this process's only put in flight.
 
@@ -658,6 +671,14 @@ class ChannelLink:
     # -- payloads -------------------------------------------------------------------------
 
     def _start_put(self, op: Op, gen: int, lent: int, inline: bool) -> None:
+        if op.inline:  # the item rode in the request and is in the channel now
+            with self._lock:
+                if lent and self._group_for(gen) is not None:
+                    self._credits += lent
+                    self._last_put = time.monotonic()
+                    self._arm_linger()
+            op.work._finish(None)
+            return
         with self._lock:
             group = self._group_for(gen)
             if group is not None:

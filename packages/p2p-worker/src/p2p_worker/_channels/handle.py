@@ -16,8 +16,9 @@ from p2p_worker._channels.endpoint import (
     remember_handle,
 )
 from p2p_worker._channels.errors import ChannelClosedError
+from p2p_worker._channels.inline import PutRequest
 from p2p_worker._channels.keys import DEFAULT_KEY, check_key, check_weight, wrap
-from p2p_worker._channels.proto import GET, MAX_BATCH, PUT, QSIZE, check_channel_name
+from p2p_worker._channels.proto import GET, MAX_BATCH, QSIZE, check_channel_name
 from p2p_worker._channels.spawn import resolve_names, spawn_channel_worker
 from p2p_worker._channels.work import ChannelWork, check_timeout
 
@@ -236,7 +237,7 @@ class Channel:
         done = link.credit_put(item, async_op)
         if done is not NO_CREDIT:
             return done
-        op = link.submit("put", lambda t: (PUT, t, True, timeout, link.want_credits()), item)
+        op = link.submit("put", PutRequest(link, item, True, timeout), item)
         return link.follow(op) if async_op else link.run(op, link.limit(timeout))
 
     def put_nowait(self, item: Any, weight: int = 0, key: Any = DEFAULT_KEY) -> None:
@@ -260,7 +261,7 @@ class Channel:
         link = self._link()
         if link.credit_put(item, False) is not NO_CREDIT:
             return
-        op = link.submit("put", lambda t: (PUT, t, False, None, 0), item)
+        op = link.submit("put", PutRequest(link, item, False, None), item)
         link.run(op, link.limit(0.0))
 
     # -- getting --------------------------------------------------------------------------
@@ -508,7 +509,8 @@ class Channel:
             or being sent to a consumer), ``queued`` (ready to get), ``arriving``
             (payloads on their way in), ``waiting_putters``,
             ``waiting_getters``, ``credits`` (slots lent to producers ahead of their
-            puts, see the channels guide), ``puts`` and ``gets`` (completed transfers), ``voids``
+            puts, see the channels guide), ``puts`` and ``gets`` (completed transfers),
+            ``inline`` (puts whose small item rode in the request), ``voids``
             (abandoned puts), ``failures`` (failed transfers), ``resets`` (links
             reset), ``peers`` (peer name -> link generation) and ``closed``.
 

@@ -81,6 +81,8 @@ def control_group_name(uid: str, peer: str, gen: int) -> str:
 
 # Requests travel on a peer's control group as plain tuples (cheap to pickle):
 #   (PUT, token, block, timeout, credits)
+#   (PUT_INLINE, token, block, timeout, credits, sync, obj): a small item riding in its
+#       put request (see INLINE_BYTES); granted, it enters the channel at once
 #   (GET, token, max_items, max_bytes, block, timeout, sync, key, target_weight)
 #   (ACK, token, ...): the items of gets ``token, ...`` have arrived
 #   (ACKED, (token, ...), request): those acknowledgements riding on a request
@@ -93,6 +95,15 @@ GET = 1
 ACK = 2
 QSIZE = 3
 ACKED = 4
+PUT_INLINE = 5
+
+INLINE_BYTES = 1024
+"""Largest pickled item without tensors that rides inside its put request.
+
+Such a put costs one request and one answer, no payload message. While it waits for
+room the channel worker holds the item (as it holds the request); a process sends at
+most one such put at a time (the next ones take the payload path), so waiting inline
+puts hold at most ``INLINE_BYTES`` per producer beyond ``maxsize`` items."""
 
 
 def actor_name(store_host: str, store_port: int, name: str) -> str:

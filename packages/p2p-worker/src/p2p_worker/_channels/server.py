@@ -55,6 +55,7 @@ from p2p_worker._channels.proto import (
     ACKED,
     NO_ROOM,
     PUT,
+    PUT_INLINE,
     QSIZE,
     ChannelSpec,
     Hello,
@@ -117,7 +118,7 @@ class ChannelWorker(WorkerBase):
         self._peers: dict[str, Peer] = {}
         self._serving: set[asyncio.Future[None]] = set()  # requests being served
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._counts = {"puts": 0, "gets": 0, "failures": 0, "resets": 0, "voids": 0}
+        self._counts = {"puts": 0, "gets": 0, "failures": 0, "resets": 0, "voids": 0, "inline": 0}
         self._stop = threading.Event()
         threading.Thread(
             target=_watch_store, args=(spec.job, self._stop), name="p2p-channel-watch", daemon=True
@@ -367,13 +368,16 @@ class ChannelWorker(WorkerBase):
         queue = self._queue
         if queue.closed or token in peer.tokens.cancelled:
             return False
-        if kind == PUT:
-            _, _, _, _, credits = request
+        if kind in (PUT, PUT_INLINE):
+            credits = request[4]
+            inline = request[6:]  # (obj,) of an item riding in its request
+            if inline and not self._synced(peer, *request[5]):
+                return False  # the peer's earlier payloads first (FIFO per producer)
             if not queue.try_reserve():
                 return False
             peer.tokens.start(token)
             peer.tokens.finish(token)
-            answer = self._granted_put(peer, credits)
+            answer = self._granted_put(peer, credits, *inline)
             self._answer(peer, group, token, answer, [])
             return True
         if kind == QSIZE:
@@ -416,9 +420,13 @@ class ChannelWorker(WorkerBase):
         try:
             if gate is not None and not gate.done():
                 await gate
-            if request[0] == PUT:
-                _, _, block, timeout, credits = request
-                answer: Any = await self._put(peer, token, block, timeout, credits, group, queued)
+            if request[0] in (PUT, PUT_INLINE):
+                _, _, block, timeout, credits, *inline = request
+                if inline:  # the peer's earlier payloads enter first (FIFO per producer)
+                    await self._sync(peer.name, *inline[0])
+                answer: Any = await self._put(
+                    peer, token, block, timeout, credits, group, queued, *inline[1:]
+                )
                 self._answer(peer, group, token, answer, [])
                 return
             if request[0] == QSIZE:
@@ -527,11 +535,14 @@ class ChannelWorker(WorkerBase):
         credits: int,
         expect: Any = None,
         queued: asyncio.Future[None] | None = None,
+        *inline: Any,
     ) -> int:
         """Reserve a slot (and lend credits) for ``peer``; post the receives; the answer.
 
         With ``expect`` (a request over the control group) the grant holds only while
         ``expect`` is still the peer's link; else the slot is given back (RESET).
+        ``inline`` is ``(obj,)`` for an item that rode in its request: granted, it is
+        queued at once and no payload receive is posted.
         """
         tokens = peer.tokens
         if not tokens.start(token):
@@ -552,13 +563,21 @@ class ChannelWorker(WorkerBase):
         if expect is not None and peer.group is not expect:
             self._queue.arrival_failed()
             return RESET_ANSWER
-        return self._granted_put(peer, credits)
+        return self._granted_put(peer, credits, *inline)
 
-    def _granted_put(self, peer: Peer, credits: int) -> int:
-        """A put of ``peer`` holds its slot: post the receives (and lend credits); the answer."""
+    def _granted_put(self, peer: Peer, credits: int, *inline: Any) -> int:
+        """A put of ``peer`` holds its slot: post the receives (and lend credits); the answer.
+
+        ``inline`` (``(obj,)``): the item came with the request; it is queued now.
+        """
         group = self._group(peer)
-        work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
-        self._when_done(work, self._finish_recv, peer, group)
+        if inline:
+            self._counts["puts"] += 1
+            self._counts["inline"] += 1
+            self._queue.arrived(_item(inline[0]))
+        else:
+            work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
+            self._when_done(work, self._finish_recv, peer, group)
         lent = self._queue.grant_credits(min(credits, self._credit_cap()))
         for _ in range(lent):
             # An idle producer hands its credits back within a fraction of a second, so

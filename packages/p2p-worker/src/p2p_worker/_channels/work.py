@@ -80,14 +80,17 @@ class ChannelWork(AsyncChannelWork):
 class Op:
     """One issued put or get: its place in issue order, handle, item and get key."""
 
-    __slots__ = ("batch", "item", "key", "kind", "seq", "work")
+    __slots__ = ("batch", "inline", "item", "key", "kind", "seq", "work")
 
-    def __init__(self, seq: int, kind: str, work: ChannelWork, item: Any, batch: bool) -> None:
+    def __init__(
+        self, seq: int, kind: str, work: ChannelWork, item: Any, batch: bool, inline: bool = False
+    ) -> None:
         self.seq = seq
         self.kind = kind
         self.work = work
         self.item = item
         self.batch = batch
+        self.inline = inline  # a put whose item rode in its request (no payload follows)
         self.key: Any = DEFAULT_KEY  # a get's key: where its orphans belong
 
 
