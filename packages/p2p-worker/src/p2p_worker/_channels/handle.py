@@ -222,7 +222,9 @@ class Channel:
             TypeError: ``weight`` is not an int, or ``key`` is unhashable.
             ValueError: ``timeout`` or ``weight`` is negative, or the item cannot be sent
                 (a tensor not on CPU or not contiguous, an unpicklable object).
-            ChannelError: The transfer failed (the item was not added).
+            ChannelError: The transfer failed (the item was not added; but a small
+                item that rode in its request may be in when the link failed just
+                after the channel worker queued it, see the channels guide).
             ChannelClosedError: The channel is destroyed or its worker died.
 
         Example:

@@ -23,7 +23,11 @@ two collective groups to this worker, named with the peer's link generation:
 
 A put request waits (FIFO) for a free slot, takes it and posts a receive on the link
 for the payload; its answer grants the slot, and the producer then sends its item. No
-payload ever travels without a slot, so ``maxsize`` bounds memory. A grant may also lend
+payload ever travels without a slot, so ``maxsize`` bounds memory. A small item without
+tensors may ride inside its put request instead (``PUT_INLINE``, see
+``_channels.inline``): granted, it is queued at once: no payload receive, no payload
+hand-off to the loop; while it waits, the request (item included) is all it holds, one per
+producer at a time. A grant may also lend
 *credits*: further free slots, each with a receive posted ahead, so the producer's next
 puts are plain sends without a request. Credits count against ``maxsize`` like items; an
 idle producer hands unused ones back (a ``Void`` for each), and a get carries the
