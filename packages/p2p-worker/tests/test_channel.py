@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import ray
 import torch
 
 from p2p_asyncwork import AsyncChannelWork, WorkCancelledError
 from p2p_worker import (
     Channel,
+    ChannelClosedError,
     ChannelEmpty,
     ChannelExistsError,
     ChannelFull,
@@ -24,6 +29,7 @@ from p2p_worker import (
     connect_channel,
     create_channel,
 )
+from p2p_worker._channels.proto import CHANNEL_NAMESPACE
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -105,11 +111,40 @@ class Peer(Worker):
         return self.connect_channel(name).get()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
+def cluster(ray_session: object) -> Iterator[Cluster]:
+    """One job for the whole module (no test here kills a process): its store and workers
+    serve every test, and each test's channels are destroyed after it (``fresh_channels``)."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    c = Cluster(num_nodes=1)
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
 def peers(cluster: Cluster) -> tuple[Any, Any]:
     a = Peer.create_group().launch(cluster, ONE, name="ch_a")
     b = Peer.create_group().launch(cluster, ONE, name="ch_b")
     return a, b
+
+
+def channel_actors() -> set[str]:
+    return {
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == CHANNEL_NAMESPACE
+    }
+
+
+@pytest.fixture(autouse=True)
+def fresh_channels(cluster: Cluster) -> Iterator[None]:
+    """Destroy the channels a test created (their workers would pile up in the shared job)."""
+    before = channel_actors()
+    yield
+    for full in channel_actors() - before:
+        name = full.rsplit("/", 1)[1]
+        with contextlib.suppress(ChannelNotFoundError, ChannelClosedError):
+            connect_channel(cluster, name, timeout=5.0).destroy(timeout=10.0)
 
 
 def test_items_of_every_kind_between_workers(peers: tuple[Any, Any]) -> None:
