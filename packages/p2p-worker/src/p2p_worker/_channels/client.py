@@ -35,6 +35,7 @@ from p2p_worker._channels.errors import (
     ChannelError,
     ChannelFull,
 )
+from p2p_worker._channels.order import IssueOrder
 from p2p_worker._channels.proto import (
     CANCELLED,
     NO_ROOM,
@@ -79,16 +80,9 @@ class ChannelLink:
         # Puts are ordered among puts and gets among gets: one kind never waits for the
         # other (a pending put must not hold up the get that would make room for it).
         self._seq = {"put": 0, "get": 0, "query": 0}
-        self._next = {"put": 0, "get": 0}
-        self._answers: dict[str, dict[int, tuple[Op, Any, BaseException | None]]] = {
-            "put": {},
-            "get": {},
-        }
-        self._order = {"put": threading.Lock(), "get": threading.Lock()}
-        self._inbox: dict[str, deque[tuple[Op, Any, BaseException | None]]] = {
-            "put": deque(),
-            "get": deque(),
-        }
+        # Answers are processed in issue order, one at a time per kind; holding a kind's
+        # turn (``with self._order[kind]``) also keeps its answers from being processed.
+        self._order = {"put": IssueOrder(self._process), "get": IssueOrder(self._process)}
         self.orphans: deque[tuple[Any, Any]] = deque()  # (key, item) of abandoned gets
         # Gets of link generation _gen whose items were handed over, until the channel
         # worker is known to have their acknowledgement: token -> [items received,
@@ -146,20 +140,18 @@ class ChannelLink:
                 ) from exc
 
     def _group_for(self, gen: int) -> Any:
-        """The group of generation ``gen``; None when ``gen`` is older than ours (stale)."""
-        if gen < self._gen:
-            return None
+        """The link of generation ``gen`` (holding ``_lock``); None if not ours or closed.
+
+        The channel worker answers only on a peer's current link, naming its generation,
+        so a grant of an older generation is stale (the link was reset since). A newer
+        one cannot come on a link of ours: no group is made for it here (it would have
+        no answer receive posted, see :meth:`_read`); the channel worker is asked to drop
+        it instead.
+        """
         if gen > self._gen:
-            if self._group is not None:
-                self._group.close(timeout=0.0)
-            self._group = None
-            self._report(self.got_report())
-            self._got = {}
-            self._acks.clear()
-            self._gen = gen
-            self._credits = self._sent = 0  # the channel worker dropped them
-        if self._group is None:
-            self._group = self._make_group(gen)
+            self._ask_reset(gen)
+        if gen != self._gen or self.closed:
+            return None
         return self._group
 
     def _withdraw(self, token: int, wait: bool, timeout: float | None) -> bool:
@@ -188,7 +180,18 @@ class ChannelLink:
         ChannelWork._follow(work, lambda w: self._on_answer(group, w))
 
     def _on_answer(self, group: Any, work: AsyncWork[Any]) -> None:
-        """An answer arrived: receive the items that follow it, then hand it to its op."""
+        """An answer arrived: receive the items that follow it, then hand it to its op.
+
+        Runs in the link's receiving thread. Whatever goes wrong here breaks the link
+        (its waiting ops fail, the next op reconnects): an exception let out would end
+        that thread, and with it every later answer, silently.
+        """
+        try:
+            self._take_answer(group, work)
+        except BaseException as exc:
+            self._break(group, exc)
+
+    def _take_answer(self, group: Any, work: AsyncWork[Any]) -> None:
         failed = work.exception(0)
         if failed is not None:
             self._break(group, failed)
@@ -487,7 +490,7 @@ class ChannelLink:
                 self.follow(op)
                 return op.work.wait(0)
             answer, error = None, exc
-        self._deliver(op, answer, error, inline=True)
+        self._order[op.kind].deliver(op, answer, error, inline=True)
         return self.wait(op.work, limit)
 
     def _on_future(self, op: Op, fut: Future[Any]) -> None:
@@ -495,39 +498,9 @@ class ChannelLink:
             answer, error = fut.result(), None
         except BaseException as exc:
             answer, error = None, exc
-        self._deliver(op, answer, error, inline=False)
-
-    def _deliver(self, op: Op, answer: Any, error: BaseException | None, inline: bool) -> None:
-        """Hand in an answer; process every answer that is next in line, in order.
-
-        Whoever holds the kind's lock processes; Ray's callback thread never waits for
-        it (a blocking caller may hold it through a whole transfer): it leaves its
-        answer in the inbox, which the holder drains before it lets go.
-        """
-        kind = op.kind
-        inbox, lock = self._inbox[kind], self._order[kind]
-        inbox.append((op, answer, error))
-        while inbox:
-            if not lock.acquire(blocking=inline):
-                return  # the holder will find our answer in the inbox
-            try:
-                answers = self._answers[kind]
-                while inbox:
-                    got = inbox.popleft()
-                    answers[got[0].seq] = got
-                while self._next[kind] in answers:
-                    ready = answers.pop(self._next[kind])
-                    self._next[kind] += 1
-                    try:
-                        self._process(*ready, inline=inline and ready[0] is op)
-                    except BaseException as exc:  # never leave a handle pending
-                        ready[0].work._finish(exception=exc)
-                    while inbox:
-                        got = inbox.popleft()
-                        answers[got[0].seq] = got
-            finally:
-                lock.release()
-            inline = False  # our own op is processed; later rounds only drain
+        # Ray's callback thread never waits for the turn (a blocking caller may hold it
+        # through a whole transfer): the answer is then left for the holder.
+        self._order[op.kind].deliver(op, answer, error, inline=False)
 
     def _process(self, op: Op, answer: Any, error: BaseException | None, inline: bool) -> None:
         name = self.hello.name
@@ -558,12 +531,17 @@ class ChannelLink:
             self._get_done(op, decode(code)[0], outcomes)
 
     def _stale(self, op: Op) -> None:
-        op.work._finish(
-            exception=ChannelError(
-                f"channel {self.hello.name!r}: {op.kind} granted on a link that was reset"
-                " meanwhile; nothing was put or taken"
+        name = self.hello.name
+        if self.closed:
+            err: ChannelError = ChannelClosedError(
+                f"channel {name!r}: this handle was closed; nothing was put or taken"
             )
-        )
+        else:
+            err = ChannelError(
+                f"channel {name!r}: {op.kind} granted on a link that was reset meanwhile;"
+                " nothing was put or taken"
+            )
+        op.work._finish(exception=err)
 
     # -- put credits ----------------------------------------------------------------------
 
@@ -580,7 +558,7 @@ class ChannelLink:
         covers every earlier payload (what an inline put's sync must name).
         """
         return (
-            self._seq["put"] == self._next["put"]
+            self._seq["put"] == self._order["put"].next
             and not self._credits
             and not self._order["put"].locked()
         )
@@ -592,7 +570,7 @@ class ChannelLink:
         channel worker's split of its receives into credits and grants is then off
         until they are used or handed back.)
         """
-        idle = self._seq["put"] == self._next["put"] and not self._credits
+        idle = self._seq["put"] == self._order["put"].next and not self._credits
         return CREDITS if idle else 0
 
     def credit_put(self, item: Any, async_op: bool) -> Any:
@@ -603,10 +581,20 @@ class ChannelLink:
         """
         if not self._credits:  # unlocked peek: the common case without credits
             return NO_CREDIT
-        with self._order["put"], self._lock:
+        turn = self._order["put"]
+        if not turn.claim():  # a put is being processed (perhaps by this thread): ask
+            return NO_CREDIT
+        try:
+            return self._credit_send(item, async_op)
+        finally:
+            turn.release()
+
+    def _credit_send(self, item: Any, async_op: bool) -> Any:
+        """:meth:`credit_put` holding the put turn: send ``item`` if a credit is left."""
+        with self._lock:
             if self.closed:
                 raise ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
-            if not self._credits or self._next["put"] != self._seq["put"]:
+            if not self._credits or self._order["put"].next != self._seq["put"]:
                 return NO_CREDIT
             self._credits -= 1
             self._sent += 1
@@ -717,6 +705,10 @@ class ChannelLink:
         err = ChannelError(f"channel {self.hello.name!r}: sending the item failed: {exc}")
         err.__cause__ = exc
         op.work._finish(exception=err)
+        with self._lock:  # the link is unusable: its ops fail now, the next reconnects
+            group = self._group if gen == self._gen else None
+        if group is not None:
+            self._break(group, exc)
 
     def _get_done(self, op: Op, gen: int, outcomes: list[tuple[Any, BaseException | None]]) -> None:
         got = [value for value, exc in outcomes if exc is None]
