@@ -19,6 +19,7 @@ from p2p_worker import (
     Channel,
     ChannelClosedError,
     ChannelEmpty,
+    ChannelError,
     ChannelExistsError,
     ChannelFull,
     ChannelNotFoundError,
@@ -238,6 +239,30 @@ def test_async_handles_and_asyncio(cluster: Cluster) -> None:
     chained = ch.get(async_op=True).then(lambda item: item * 2)
     ch.put(21)
     assert chained.wait(30) == 42
+
+
+def test_a_blocking_call_in_a_handles_callback_is_refused(cluster: Cluster) -> None:
+    # A handle's callback runs in the thread that processes channel answers: a blocking
+    # call there would wait for an answer only that thread can process. It is refused
+    # with a ChannelError naming the way out, and nothing is lost or wedged.
+    ch = create_channel(cluster, "callbacks", maxsize=0)
+    chained = ch.get(async_op=True).then(lambda item: (item, ch.get(timeout=5)))
+    time.sleep(0.3)  # the get waits in the channel worker: its answer comes later
+    ch.put("first")
+    with pytest.raises(ChannelError, match="would wait for itself"):
+        chained.wait(30)
+    other = create_channel(cluster, "callbacks_other", maxsize=0)
+    lonely = other.get(async_op=True)  # pending: that channel is empty
+    waiting = ch.get(async_op=True).then(lambda item: lonely.wait())
+    time.sleep(0.3)
+    ch.put("second")
+    with pytest.raises(ChannelError, match="would wait for itself"):
+        waiting.wait(30)
+    other.put("third")
+    assert lonely.wait(30) == "third"  # the refused wait took nothing
+    ch.put("fourth")
+    assert ch.get(timeout=30) == "fourth"  # the channel goes on
+    assert settled(ch)["held"] == 0
 
 
 def test_cancel_withdraws_a_waiting_get(cluster: Cluster) -> None:

@@ -20,7 +20,7 @@ from p2p_worker._channels.inline import PutRequest
 from p2p_worker._channels.keys import DEFAULT_KEY, check_key, check_weight, wrap
 from p2p_worker._channels.proto import GET, MAX_BATCH, QSIZE, check_channel_name
 from p2p_worker._channels.spawn import resolve_names, spawn_channel_worker
-from p2p_worker._channels.work import ChannelWork, check_timeout
+from p2p_worker._channels.work import ChannelWork, check_timeout, refuse_waiting_in_callback
 
 DEFAULT_TRANSFER_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 30.0
@@ -235,6 +235,8 @@ class Channel:
             async_op, weight = weight, 0
         item = wrap(item, check_key(key), check_weight(weight))
         timeout = check_timeout(timeout)
+        if not async_op:
+            refuse_waiting_in_callback("a blocking put")
         link = self._link()
         done = link.credit_put(item, async_op)
         if done is not NO_CREDIT:
@@ -260,6 +262,7 @@ class Channel:
             ...     pass
         """
         item = wrap(item, check_key(key), check_weight(weight))
+        refuse_waiting_in_callback("put_nowait")
         link = self._link()
         if link.credit_put(item, False) is not NO_CREDIT:
             return
@@ -279,6 +282,8 @@ class Channel:
         key: Any = DEFAULT_KEY,
         target_weight: int | None = None,
     ) -> Any:
+        if not async_op:
+            refuse_waiting_in_callback("a blocking get" if block else "get_nowait")
         link = self._link()
         with link._lock:
             mine = [i for i, (k, _) in enumerate(link.orphans) if k == key]

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from p2p_worker._channels.work import Op
+from p2p_worker._channels.work import Op, answer_processing
 
 Answer = tuple[Op, Any, BaseException | None]
 Process = Callable[[Op, Any, BaseException | None, bool], None]
@@ -98,7 +98,8 @@ class IssueOrder:
                     ready = answers.pop(self.next)
                     self.next += 1
                     try:
-                        self._process(*ready, own is not None and ready[0] is own)
+                        with answer_processing():
+                            self._process(*ready, own is not None and ready[0] is own)
                     except BaseException as exc:  # never leave a handle pending
                         ready[0].work._finish(exception=exc)
                     while inbox:

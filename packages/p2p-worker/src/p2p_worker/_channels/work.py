@@ -3,13 +3,48 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkCancelledError
+from p2p_worker._channels.errors import ChannelError
 from p2p_worker._channels.keys import DEFAULT_KEY
 
 CONTROL_GRACE = 30.0  # seconds a blocking call waits past its own bounds for an answer
+
+
+_local = threading.local()  # .depth: channel answers this thread is processing now
+
+
+@contextlib.contextmanager
+def answer_processing() -> Iterator[None]:
+    """Mark this thread as processing a channel answer (running its handle's callbacks)."""
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
+def refuse_waiting_in_callback(what: str) -> None:
+    """Refuse a blocking channel call from a channel handle's done-callback.
+
+    Such a callback runs in the thread that processes channel answers (the link's
+    receiving thread, or one holding the issue turn): a call that waits for another
+    answer there would wait for itself, forever.
+
+    Raises:
+        ChannelError: Called while this thread processes a channel answer.
+    """
+    if getattr(_local, "depth", 0):
+        raise ChannelError(
+            f"{what} would block inside a channel handle's callback, which runs in the"
+            " thread that processes channel answers, so it would wait for itself; use"
+            " async_op=True (and then()/add_done_callback) there, or call it from another"
+            " thread"
+        )
 
 
 class ChannelWork(AsyncChannelWork):
@@ -68,6 +103,12 @@ class ChannelWork(AsyncChannelWork):
                 self.abandoned = True
                 self._cancel(False, None)
             raise
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Like :meth:`AsyncWork.wait`; refused (ChannelError) from a channel callback."""
+        if not self.done() and (timeout is None or timeout > 0):
+            refuse_waiting_in_callback("waiting for a pending channel operation")
+        return super().wait(timeout)
 
     def _finish(self, result: Any = None, exception: BaseException | None = None) -> bool:
         return self._complete(result=result, exception=exception)
