@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import ray
 import torch
+from channel_helpers import settled
 
 from p2p_asyncwork import AsyncChannelWork, WorkCancelledError
 from p2p_worker import (
@@ -35,16 +36,6 @@ from p2p_worker._channels.proto import CHANNEL_NAMESPACE
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 ONE = NodePlacementStrategy([0], cpus_per_worker=0)
-
-
-def settled(ch: Channel, timeout: float = 30.0) -> dict[str, Any]:
-    """Stats once every delivered item's slot is back (the channel worker frees a slot
-    just after the consumer has the item, so a snapshot taken at once may lag)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        st = ch.stats()
-        if st["held"] == st["queued"] + st["arriving"] or time.monotonic() > deadline:
-            return st
 
 
 def sample_items() -> list[Any]:

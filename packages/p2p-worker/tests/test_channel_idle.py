@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from channel_helpers import wait_for
 
 from p2p_worker import Cluster, NodePlacementStrategy, Worker, create_channel
 
@@ -49,13 +50,6 @@ class Idler(Worker):
         t0 = time.monotonic()
         item = ch.get(timeout=60)
         return item, time.monotonic() - t0
-
-
-def wait_for(cond: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def test_waiting_put_and_get_outlive_a_short_op_timeout(short_cluster: Cluster) -> None:

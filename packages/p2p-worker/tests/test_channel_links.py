@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from typing import Any
 
 import pytest
 import ray
+from channel_helpers import channel_actor, wait_for
 
 from p2p_worker import ChannelEmpty, Cluster, NodePlacementStrategy, Worker, create_channel
 
@@ -48,13 +48,6 @@ class Getter(Worker):
     def get_n(self, name: str, count: int) -> list[Any]:
         ch = self.connect_channel(name)
         return [ch.get(timeout=60) for _ in range(count)]
-
-
-def wait_for(cond: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def test_async_gets_of_one_consumer_are_served_in_issue_order(cluster: Cluster) -> None:
@@ -104,14 +97,6 @@ def test_consumer_killed_mid_get_loses_no_item(cluster: Cluster) -> None:
     ch.destroy()
 
 
-def _channel_actor(name: str) -> Any:
-    """The Ray actor of channel ``name``, found through Ray's public actor listing."""
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        if entry["name"].endswith("/" + name):
-            return ray.get_actor(entry["name"], namespace=entry["namespace"])
-    raise AssertionError(f"no named actor for channel {name!r}")
-
-
 def test_link_reset_after_items_arrived_delivers_them_once(cluster: Cluster) -> None:
     """A live consumer's link is reset after its items reached it, before its ack did.
 
@@ -131,7 +116,7 @@ def test_link_reset_after_items_arrived_delivers_them_once(cluster: Cluster) -> 
         assert (st["held"], st["gets"]) == (2, 0)  # sent, not acknowledged
         peer = "reset_holder:0"
         gen = st["peers"][peer]
-        ray.get(_channel_actor("resetonce").reset_link.remote(peer, gen), timeout=30)
+        ray.get(channel_actor("resetonce").reset_link.remote(peer, gen), timeout=30)
         assert ch.stats()["peers"][peer] == gen + 1  # the link was reset
     finally:
         os.kill(pid, signal.SIGCONT)

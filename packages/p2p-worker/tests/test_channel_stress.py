@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import ray
 import torch
+from channel_helpers import settled, wait_for
 
 from p2p_worker import (
     Channel,
@@ -109,23 +110,6 @@ class Consumer(Worker):
         return out
 
 
-def settled(ch: Channel, timeout: float = 30.0) -> dict[str, Any]:
-    """Stats once every delivered item's slot is back (freed just after delivery)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        st = ch.stats()
-        if st["held"] == st["queued"] + st["arriving"] or time.monotonic() > deadline:
-            return st
-
-
-def wait_until(cond: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 def test_four_producers_four_consumers_every_item_once_in_order(cluster: Cluster) -> None:
     producers = Producer.create_group().launch(
@@ -168,7 +152,7 @@ def test_a_consumer_killed_while_waiting_does_not_wedge_the_channel(cluster: Clu
     producer = Producer.create_group().launch(cluster, ONE, name="feeder")
     ch = create_channel(cluster, "wedge", maxsize=2, transfer_timeout=60.0)
     blocked = doomed.block_on_get("wedge")
-    wait_until(lambda: ch.stats()["waiting_getters"] == 1)
+    wait_for(lambda: ch.stats()["waiting_getters"] == 1)
     ray.kill(doomed.actors[0], no_restart=True)
     time.sleep(0.5)
     t0 = time.monotonic()

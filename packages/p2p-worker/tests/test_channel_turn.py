@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import ray
 import torch
+from channel_helpers import channel_actor, wait_for
 
 from p2p_worker import ChannelEmpty, Cluster, NodePlacementStrategy, Worker, create_channel
 
@@ -79,21 +80,6 @@ def parker(cluster: Cluster) -> Any:
     return Parker.create_group().launch(cluster, ONE, name="turn_parker")
 
 
-def wait_for(cond: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
-
-
-def _channel_actor(name: str) -> Any:
-    """The Ray actor of channel ``name``, found through Ray's public actor listing."""
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        if entry["name"].endswith("/" + name):
-            return ray.get_actor(entry["name"], namespace=entry["namespace"])
-    raise AssertionError(f"no named actor for channel {name!r}")
-
-
 def _value(item: Any) -> float:
     assert isinstance(item, torch.Tensor), item
     assert item.shape == (4,)
@@ -132,7 +118,7 @@ def test_puts_answered_before_a_link_reset_fail_within_seconds(
     """The link is reset after the grants arrived, before their payloads could leave."""
     ch = _grant_while_turn_held(cluster, parker, "turn_reset")
     gen = ch.stats()["peers"][PEER]
-    ray.get(_channel_actor("turn_reset").reset_link.remote(PEER, gen), timeout=30)
+    ray.get(channel_actor("turn_reset").reset_link.remote(PEER, gen), timeout=30)
     assert ch.stats()["peers"][PEER] == gen + 1
     start = time.monotonic()
     parker.release_turn().wait(60)
@@ -155,7 +141,7 @@ def test_puts_waiting_for_room_fail_within_seconds_when_the_link_is_reset(
     wait_for(lambda: ch.stats()["waiting_putters"] == 2)
     gen = ch.stats()["peers"][PEER]
     start = time.monotonic()
-    ray.get(_channel_actor("turn_waiting").reset_link.remote(PEER, gen), timeout=30)
+    ray.get(channel_actor("turn_waiting").reset_link.remote(PEER, gen), timeout=30)
     assert parker.outcomes(10.0).wait(60) == [["ChannelError", "ChannelError"]]
     assert time.monotonic() - start < 10.0
     assert ch.get(timeout=30) == "a"
