@@ -194,7 +194,10 @@ def is_chunked(codec: WireCodec, frame: OutFrame) -> bool:
 
 
 def chunk_frame(
-    codec: WireCodec, frame: OutFrame, choice: Choice | None = None
+    codec: WireCodec,
+    frame: OutFrame,
+    choice: Choice | None = None,
+    itemsizes: dict[int, int] | None = None,
 ) -> ChunkStream | None:
     """The chunk stream of ``frame`` when it is large enough to be chunked, else None.
 
@@ -202,7 +205,8 @@ def chunk_frame(
     compression of the first chunks (a window ahead). An adaptive link's ``choice``
     names the codec of the eligible chunks (None: raw, with the reason ``adaptive``),
     for a probe another codec for the first eligible chunk, and while learning the
-    codecs that take turns chunk by chunk.
+    codecs that take turns chunk by chunk. ``itemsizes`` holds shuffle element sizes the
+    caller already sampled (by index among the tensors with bytes); the others are sampled.
     """
     if not is_chunked(codec, frame):
         return None
@@ -216,7 +220,12 @@ def chunk_frame(
     for i, (payload, meta) in enumerate(zip(frame.payloads, with_bytes, strict=True)):
         ok = codec.eligible(meta)
         step = size if ok else meta.raw_bytes
-        itemsize = shuffle_itemsize(meta.dtype, payload) if ok else 0
+        if not ok:
+            itemsize = 0
+        elif itemsizes is not None and i in itemsizes:
+            itemsize = itemsizes[i]
+        else:
+            itemsize = shuffle_itemsize(meta.dtype, payload)
         for off in range(0, meta.raw_bytes, step):
             use = main
             if ok and learn:  # learning: the codecs take turns

@@ -51,7 +51,8 @@ def _adaptive_chunks(
     _, largest = max(candidates)
     data = frame.payloads[largest]
     dtype = f"{dtype}:c{sampler.sample_class(data)}"
-    if shuffle_itemsize(with_bytes[largest].dtype, data):
+    itemsize = shuffle_itemsize(with_bytes[largest].dtype, data)
+    if itemsize:
         dtype += SHUFFLED
     choice = advisor.decide(dtype, True)
     if choice.codec is None:  # raw: one plain frame; a probe is compressed aside
@@ -67,7 +68,7 @@ def _adaptive_chunks(
         packed = Packed(frame, None, _adaptive_reasons(codec, frame), 0.0)
         packed.adaptive_dtype = dtype
         return packed
-    stream = chunk_frame(codec, frame, choice)
+    stream = chunk_frame(codec, frame, choice, {largest: itemsize})  # sampled once
     assert stream is not None
     packed = Packed(frame, None, [], 0.0, chunks=stream)
     packed.adaptive_dtype = dtype
