@@ -429,13 +429,18 @@ class ChannelLink:
                 # so its sending direction is idle and the collective runs it inline).
                 msg = self._acks.wrap(request(token))  # pending acks ride along
                 ctl.send(msg, timeout=wire_timeout(self.hello.transfer_timeout))
-            except Exception as exc:
+            except (TypeError, ValueError) as exc:  # refused before anything was sent
                 self._pending.pop(token, None)
-                err = ChannelError(f"channel {self.hello.name!r}: sending the request failed")
+                err = ChannelError(
+                    f"channel {self.hello.name!r}: the request could not be sent ({exc})"
+                )
                 err.__cause__ = exc
                 fut.set_exception(err)
-                if not isinstance(exc, (TypeError, ValueError)):  # else nothing was sent
-                    failed = exc
+            except Exception as exc:
+                # The control group failed: the op stays pending and fails with the
+                # others of this link, as ChannelClosedError when the channel worker is
+                # gone (asked of Ray), else ChannelError.
+                failed = exc
             seq = self._seq[kind]
             self._seq[kind] += 1
         if failed is not None:
