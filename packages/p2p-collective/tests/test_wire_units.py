@@ -105,18 +105,25 @@ def test_the_fingerprint_covers_the_frame_version_and_the_compression_section_on
     c = parse_tensor_compression({"codec": "zstd", "level": 3})
     assert wire_fingerprint(a) == wire_fingerprint(b)
     assert wire_fingerprint(a) != wire_fingerprint(c)
-    assert wire_fingerprint(None) == '{"frame_version":7,"tensor_compression":null}'
+    assert wire_fingerprint(None) == '{"frame_version":8,"tensor_compression":null}'
 
 
 @pytest.mark.parametrize(
     ("theirs", "says"),
     [
-        ('{"frame_version":6,"tensor_compression":null}', "frame version 7 here, 6 at 'b'"),
-        ('{"frame_version":4,"tensor_compression":null}', "frame version 7 here, 4 at 'b'"),
-        ('{"frame_version":3,"tensor_compression":null}', "frame version 7 here, 3 at 'b'"),
-        ('{"tensor_compression":null}', "frame version 7 here, older than 4 at 'b'"),
+        ('{"frame_version":7,"tensor_compression":null}', "frame version 8 here, 7 at 'b'"),
+        ('{"frame_version":6,"tensor_compression":null}', "frame version 8 here, 6 at 'b'"),
+        ('{"frame_version":4,"tensor_compression":null}', "frame version 8 here, 4 at 'b'"),
+        ('{"frame_version":3,"tensor_compression":null}', "frame version 8 here, 3 at 'b'"),
+        ('{"tensor_compression":null}', "frame version 8 here, older than 4 at 'b'"),
     ],
-    ids=["v6-before-shuffled-chunks", "v4-before-chunked-frames", "v3", "before-versions"],
+    ids=[
+        "v7-before-decode-records",
+        "v6-before-shuffled-chunks",
+        "v4-before-chunked-frames",
+        "v3",
+        "before-versions",
+    ],
 )
 def test_a_peer_on_another_wire_protocol_is_named_at_setup(theirs: str, says: str) -> None:
     store = dist.HashStore()

@@ -14,8 +14,21 @@ With ``compression_pipeline.adaptive`` each sending direction (one link) keeps a
   a chunked frame, the ratio class of a 16 KiB lz4 sample of that tensor
   (:meth:`Sampler.sample_class`: ``float32:c0`` does not shrink, ``float32:c2`` shrinks
   1.5-3x), so sparse and random float32 on one link keep figures of their own; a class
-  whose chunks are byte-shuffled before compression ends in ``:s`` (``int64:c2:s``), and
-  its decoding is taken as :data:`SHUFFLED_DECODE_SPEEDUP` times as fast as compressing.
+  whose chunks are byte-shuffled before compression ends in ``:s`` (``int64:c2:s``);
+* per codec and data class: the receiver's decode rate (raw bytes per second of one
+  decode call, unshuffle included, wall time), **measured by the receiver** and sent
+  back on the direction's liveness connection, blended with the sender's own probes
+  decoded aside while it sends raw (:mod:`~p2p_collective._compression._decode_rates`
+  says why that path). Before the first figure of a class arrives, decoding is taken as
+  :data:`DECODE_SPEEDUP` (shuffled classes: :data:`SHUFFLED_DECODE_SPEEDUP`) times as
+  fast as compressing.
+
+Compressing is timed in wall time on purpose, not the thread's CPU time: the compress
+stage's pace is ``threads`` calls at once, and when other work (the receiver on the same
+host, another process) shares the cores, each call's wall time is what the stage
+delivers; CPU time would promise ``threads`` times an idle core's rate on a busy
+machine. (What deflated the figures before was the decode term taking the same
+compress figure a second time, times a constant; it is measured now.)
 
 Shared memory that is not emulated is never compressed and never probed: its "wire" is
 a memory copy on this host's CPUs, and any codec's pass over the same bytes (then a
@@ -30,11 +43,10 @@ From these it predicts the seconds per raw byte of each way to send a frame:
 
 * raw: ``1 / link``;
 * a chunked frame with a codec (compression, wire and decoding overlap, the slowest
-  sets the pace): ``max(1 / (codec * threads), 1 / (ratio * link), 1 / (speedup * codec))``
-  (decoding is taken as :data:`DECODE_SPEEDUP` times as fast as compressing, per codec:
-  the sender cannot see it);
+  sets the pace): ``max(1 / (codec * threads), 1 / (ratio * link), 1 / (decode *
+  decoders))`` (``decoders``: the receiver's decoder threads, from its records);
 * a frame too small for chunks (compress, send, decode one after another):
-  ``1 / codec + 1 / (ratio * link) + 1 / (speedup * codec)``.
+  ``1 / codec + 1 / (ratio * link) + 1 / decode``.
 
 The fastest wins; a codec must beat raw by ``MARGIN`` and a change of codec must beat
 the current one by ``HYSTERESIS`` (so near-ties do not flap). Eligible tensors sent raw
@@ -43,8 +55,8 @@ first one paying connection and first-touch costs; not needed on an emulated lin
 then one frame per data class whose chunks take turns
 with each codec (a frame too small for chunks: one frame per codec).
 Every ``probe_every``-th frame probes another codec, in turn, on one chunk (while
-sending raw: 256 KiB compressed aside, the frame still raw; a frame too small for
-chunks: the whole frame); while compressing over a real (not emulated) link, that frame
+sending raw: 256 KiB compressed and decoded aside, the frame still raw; a frame too
+small for chunks: the whole frame); while compressing over a real (not emulated) link, that frame
 (and the 2nd and 4th decided frames, :data:`EARLY_REFRESH`) goes raw instead, to refresh
 the link's rate, and the codec probe comes half-way between. A chunked frame sent raw goes as one
 plain frame, not in chunks (chunk descriptors cost on a fast link). So a change of data
@@ -62,7 +74,8 @@ from typing import Any, Final
 
 import torch
 
-from p2p_compress import CODEC_NAMES, Lz4Codec, TensorCodec
+from p2p_collective._compression._decode_rates import DecodeFigures
+from p2p_compress import CODEC_NAMES, Lz4Codec, TensorCodec, shuffle_bytes, unshuffle_bytes
 
 EWMA: Final = 0.3
 """Weight of a new observation in the running estimates."""
@@ -73,15 +86,17 @@ MARGIN: Final = 1.1
 HYSTERESIS: Final = 1.05
 """Another codec must be predicted this much faster than the current one."""
 DECODE_SPEEDUP: Final[dict[int, float]] = {1: 3.0, 2: 2.5, 3: 0.5}
-"""Per codec id, decoding is taken as this many times faster than compressing (the sender
-cannot see the receiver's decoding; ``bench_codec_chunks.py`` measures lz4 3-4x, zstd
-2.5-3x, and sparse 0.5-0.8x: it compresses in a few passes but writes every word back)."""
+"""Per codec id, decoding is taken as this many times faster than compressing until the
+receiver's (or a probe's) measured figure for the data class is in (``bench_codec_chunks.py``
+measures lz4 3-4x, zstd 2.5-3x, and sparse 0.5-0.8x: it compresses in a few passes but
+writes every word back)."""
 SHUFFLED: Final = ":s"
 """The suffix of a data class whose chunks are byte-shuffled before compression."""
 SHUFFLED_DECODE_SPEEDUP: Final[dict[int, float]] = {1: 0.6, 2: 0.5}
-"""The same for byte-shuffled chunks: lz4 on the shuffled bytes is fast both ways, so the
-shuffle and the unshuffle pass set the pace, and the unshuffle (8-byte elements: a strided
-write) runs at about 0.6x the shuffle's rate (1.37 vs 0.85 GB/s on one thread here;
+"""The same default for byte-shuffled chunks (until a measured figure is in): lz4 on the
+shuffled bytes is fast both ways, so the shuffle and the unshuffle pass set the pace,
+and the unshuffle (8-byte elements: a strided write) runs at about 0.6x the shuffle's
+rate (1.37 vs 0.85 GB/s on one thread here;
 ``bench_codec_chunks.py`` at load 13, int64 token ids: lz4+shuffle 671 / 667 MB/s
 compress / decode, zstd-1+shuffle 449 / 317). With 1x an emulated 10 Gbit/s link and gloo
 over loopback took lz4 for token ids at 2 GB/s, which the decoder could not keep up with."""
@@ -112,8 +127,8 @@ class Sampler:
     """Classifies a tensor's data by how well lz4 shrinks a 16 KiB sample of it.
 
     One per sending direction (only its direction thread uses it): an lz4 codec and
-    scratch buffers, reused for every frame. It also compresses a 256 KiB probe aside
-    (:meth:`measure`) for a link sending raw, so raw frames go unchunked.
+    scratch buffers, reused for every frame. It also compresses and decodes a 256 KiB
+    probe aside (:meth:`measure`) for a link sending raw, so raw frames go unchunked.
     """
 
     def __init__(self) -> None:
@@ -122,12 +137,21 @@ class Sampler:
         assert bound is not None
         self._buffer = torch.empty(bound, dtype=torch.uint8)
         self._scratch: torch.Tensor | None = None
+        self._planes = torch.empty(PROBE_BYTES, dtype=torch.uint8)  # shuffled bytes
+        self._decoded = torch.empty(PROBE_BYTES, dtype=torch.uint8)
 
-    def measure(self, codec: TensorCodec, data: torch.Tensor) -> tuple[int, int, float]:
-        """Compress ``data``'s first 256 KiB (flat uint8) aside with ``codec``.
+    def measure(
+        self, codec: TensorCodec, data: torch.Tensor, itemsize: int = 0
+    ) -> tuple[int, int, float, float]:
+        """Compress ``data``'s first 256 KiB (flat uint8) aside with ``codec``, then decode it.
+
+        As a chunk goes: byte-shuffled first when ``itemsize`` is given (timed with the
+        compression), unshuffled after decoding (timed with the decoding).
 
         Returns:
-            Raw bytes, compressed bytes and seconds (for :meth:`LinkAdvisor.observe_codec`).
+            Raw bytes, compressed bytes, compress seconds (for
+            :meth:`LinkAdvisor.observe_codec`) and decode seconds (for
+            :meth:`LinkAdvisor.observe_decode`).
 
         Raises:
             CompressionError: The codec failed.
@@ -138,9 +162,19 @@ class Sampler:
         assert bound is not None
         if self._scratch is None or self._scratch.numel() < bound:
             self._scratch = torch.empty(bound, dtype=torch.uint8)
+        planes, decoded = self._planes[:n], self._decoded[:n]
         t0 = time.perf_counter()
+        if itemsize:
+            shuffle_bytes(head, planes, itemsize)
+            head = planes
         wire = codec.compress_into(head, self._scratch)
-        return n, wire, time.perf_counter() - t0
+        t1 = time.perf_counter()
+        if itemsize:
+            codec.decompress_into(self._scratch[:wire], decoded)
+            unshuffle_bytes(decoded, planes, itemsize)
+        else:
+            codec.decompress_into(self._scratch[:wire], decoded)
+        return n, wire, t1 - t0, time.perf_counter() - t1
 
     def sample_class(self, data: torch.Tensor) -> int:
         """The ratio class of ``data``'s first 16 KiB (flat uint8) by :data:`CLASS_BOUNDS`.
@@ -190,10 +224,18 @@ class LinkAdvisor:
         codec_ids: The codecs to choose from besides raw (wire ids).
         threads: Compressor threads that can work on one frame's chunks at once.
         probe_every: Every this many frames, what is not in use is measured again.
+        decoders: The receiver's decoder threads until its first record says.
     """
 
-    def __init__(self, codec_ids: tuple[int, ...], threads: int = 1, probe_every: int = 8) -> None:
+    def __init__(
+        self,
+        codec_ids: tuple[int, ...],
+        threads: int = 1,
+        probe_every: int = 8,
+        decoders: int = 1,
+    ) -> None:
         self._lock = threading.Lock()
+        self.decode = DecodeFigures(decoders, EWMA)  # the receiver's decode rates
         self._ids = codec_ids
         self._threads = max(1, threads)
         self._probe_every = max(2, probe_every)
@@ -245,6 +287,19 @@ class LinkAdvisor:
             fig = self._figures.setdefault((codec_id, dtype), _Figures())
             fig.bps = _blend(fig.bps, raw / seconds)
             fig.ratio = _blend(fig.ratio, raw / wire)
+
+    def observe_decode(self, codec_id: int, dtype: str, raw: int, seconds: float) -> None:
+        """This side decoded ``raw`` bytes of its own probe in ``seconds`` (one call)."""
+        if raw >= MIN_OBSERVED_BYTES:
+            self.decode.observe_probe(codec_id, dtype, raw, seconds)
+
+    def observe_feedback(self, record: bytes, peer: str = "the receiver") -> bool:
+        """A decode record the receiver sent back; False (logged) when it is ignored."""
+        return self.decode.observe_record(record, peer)
+
+    def sending(self, seq: int, dtype: str) -> None:
+        """Frame ``seq`` of data class ``dtype`` goes on the wire (its records name it)."""
+        self.decode.remember(seq, dtype)
 
     def decide(self, dtype: str, chunked: bool) -> Choice:
         """How the next frame goes, whose data class is ``dtype``.
@@ -301,13 +356,24 @@ class LinkAdvisor:
         if fig.ratio < MIN_RATIO:
             return None
         codec, wire = 1 / fig.bps, 1 / (fig.ratio * link)
-        speedup = DECODE_SPEEDUP.get(cid, 2.0)
-        if dtype.endswith(SHUFFLED):
-            speedup = SHUFFLED_DECODE_SPEEDUP.get(cid, speedup)
-        decode = 1 / (speedup * fig.bps)
+        decode = 1 / self._decode_bps(cid, dtype, fig.bps, chunked)
         if chunked:
             return max(codec / self._threads, wire, decode)
         return codec + wire + decode
+
+    def _decode_bps(self, cid: int, dtype: str, compress_bps: float, chunked: bool) -> float:
+        """The receiver's decoding pace (raw bytes per second) of codec ``cid`` on ``dtype``.
+
+        Measured (one call's rate, times the receiver's decoder threads for a chunked
+        frame) once a figure is in; until then the default ratio to compressing.
+        """
+        bps, _ = self.decode.rate(cid, dtype)
+        if bps is not None:
+            return bps * (self.decode.decoders if chunked else 1)
+        speedup = DECODE_SPEEDUP.get(cid, 2.0)
+        if dtype.endswith(SHUFFLED):
+            speedup = SHUFFLED_DECODE_SPEEDUP.get(cid, speedup)
+        return speedup * compress_bps
 
     def _judge(self, link: float, dtype: str, chunked: bool) -> tuple[int | None, str]:
         raw = 1 / link
@@ -333,9 +399,11 @@ class LinkAdvisor:
             fig = self._figures[(cid, dtype)]
             assert fig.bps is not None
             assert fig.ratio is not None
+            bps, source = self.decode.rate(cid, dtype)
+            decode = "default" if bps is None else f"{bps * 8 / 1e6:.0f} Mbit/s ({source})"
             parts.append(
                 f"{CODEC_NAMES[cid]} {fig.bps * 8 / 1e6:.0f} Mbit/s x{self._threads}"
-                f" ratio {fig.ratio:.2f}"
+                f" ratio {fig.ratio:.2f} decode {decode}"
             )
         pred = ", ".join(f"{k} {v * 8 / 1e6:.0f}" for k, v in self._predicted.items())
         return "; ".join(parts) + f" on {dtype}; predicted Mbit/s of raw data: {pred}"
@@ -348,14 +416,20 @@ class LinkAdvisor:
             of decision), ``dtype`` (of the last frame decided), ``transport``, ``link_mbps``
             (delivered, from raw frames), ``emulated_mbps``, ``predicted_mbps`` (raw data
             per second each way, for the last frame's dtype) and ``codecs``: per codec
-            name and dtype, ``mbps`` (one compressor call) and ``ratio``.
+            name and dtype, ``mbps`` (one compressor call), ``ratio``, ``decode_mbps``
+            (one decode call at the receiver; None before any figure), ``decode_source``
+            (``receiver``: its records; ``probe``: this side decoded a probe aside;
+            ``default``: none yet, :data:`DECODE_SPEEDUP` is used) and ``decode_samples``
+            (per source). ``decode_feedback``: the receiver's ``records`` taken,
+            ``ignored`` (garbled, or for a frame not known) and its ``decoders``.
         """
         with self._lock:
-            codecs: dict[str, dict[str, dict[str, float | None]]] = {}
+            codecs: dict[str, dict[str, dict[str, Any]]] = {}
             for (cid, dtype), fig in sorted(self._figures.items()):
                 codecs.setdefault(CODEC_NAMES[cid], {})[dtype] = {
                     "mbps": None if fig.bps is None else fig.bps * 8 / 1e6,
                     "ratio": fig.ratio,
+                    **self.decode.as_dict(cid, dtype),
                 }
             return {
                 "decision": "raw" if self.choice is None else CODEC_NAMES[self.choice],
@@ -369,4 +443,9 @@ class LinkAdvisor:
                 ),
                 "predicted_mbps": {k: v * 8 / 1e6 for k, v in self._predicted.items()},
                 "codecs": codecs,
+                "decode_feedback": {
+                    "records": self.decode.records,
+                    "ignored": self.decode.ignored,
+                    "decoders": self.decode.decoders,
+                },
             }

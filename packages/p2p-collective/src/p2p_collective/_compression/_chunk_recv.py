@@ -20,6 +20,7 @@ import torch
 
 from p2p_collective._compression._chunks import CHUNK_MAGIC, DESCRIPTOR, SHUFFLED
 from p2p_collective._compression._decode import codec_name, decodes
+from p2p_collective._compression._decode_rates import FrameDecodes
 from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._state import CODEC_IDS, WireCodec
 from p2p_collective._compression._stats import WireStats
@@ -41,13 +42,25 @@ from p2p_compress import (
 
 
 class _Decode:
-    __slots__ = ("chunk", "job", "lease", "tensor")
+    __slots__ = ("chunk", "codec_id", "job", "lease", "raw", "shuffled", "tensor")
 
-    def __init__(self, tensor: int, chunk: int, job: Job[float], lease: BufferLease | None):
+    def __init__(
+        self,
+        tensor: int,
+        chunk: int,
+        job: Job[float],
+        lease: BufferLease | None,
+        codec_id: int = CODEC_RAW,
+        raw: int = 0,
+        shuffled: bool = False,
+    ):
         self.tensor = tensor
         self.chunk = chunk
         self.job = job
         self.lease = lease
+        self.codec_id = codec_id
+        self.raw = raw
+        self.shuffled = shuffled
 
 
 def _descriptor(
@@ -99,8 +112,12 @@ def receive_chunks(
     peer: str,
     deadline: float | None,
     gate: ArrivalGate | None,
+    seq: int = 0,
 ) -> tuple[list[TensorMeta], int, int]:
     """Receive every tensor's chunks into ``tensors`` (allocated from ``metas``).
+
+    Each compressed chunk's decode call is timed; the sums per codec go back to the
+    sender through ``stats`` (:meth:`WireStats.report_decodes`, frame ``seq``).
 
     Args:
         recv: Receives one payload message into the flat uint8 tensor it is given.
@@ -111,6 +128,7 @@ def receive_chunks(
         peer: The sender, for messages.
         deadline: ``time.monotonic()`` deadline, or None.
         gate: Holds each chunk until its emulated arrival (descriptors say when).
+        seq: The frame's sequence number (for the decode report).
 
     Returns:
         The entries as they travelled (codec and wire bytes summed over chunks), the
@@ -157,7 +175,7 @@ def receive_chunks(
                             lease.discard()  # the transport may still write into it
                         raise
                     job = _decode_job(codec, codec_id, src, dst, lease, deadline, shuffle)
-                    pending.append(_Decode(i, k, job, lease))
+                    pending.append(_Decode(i, k, job, lease, codec_id, raw_len, bool(shuffle)))
                     if codec.pipeline.overlap:
                         codec.decoder.put(job)
                     codec_used = codec_id
@@ -174,7 +192,7 @@ def receive_chunks(
                 k += 1
             if m.raw_bytes:
                 out[i] = m._replace(codec_id=codec_used, wire_bytes=tensor_wire)
-        failure = _finish(pending, deadline, stats, peer)
+        failure = _finish(pending, deadline, stats, peer, seq)
     except BaseException:
         for p in pending:
             if p.job.cancel() and p.lease is not None:
@@ -236,14 +254,21 @@ def _decode_shuffled(
 
 
 def _finish(
-    pending: list[_Decode], deadline: float | None, stats: WireStats | None, peer: str
+    pending: list[_Decode],
+    deadline: float | None,
+    stats: WireStats | None,
+    peer: str,
+    seq: int,
 ) -> FramingError | None:
     """Wait for (or run) every decode; return the first corrupt chunk's error, if any."""
     failure: FramingError | None = None
     seconds = 0.0
+    decodes = FrameDecodes()
     for p in pending:
         try:
-            seconds += p.job.result(deadline)
+            took = p.job.result(deadline)
+            seconds += took
+            decodes.add(p.codec_id, p.raw, took, p.shuffled)
         except CompressionTimeoutError as exc:
             raise CollectiveTimeoutError(
                 f"no decoder became free for chunk {p.chunk} of tensor {p.tensor} from"
@@ -258,4 +283,6 @@ def _finish(
                 failure.__cause__ = exc
     if stats is not None:
         stats.add_seconds(codec=seconds)
+        if failure is None:
+            stats.report_decodes(seq, decodes)
     return failure

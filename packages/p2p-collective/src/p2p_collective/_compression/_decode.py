@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from p2p_collective._compression._decode_rates import FrameDecodes
 from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._state import CODEC_IDS, WireCodec
 from p2p_collective._compression._stats import WireStats
@@ -100,6 +101,7 @@ class FrameDecoder:
         self._stats = stats
         self._peer = peer
         self._pending: list[_Pending] = []
+        self.decodes = FrameDecodes()  # per codec: raw bytes and seconds of its calls
 
     def receive(
         self,
@@ -179,7 +181,9 @@ class FrameDecoder:
     def _collect(self, pending: _Pending, deadline: float | None) -> None:
         meta = pending.meta
         try:
-            self._stats.add_seconds(codec=pending.job.result(deadline))
+            took = pending.job.result(deadline)
+            self._stats.add_seconds(codec=took)
+            self.decodes.add(meta.codec_id, meta.raw_bytes, took)
         except CompressionTimeoutError as exc:
             raise CollectiveTimeoutError(
                 f"no decoder became free for tensor {pending.index} from {self._peer!r}"

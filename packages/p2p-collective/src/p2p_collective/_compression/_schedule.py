@@ -14,7 +14,7 @@ from p2p_collective._compression._pack import Packed, compress_frame
 from p2p_collective._compression._state import WireCodec
 from p2p_collective._compression._stats import WireStats
 from p2p_collective._frames._payload import OutFrame
-from p2p_compress import shuffle_itemsize
+from p2p_compress import CODEC_SPARSE, shuffle_itemsize
 
 
 def _main_dtype(codec: WireCodec, frame: OutFrame) -> str:
@@ -60,11 +60,13 @@ def _adaptive_chunks(
             provider = codec.provider(choice.probe)
             encoder = provider.acquire_encoder()
             if encoder is not None:
+                shuffle = itemsize if choice.probe != CODEC_SPARSE else 0  # as chunks go
                 try:
-                    raw, wire, seconds = sampler.measure(encoder, data)
+                    raw, wire, seconds, decode = sampler.measure(encoder, data, shuffle)
                 finally:
                     provider.release(encoder)
                 advisor.observe_codec(choice.probe, dtype, raw, wire, seconds)
+                advisor.observe_decode(choice.probe, dtype, raw, decode)
         packed = Packed(frame, None, _adaptive_reasons(codec, frame), 0.0)
         packed.adaptive_dtype = dtype
         return packed
@@ -112,7 +114,10 @@ class Outgoing:
         if adaptive is not None and stats is not None:
             if stats.advisor is None:
                 stats.advisor = LinkAdvisor(
-                    codec.adaptive_ids, codec.compressor_threads, adaptive.probe_every
+                    codec.adaptive_ids,
+                    codec.compressor_threads,
+                    adaptive.probe_every,
+                    codec.decoder_threads,  # the peer's, until its records say
                 )
             if stats.advisor.memory_link:  # raw, nothing sampled or probed
                 stats.advisor.decide("", False)  # (keeps its reason current)

@@ -65,6 +65,8 @@ class WireCodec:
         # Chunks of a tensor already found eligible: no size or dtype rule per chunk.
         self.chunk_config = replace(config, min_bytes=0, excluded_dtypes=())
         self.decoder = Worker("p2p-decompress", min(pipeline.decoder_threads, cpus))
+        # chunks of one frame decoded at once (without overlap: one after another)
+        self.decoder_threads = min(pipeline.decoder_threads, cpus) if pipeline.overlap else 1
         self._configs = {i: _config_for(config, i) for i in CODEC_IDS.values()}
         self._chunk_configs = {
             i: replace(c, min_bytes=0, excluded_dtypes=()) for i, c in self._configs.items()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p2p_collective._compression._adaptive import LinkAdvisor, Sampler
+from p2p_collective._compression._decode_rates import DecodeReporter, FrameDecodes
 from p2p_collective._frames._framing import TensorMeta
 from p2p_compress import CODEC_RAW
 
@@ -28,6 +29,7 @@ class WireStats:
     chunk_raw_reasons: dict[str, int] = field(default_factory=dict)
     advisor: LinkAdvisor | None = None  # compression_pipeline.adaptive: this link's choice
     sampler: Sampler | None = None  # classifies chunked frames' data (direction thread only)
+    reporter: DecodeReporter | None = None  # receiving: decode rates back to the sender
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(
@@ -78,6 +80,11 @@ class WireStats:
             for r, n in reasons.items():
                 self.chunk_raw_reasons[r] = self.chunk_raw_reasons.get(r, 0) + n
 
+    def report_decodes(self, seq: int, decodes: FrameDecodes) -> None:
+        """Receiving: frame ``seq`` was decoded so (sent back to an adaptive sender)."""
+        if self.reporter is not None and decodes.per_codec:
+            self.reporter.report(seq, decodes)
+
     def add_seconds(self, codec: float = 0.0, emulated: float = 0.0) -> None:
         """Add codec or pacing time spent outside a counted frame."""
         with self.lock:
@@ -85,9 +92,16 @@ class WireStats:
             self.emulated_seconds += emulated
 
     def as_dict(self) -> dict[str, Any]:
-        """The counters (and, when adaptive, ``adaptive``: the link's decision) as a dict."""
-        advisor = self.advisor
-        extra = {} if advisor is None else {"adaptive": advisor.as_dict()}
+        """The counters as a dict.
+
+        Sending with ``adaptive``: ``adaptive``, the link's decision. Receiving with
+        compression on: ``decode_reports``, the decode records ``sent`` back to the
+        sender and ``dropped`` (the connection's buffer was full).
+        """
+        advisor, reporter = self.advisor, self.reporter
+        extra: dict[str, Any] = {} if advisor is None else {"adaptive": advisor.as_dict()}
+        if reporter is not None:
+            extra["decode_reports"] = {"sent": reporter.sent, "dropped": reporter.dropped}
         with self.lock:
             return extra | {
                 "compressed_tensors": self.compressed_tensors,

@@ -42,16 +42,20 @@ def transmit(
     stats: WireStats,
     deadline: float | None,
     transport: str | None = None,
+    seq: int | None = None,
 ) -> int:
     """Put a packed frame on the wire, message by message; return the message count.
 
     With an adaptive link (``stats.advisor``) the link's delivered rate, its
     ``transport`` (the link's name, e.g. ``"shm"``) and the codec's figures of this frame
-    are handed to the advisor.
+    are handed to the advisor, and the frame's data class is remembered by its sequence
+    number ``seq`` (the receiver's decode records name it).
     """
     advisor = stats.advisor
     if advisor is None:
         return _transmit(send, packed, pacer, stats, deadline)
+    if seq is not None and packed.adaptive_dtype:  # before its records can come back
+        advisor.sending(seq, packed.adaptive_dtype)
     timed = _TimedSend(send)
     paced = stats.emulated_seconds
     sent = _transmit(timed, packed, pacer, stats, deadline)

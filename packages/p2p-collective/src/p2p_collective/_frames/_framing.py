@@ -51,15 +51,18 @@ MAGIC = b"P2PF"
 NO_MAGIC = bytes(4)
 """Written over a receive buffer's magic before it is posted: a short stray message
 must not leave an old header there."""
-FRAME_VERSION = 7
-"""7: a chunk descriptor's codec byte may carry bit 0x80 (the chunk was byte-shuffled by
-its element size before compression), so a receiver that would decode such a chunk
-without unshuffling it is refused at connect. 6: a chunk or tensor may carry codec id 3
-(``sparse``, which the adaptive mode can pick), so a receiver that knows only lz4 and
-zstd is refused at connect. 5: chunked frames
-(``Flag.CHUNKED``: each tensor's bytes travel as chunks, each after a 32-byte chunk
-descriptor; see ``p2p_collective._compression._chunks``). 4: header messages travel under
-their own gloo tag and may be 128 KiB (3: one tag, 64 KiB)."""
+FRAME_VERSION = 8
+"""8: the receiving side writes decode records (40 bytes, tag ``D``) back on the direction's
+liveness connection (:mod:`p2p_collective._compression._decode_rates`); a version-7 sender
+scans that connection for the ``BYE`` byte anywhere, so a record holding that byte would
+make a later death look like a goodbye. 7: a chunk descriptor's codec byte may carry bit
+0x80 (the chunk was byte-shuffled by its element size before compression), so a receiver
+that would decode such a chunk without unshuffling it is refused at connect. 6: a chunk or
+tensor may carry codec id 3 (``sparse``, which the adaptive mode can pick), so a receiver
+that knows only lz4 and zstd is refused at connect. 5: chunked frames (``Flag.CHUNKED``:
+each tensor's bytes travel as chunks, each after a 32-byte chunk descriptor; see
+``p2p_collective._compression._chunks``). 4: header messages travel under their own gloo tag
+and may be 128 KiB (3: one tag, 64 KiB)."""
 HEADER_MAX = 1 << 17
 """Bytes the receiver posts for every header message; a header message never exceeds it.
 

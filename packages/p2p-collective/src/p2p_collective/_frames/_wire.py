@@ -195,7 +195,15 @@ def read_frame(
         if hold is not None:
             hold(0)
         metas, n, w = receive_chunks(
-            link.recv, metas, tensors, codec, stats, peer, deadline, gate if hold else None
+            link.recv,
+            metas,
+            tensors,
+            codec,
+            stats,
+            peer,
+            deadline,
+            gate if hold else None,
+            expected_seq,
         )
         messages += n
         wire += w
@@ -236,6 +244,8 @@ def read_frame(
                 decoder.abort()
             raise
     if stats is not None:
+        if decoder is not None and not hdr.flags & Flag.CHUNKED:
+            stats.report_decodes(expected_seq, decoder.decodes)
         stats.count(metas, None)
         if hold is not None:
             stats.add_seconds(emulated=hold.held)

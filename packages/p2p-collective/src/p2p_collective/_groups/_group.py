@@ -131,6 +131,7 @@ class CollectiveGroup:
         if wire is None and config.compression is not None:
             wire = WireCodec(config.compression, config.buffer_pool, config.compression_pipeline)
         self._wire = wire  # shared by the Collective's groups: pool, codec provider, threads
+        self.decoder_threads = 0 if wire is None else wire.decoder_threads  # 0: no decoding
         # Frames up to this size travel inline (one message); eligible tensors are
         # compressed inside them too (min_bytes is the only size rule).
         self._inline_max = HEADER_MAX
@@ -470,9 +471,12 @@ class CollectiveGroup:
             err.__cause__ = exc
             raise CleanFailure(err) from exc  # nothing is on the wire yet
         frame = packed.frame
-        patch_frame_seq(frame, side.seq)
+        seq = side.seq
+        patch_frame_seq(frame, seq)
         side.seq += 1
-        sent = transmit(link.send, packed, self._pacer, side.wire_stats, deadline, link.transport)
+        sent = transmit(
+            link.send, packed, self._pacer, side.wire_stats, deadline, link.transport, seq
+        )
         st = side.direction.stats
         st.messages += 1
         st.transport_messages += sent

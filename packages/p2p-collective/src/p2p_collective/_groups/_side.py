@@ -7,6 +7,7 @@ from typing import Protocol
 import torch
 
 from p2p_collective._compression import WireStats
+from p2p_collective._compression._decode_rates import DecodeReporter
 from p2p_collective._deadline import min_timeout, remaining
 from p2p_collective._errors import CollectiveError, FramingError, GroupClosedError, PeerError
 from p2p_collective._frames._framing import HEADER_MAX
@@ -36,6 +37,7 @@ class SideOwner(Protocol):
     instance: str
     auth: JobAuth | None
     wire_fingerprint: str
+    decoder_threads: int  # 0: compression off (nothing to decode)
 
     @property
     def closed(self) -> bool: ...
@@ -136,7 +138,17 @@ class Side:
             wait_key=lambda key, t: wait_key(store, key, t, lambda: g.stopped(store, what)),
         )
         self.link.set_on_gone(self._link_gone)
+        if self.role == "send":  # an adaptive sender hears how fast the peer decodes
+            self.link.set_on_record(self._record)
+        elif g.decoder_threads:
+            self.wire_stats.reporter = DecodeReporter(self.link.send_record, g.decoder_threads)
         return self.link
+
+    def _record(self, record: bytes) -> None:
+        """A record the receiver sent back (the watcher thread): for the link's advisor."""
+        advisor = self.wire_stats.advisor
+        if advisor is not None:
+            advisor.observe_feedback(record, repr(self._group.peer_name))
 
     def _link_gone(self, exc: PeerError, died: bool) -> None:
         """The link's liveness connection ended: the peer died, or closed this group."""

@@ -9,6 +9,7 @@ Header messages and payload messages travel under two tags (see
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ from p2p_collective._deadline import remaining
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
 from p2p_collective._frames._recvpool import PostedRecv
 from p2p_collective._links._waiter import Waiter, first_line, gloo_failure, wait_direct
-from p2p_collective._peers._liveness import Watcher
+from p2p_collective._peers._liveness import Watcher, send_record
 
 PAYLOAD_TAG = 0
 HEADER_TAG = 1
@@ -56,11 +57,34 @@ class GlooLink:
         self._on_gone: Callable[[PeerError, bool], None] | None = None
         self._waiter = Waiter("p2p-gloo-wait")
         self.transport_reason = ""
-        watcher.watch(watch, self._peer_gone)
+        self._on_record: Callable[[bytes], None] | None = None
+        self._record_lock = threading.Lock()  # one writer at a time; close waits for it
+        self._record_tail = bytearray()
+        watcher.watch(watch, self._peer_gone, self._record)
 
     def set_on_gone(self, fn: Callable[[PeerError, bool], None]) -> None:
         """Call ``fn(error, died)`` (from the watcher thread) when the peer is gone."""
         self._on_gone = fn
+
+    def set_on_record(self, fn: Callable[[bytes], None]) -> None:
+        """Call ``fn(record)`` (from the watcher thread) for each record the peer sends back."""
+        self._on_record = fn
+
+    def _record(self, record: bytes) -> None:
+        fn = self._on_record
+        if fn is not None:
+            fn(record)
+
+    def send_record(self, record: bytes) -> bool:
+        """Send a record to the peer on the liveness connection (never blocks).
+
+        Returns:
+            False when it was dropped (the connection's buffer is full, or it is closed).
+        """
+        with self._record_lock:
+            if self._pg is None or self._gone is not None:
+                return False
+            return send_record(self._watch, record, self._record_tail)
 
     def _gone_error(self) -> PeerError:
         return PeerError(f"peer {self.peer!r} {self._gone}")
@@ -165,6 +189,8 @@ class GlooLink:
 
         The process group's sockets close once no pending operation holds it.
         """
-        self._pg = None
+        with self._record_lock:
+            self._pg = None
         self._waiter.close()
-        self._watcher.forget(self._watch)
+        with self._record_lock:  # no record is being written into the closing socket
+            self._watcher.forget(self._watch)

@@ -69,6 +69,21 @@ class Link(Protocol):
         everything toward it), False when it closed its end of this direction on purpose.
         """
 
+    def set_on_record(self, fn: Callable[[bytes], None]) -> None:
+        """Call ``fn(record)`` (from another thread) for each record the peer sends back.
+
+        Records travel on a side channel beside the messages (the direction's liveness
+        connection), from the receiving side to the sending side: the receiver's decode
+        rates (:mod:`p2p_collective._compression._decode_rates`).
+        """
+
+    def send_record(self, record: bytes) -> bool:
+        """Send a record to the peer on the side channel without blocking.
+
+        Returns:
+            False when it was dropped (the channel is full or closed).
+        """
+
     def stats(self) -> dict[str, str | None]:
         """``{"transport": ..., "transport_reason": ...}`` for the group's stats."""
 

@@ -105,6 +105,14 @@ class ShmLink:
         """Call ``fn(error, died)`` (from the watcher thread) when the peer is gone."""
         self._gloo.set_on_gone(fn)
 
+    def set_on_record(self, fn: Callable[[bytes], None]) -> None:
+        """Call ``fn(record)`` for each record the peer sends back (liveness connection)."""
+        self._gloo.set_on_record(fn)
+
+    def send_record(self, record: bytes) -> bool:
+        """Send a record to the peer on the gloo link's liveness connection (never blocks)."""
+        return self._gloo.send_record(record)
+
     # -- operations -----------------------------------------------------------------------
 
     def send(self, tensor: torch.Tensor, deadline: float | None, header: bool = False) -> None:

@@ -9,10 +9,16 @@ end-of-file at once. After a short grace period, which lets operations that were
 to complete finish, the link is declared gone and its pending operation fails with
 :class:`PeerError`.
 
-The one byte ever sent on such a connection is :data:`BYE`, written just before a side
-closes it on purpose (it closed the group). End-of-file after ``BYE`` means "that group
-was closed"; end-of-file without it (or an error) means the process is gone, and its
-:class:`~p2p_collective._peers._peer.Peer` fails everything toward it.
+Two things are ever sent on such a connection. :data:`BYE` (one byte) is written just
+before a side closes it on purpose (it closed the group): end-of-file right after
+``BYE`` means "that group was closed"; end-of-file after anything else (or an error)
+means the process is gone, and its :class:`~p2p_collective._peers._peer.Peer` fails
+everything toward it. And a pair group's receiving side writes *records* of
+:data:`RECORD_BYTES` bytes (tag :data:`RECORD`, last byte :data:`RECORD_END`, so never
+``BYE``) back to the sender: how fast it decoded (see
+:mod:`p2p_collective._compression._decode_rates`). The watcher hands each whole record
+to the connection's ``on_record`` callback; bytes that are neither a record nor ``BYE``
+are logged and dropped, and the connection keeps being watched.
 """
 
 from __future__ import annotations
@@ -34,9 +40,58 @@ GONE_GRACE = 2.0
 _TICK = 0.25
 BYE = b"C"
 """Written on a liveness connection right before it is closed on purpose."""
+RECORD = b"D"
+"""The first byte of a record sent back on a liveness connection."""
+RECORD_END = b"\n"
+"""The last byte of a record (never :data:`BYE`: end-of-file after a record is a death)."""
+RECORD_BYTES = 40
+"""The size of every record, tag and end byte included."""
 
 GoneCallback = Callable[[str, bool], None]
 """``on_gone(reason, died)``: ``died`` is False when the peer said goodbye first."""
+RecordCallback = Callable[[bytes], None]
+"""``on_record(record)``: one whole record (:data:`RECORD_BYTES` bytes) the peer sent."""
+
+
+def split_records(buf: bytearray, sock: socket.socket | None = None) -> list[bytes]:
+    """Take the whole records off the front of ``buf`` (what a connection delivered so far).
+
+    ``BYE`` bytes are skipped; a record not yet complete stays in ``buf``; bytes that
+    cannot start a record (or a record that does not end in :data:`RECORD_END`) are
+    dropped with a warning naming the connection ``sock``'s far end.
+    """
+    out: list[bytes] = []
+    while buf:
+        tag = buf[:1]
+        if tag == BYE:
+            del buf[:1]
+        elif tag == RECORD:
+            if len(buf) < RECORD_BYTES:
+                break
+            record = bytes(buf[:RECORD_BYTES])
+            del buf[:RECORD_BYTES]
+            if record[-1:] == RECORD_END:
+                out.append(record)
+            else:
+                _log.warning(
+                    "liveness connection from %s: a record that does not end in %r was"
+                    " ignored (%s)",
+                    _peer_of(sock),
+                    RECORD_END,
+                    record.hex(),
+                )
+        else:
+            skip = 1
+            while skip < len(buf) and buf[skip : skip + 1] not in (BYE, RECORD):
+                skip += 1
+            _log.warning(
+                "liveness connection from %s: %d bytes that start no record were ignored (%s)",
+                _peer_of(sock),
+                skip,
+                bytes(buf[: min(skip, 16)]).hex(),
+            )
+            del buf[:skip]
+    return out
 
 
 def _keepalive(sock: socket.socket) -> None:
@@ -97,6 +152,41 @@ def open_watch_socket(
     return sock
 
 
+def _peer_of(sock: socket.socket | None) -> str:
+    if sock is None:
+        return "a peer"
+    try:
+        return str(sock.getpeername())
+    except OSError:
+        return "a closed connection"
+
+
+def send_record(sock: socket.socket, record: bytes, tail: bytearray) -> bool:
+    """Write one record on a liveness connection without blocking.
+
+    ``tail`` holds what an earlier call could not write (the connection's buffer was
+    full); it goes first, so records never interleave. Returns False when nothing of
+    ``record`` could be written (it is dropped) or the connection failed.
+    """
+    if len(record) != RECORD_BYTES or record[:1] != RECORD or record[-1:] != RECORD_END:
+        raise ValueError(
+            f"a liveness record is {RECORD_BYTES} bytes from {RECORD!r} to {RECORD_END!r};"
+            f" got {len(record)} bytes {record[:1]!r}...{record[-1:]!r}"
+        )
+    try:
+        if tail:
+            del tail[: sock.send(tail)]
+            if tail:
+                return False
+        sent = sock.send(record)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return False
+    tail += record[sent:]
+    return sent > 0
+
+
 class Watcher:
     """One daemon thread per Collective that watches every liveness connection.
 
@@ -113,7 +203,8 @@ class Watcher:
         self._wake_w: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._pending: list[tuple[float, GoneCallback, str, bool]] = []
-        self._said_bye: set[int] = set()  # descriptors whose peer sent BYE
+        self._said_bye: set[int] = set()  # descriptors whose peer's last byte was BYE
+        self._buffers: dict[int, bytearray] = {}  # descriptors' bytes not yet a record
         self._closed = False
 
     def _start_locked(self) -> selectors.BaseSelector:
@@ -128,14 +219,21 @@ class Watcher:
             self._thread.start()
         return self._selector
 
-    def watch(self, sock: socket.socket, on_gone: GoneCallback) -> None:
-        """Start watching ``sock``; ``on_gone(reason, died)`` runs once after it closes."""
+    def watch(
+        self, sock: socket.socket, on_gone: GoneCallback, on_record: RecordCallback | None = None
+    ) -> None:
+        """Start watching ``sock``; ``on_gone(reason, died)`` runs once after it closes.
+
+        ``on_record(record)`` runs (from the watcher thread) for each record the peer
+        sends; without it records are dropped.
+        """
         with self._lock:
             if self._closed:
                 raise CollectiveError("the liveness watcher is closed")
             selector = self._start_locked()
             self._said_bye.discard(sock.fileno())
-            selector.register(sock, selectors.EVENT_READ, on_gone)
+            self._buffers.pop(sock.fileno(), None)
+            selector.register(sock, selectors.EVENT_READ, (on_gone, on_record))
             self._wake()
 
     def forget(self, sock: socket.socket) -> None:
@@ -145,6 +243,7 @@ class Watcher:
                 with contextlib.suppress(KeyError, ValueError):
                     self._selector.unregister(sock)
             self._said_bye.discard(sock.fileno())
+            self._buffers.pop(sock.fileno(), None)
         with contextlib.suppress(OSError):
             sock.send(BYE)
         sock.close()
@@ -162,6 +261,7 @@ class Watcher:
                     return
             events = self._selector.select(_TICK)
             now = time.monotonic()
+            records: list[tuple[RecordCallback, list[bytes]]] = []
             for key, _ in events:
                 if key.data is None:  # wake-up
                     with contextlib.suppress(OSError):
@@ -170,11 +270,20 @@ class Watcher:
                 with self._lock:  # forget() cannot close the socket meanwhile
                     if self._selector.get_map().get(key.fd) is not key:
                         continue  # forgotten (closed by this side) since select()
-                    report = self._read_locked(key.fileobj)  # type: ignore[arg-type]
+                    on_gone, on_record = key.data
+                    report, got = self._read_locked(key.fileobj)  # type: ignore[arg-type]
+                    if got and on_record is not None:
+                        records.append((on_record, got))
                     if report is not None:
                         with contextlib.suppress(KeyError, ValueError):
                             self._selector.unregister(key.fileobj)
-                        self._pending.append((now + GONE_GRACE, key.data, *report))
+                        self._pending.append((now + GONE_GRACE, on_gone, *report))
+            for on_record, got in records:  # outside the lock: the callback takes its own
+                for record in got:
+                    try:
+                        on_record(record)
+                    except Exception:  # a bad record must not stop watching
+                        _log.exception("p2p liveness record callback failed")
             due: list[tuple[GoneCallback, str, bool]] = []
             with self._lock:
                 keep = []
@@ -187,24 +296,34 @@ class Watcher:
                 except Exception:  # a failing callback must not stop watching the others
                     _log.exception("p2p liveness callback failed")
 
-    def _read_locked(self, sock: socket.socket) -> tuple[str, bool] | None:
-        """Read what a readable liveness connection has; (reason, died) once it ended."""
+    def _read_locked(self, sock: socket.socket) -> tuple[tuple[str, bool] | None, list[bytes]]:
+        """Read what a readable liveness connection has.
+
+        Returns:
+            (reason, died) once it ended, else None; and the whole records it delivered.
+        """
         fd = sock.fileno()
         try:
             data = sock.recv(4096)
         except BlockingIOError:
-            return None
+            return None, []
         except OSError as exc:
             self._said_bye.discard(fd)
-            return f"is unreachable (liveness connection failed: {exc})", True
+            self._buffers.pop(fd, None)
+            return (f"is unreachable (liveness connection failed: {exc})", True), []
         if data:
-            if BYE in data:
+            if data[-1:] == BYE:  # (a record never ends in BYE)
                 self._said_bye.add(fd)
-            return None  # end-of-file follows
+            else:
+                self._said_bye.discard(fd)
+            buf = self._buffers.setdefault(fd, bytearray())
+            buf += data
+            return None, split_records(buf, sock)
+        self._buffers.pop(fd, None)
         if fd in self._said_bye:
             self._said_bye.discard(fd)
-            return "closed the group (its end of the connection is closed)", False
-        return "died (its liveness connection closed without a goodbye)", True
+            return ("closed the group (its end of the connection is closed)", False), []
+        return ("died (its liveness connection closed without a goodbye)", True), []
 
     def close(self) -> None:
         """Stop the thread; sockets are closed by their owners (:meth:`forget`)."""
