@@ -233,6 +233,9 @@ def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
                 for k, v in after["raw_reasons"].items()
                 if v - before["raw_reasons"].get(k, 0)
             },
+            # per frame: how many went compressed (auto: its decisions), and its last reason
+            "compressed_tensors": after["compressed_tensors"] - before["compressed_tensors"],
+            "adaptive_reason": after.get("adaptive", {}).get("reason"),
         }
 
     cells = _cells(args)

@@ -147,11 +147,20 @@ def test_a_measured_decode_rate_replaces_the_default_factor(
     assert adv.observe_feedback(pack_record(LZ4, 4, True, 8, 6, 1 << 21, (1 << 21) / 2e9))
     assert adv.as_dict()["decode_feedback"]["decoders"] == 4
     # a slow decoder (200 MB/s a call, blended in) turns the link raw again
+    adv.sending(9, data)
+    adv.observe_feedback(pack_record(LZ4, 1, True, 8, 9, 1 << 21, (1 << 21) / 200e6))
+    blended = 0.7 * 16_000 + 0.3 * 1_600
+    assert adv.as_dict()["codecs"]["lz4"][data]["decode_mbps"] == pytest.approx(blended)
     for seq in range(10, 20):
         adv.sending(seq, data)
         adv.observe_feedback(pack_record(LZ4, 1, True, 8, seq, 1 << 21, (1 << 21) / 200e6))
     assert adv.decide(data, True) == Choice(None)
     assert adv.reason.startswith("raw: the link is faster than the codecs"), adv.reason
+    # a faster figure counts at once (wall time only ever shows a decoder slower)
+    adv.observe_decode(LZ4, data, 256 * KiB, 256 * KiB / 2e9)
+    assert adv.as_dict()["codecs"]["lz4"][data]["decode_mbps"] == pytest.approx(16_000)
+    assert adv.as_dict()["codecs"]["lz4"][data]["decode_source"] == "probe"
+    assert adv.decide(data, True).codec == LZ4
 
 
 def test_a_probe_aside_measures_decoding_shuffled_as_chunks_go() -> None:
@@ -206,6 +215,7 @@ def test_the_receivers_decode_rate_reaches_the_sender_and_decides(
     assert lz4["decode_source"] == "receiver"
     assert lz4["decode_mbps"] > 0
     assert lz4["decode_samples"]["receiver"] >= 1
+    assert lz4["decode_samples"]["probe"] == 1  # the learning frame's own, decoded aside
     assert "(receiver)" in adaptive["reason"]
     fb = adaptive["decode_feedback"]
     assert fb["records"] >= 1

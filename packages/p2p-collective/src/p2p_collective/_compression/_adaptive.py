@@ -53,7 +53,9 @@ the current one by ``HYSTERESIS`` (so near-ties do not flap). Eligible tensors s
 get the reason ``adaptive``. Learning: the first two frames go raw (the link's rate, the
 first one paying connection and first-touch costs; not needed on an emulated link),
 then one frame per data class whose chunks take turns
-with each codec (a frame too small for chunks: one frame per codec).
+with each codec (a frame too small for chunks: one frame per codec); that frame's first
+256 KiB are also compressed and decoded aside with each codec, a decode figure of the
+sender's own until the receiver's arrive (the receiver's first decodes run cold).
 Every ``probe_every``-th frame probes another codec, in turn, on one chunk (while
 sending raw: 256 KiB compressed and decoded aside, the frame still raw; a frame too
 small for chunks: the whole frame); while compressing over a real (not emulated) link, that frame
@@ -329,7 +331,7 @@ class LinkAdvisor:
                 learn = tuple(unknown) if chunked else (unknown[0],)
                 names = " and ".join(CODEC_NAMES[c] for c in learn)
                 self._set(learn[0], f"learning {names} on {dtype}")
-                return Choice(learn[0], learn=learn if len(learn) > 1 else ())
+                return Choice(learn[0], learn=learn if chunked else ())
             best, reason = self._judge(link, dtype, chunked)
             self._set(best, reason)
             self._frames += 1

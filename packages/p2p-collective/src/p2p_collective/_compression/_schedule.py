@@ -7,6 +7,8 @@ import weakref
 from collections.abc import Callable
 from functools import partial
 
+import torch
+
 from p2p_collective._compression._adaptive import SHUFFLED, LinkAdvisor, Sampler
 from p2p_collective._compression._chunks import chunk_frame, is_chunked
 from p2p_collective._compression._jobs import Job
@@ -34,6 +36,35 @@ def _adaptive_reasons(codec: WireCodec, frame: OutFrame) -> list[str]:
     ]
 
 
+def _probe_aside(
+    codec: WireCodec,
+    codec_id: int,
+    data: torch.Tensor,
+    itemsize: int,
+    sampler: Sampler,
+    advisor: LinkAdvisor,
+    dtype: str,
+    compress: bool,
+) -> None:
+    """Compress and decode 256 KiB of ``data`` aside with codec ``codec_id`` (as chunks go).
+
+    The decode figure goes to the advisor (source ``probe``), and with ``compress`` the
+    compress figures too (a learning frame's own chunks give those).
+    """
+    provider = codec.provider(codec_id)
+    encoder = provider.acquire_encoder()
+    if encoder is None:
+        return
+    shuffle = itemsize if codec_id != CODEC_SPARSE else 0
+    try:
+        raw, wire, seconds, decode = sampler.measure(encoder, data, shuffle)
+    finally:
+        provider.release(encoder)
+    if compress:
+        advisor.observe_codec(codec_id, dtype, raw, wire, seconds)
+    advisor.observe_decode(codec_id, dtype, raw, decode)
+
+
 def _adaptive_chunks(
     codec: WireCodec, frame: OutFrame, advisor: LinkAdvisor, dtype: str, sampler: Sampler
 ) -> Packed:
@@ -57,19 +88,12 @@ def _adaptive_chunks(
     choice = advisor.decide(dtype, True)
     if choice.codec is None:  # raw: one plain frame; a probe is compressed aside
         if choice.probe is not None:
-            provider = codec.provider(choice.probe)
-            encoder = provider.acquire_encoder()
-            if encoder is not None:
-                shuffle = itemsize if choice.probe != CODEC_SPARSE else 0  # as chunks go
-                try:
-                    raw, wire, seconds, decode = sampler.measure(encoder, data, shuffle)
-                finally:
-                    provider.release(encoder)
-                advisor.observe_codec(choice.probe, dtype, raw, wire, seconds)
-                advisor.observe_decode(choice.probe, dtype, raw, decode)
+            _probe_aside(codec, choice.probe, data, itemsize, sampler, advisor, dtype, True)
         packed = Packed(frame, None, _adaptive_reasons(codec, frame), 0.0)
         packed.adaptive_dtype = dtype
         return packed
+    for cid in choice.learn:  # the receiver's first decodes run cold: a figure of our own
+        _probe_aside(codec, cid, data, itemsize, sampler, advisor, dtype, False)
     stream = chunk_frame(codec, frame, choice, {largest: itemsize})  # sampled once
     assert stream is not None
     packed = Packed(frame, None, [], 0.0, chunks=stream)
