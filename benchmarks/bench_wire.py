@@ -236,6 +236,8 @@ def _peer(role: str, store_port: int, args: dict[str, Any], out: Any) -> None:
             # per frame: how many went compressed (auto: its decisions), and its last reason
             "compressed_tensors": after["compressed_tensors"] - before["compressed_tensors"],
             "adaptive_reason": after.get("adaptive", {}).get("reason"),
+            "adaptive_switches": after.get("adaptive", {}).get("switches", 0)
+            - before.get("adaptive", {}).get("switches", 0),
         }
 
     cells = _cells(args)
