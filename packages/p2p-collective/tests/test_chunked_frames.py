@@ -448,3 +448,50 @@ def test_adaptive_is_validated() -> None:
     one = parse({"codecs": ["zstd"], "probe_every": 3}).compression_pipeline
     assert one.adaptive.codecs == ("zstd",)
     assert one.to_dict()["adaptive"] == {"codecs": ["zstd"], "probe_every": 3}
+
+
+def test_a_real_link_turns_from_raw_to_a_codec_only_after_a_confirming_raw_frame() -> None:
+    from p2p_collective._compression._adaptive import Choice, LinkAdvisor
+
+    lz4, zstd = 1, 2
+    adv = LinkAdvisor((lz4, zstd), threads=1, probe_every=8)
+    for _ in range(2):  # gloo over loopback, fast: 10 GB/s
+        adv.decide("int64", True)
+        adv.observe_link(1 << 20, 1e-4, None, transport="gloo")
+    assert adv.decide("int64", True) == Choice(lz4, learn=(lz4, zstd))
+    adv.observe_codec(lz4, "int64", 1 << 20, 1 << 19, 0.001)  # 1 GB/s, ratio 2
+    adv.observe_codec(zstd, "int64", 1 << 20, 1 << 18, 0.004)  # 250 MB/s, ratio 4
+    assert adv.decide("int64", True) == Choice(None)
+    assert adv.reason.startswith("raw: the link is faster than the codecs"), adv.reason
+    switches = adv.switches
+    # a busy host slows a few raw frames: the link looks slower than lz4 (0.2 GB/s) ...
+    for _ in range(12):
+        adv.observe_link(1 << 20, (1 << 20) / 200e6, None, transport="gloo")
+    # ... the frame still goes raw, lz4 probed aside, and other data in between is judged
+    # as before (raw where nothing shrinks)
+    assert adv.decide("int64", True) == Choice(None, probe=lz4)
+    assert adv.reason.startswith("raw: confirming lz4 on a fresh raw frame; lz4:"), adv.reason
+    assert adv.as_dict()["confirms"] == 1
+    assert adv.switches == switches
+    # the confirming raw frame ran fast again: the rate is back at once, the link stays raw
+    adv.observe_link(1 << 20, 1e-4, None, transport="gloo")
+    assert adv.decide("int64", True) == Choice(None)
+    assert adv.reason.startswith("raw: the link is faster than the codecs"), adv.reason
+    assert adv.switches == switches
+    # a link that stays slow turns on the next frame of that data class
+    for _ in range(12):
+        adv.observe_link(1 << 20, (1 << 20) / 200e6, None, transport="gloo")
+    assert adv.decide("int64", True) == Choice(None, probe=lz4)
+    adv.observe_link(1 << 20, (1 << 20) / 200e6, None, transport="gloo")
+    adv.observe_codec(lz4, "float32", 1 << 20, (1 << 20) - 10, 0.001)
+    adv.observe_codec(zstd, "float32", 1 << 20, (1 << 20) - 10, 0.004)
+    assert adv.decide("float32", True) == Choice(None)  # another class in between
+    assert adv.decide("int64", True) == Choice(lz4)
+    assert adv.as_dict()["decision"] == "lz4"
+    assert adv.as_dict()["confirms"] == 2
+    # an emulated link is judged by its emulated rate: it turns at once
+    emu = LinkAdvisor((lz4,), threads=1)
+    emu.observe_codec(lz4, "int64", 1 << 20, 1 << 19, 0.001)
+    emu.observe_link(1 << 20, 1e-4, 125e6, transport="gloo")  # emulated 1 Gbit/s
+    assert emu.decide("int64", True) == Choice(lz4)
+    assert emu.as_dict()["confirms"] == 0

@@ -49,7 +49,9 @@ From these it predicts the seconds per raw byte of each way to send a frame:
   ``1 / codec + 1 / (ratio * link) + 1 / decode``.
 
 The fastest wins; a codec must beat raw by ``MARGIN`` and a change of codec must beat
-the current one by ``HYSTERESIS`` (so near-ties do not flap). Eligible tensors sent raw
+the current one by ``HYSTERESIS`` (so near-ties do not flap); on a real link a turn from raw to a
+codec is confirmed first (:meth:`LinkAdvisor._confirm`: one more raw frame, the codec
+probed aside, then the next frame of that data class decides). Eligible tensors sent raw
 get the reason ``adaptive``. Learning: the first two frames go raw (the link's rate, the
 first one paying connection and first-touch costs; not needed on an emulated link),
 then one frame per data class whose chunks take turns
@@ -252,6 +254,8 @@ class LinkAdvisor:
         self._frames = 0
         self._turn = 0
         self.switches = 0
+        self.confirms = 0  # raw-to-codec turns of a real link held for a confirming raw frame
+        self._pending: tuple[int, str] | None = None  # (codec, data class) being confirmed
         self._predicted: dict[str, float] = {}
 
     @property
@@ -333,8 +337,10 @@ class LinkAdvisor:
                 self._set(learn[0], f"learning {names} on {dtype}")
                 return Choice(learn[0], learn=learn if chunked else ())
             best, reason = self._judge(link, dtype, chunked)
-            self._set(best, reason)
             self._frames += 1
+            if self._confirm(best, dtype, reason):
+                return Choice(None, probe=best if chunked else None)
+            self._set(best, reason)
             k = self._frames % self._probe_every
             real = best is not None and self.emulated_bps is None
             if real and (k == 0 or self._frames in EARLY_REFRESH):
@@ -344,6 +350,32 @@ class LinkAdvisor:
                 self._turn += 1
                 return Choice(best, probe=others[self._turn % len(others)])
             return Choice(best)
+
+    def _confirm(self, best: int | None, dtype: str, reason: str) -> bool:
+        """Whether a real link turning from raw to ``best`` sends one more raw frame first.
+
+        On a real link (not emulated) the delivered rate comes from raw frames timed on
+        this host: a few frames slowed by a busy CPU (the peer's receive, another
+        process) make a fast link look slow next to codec figures measured earlier, and
+        a wrong turn costs every frame up to the next raw refresh a compression and a
+        decoding pass. So the first judgment for a codec sends the frame raw (a fresh
+        link sample; a fast one lifts the rate at once) with the codec probed aside on
+        a chunked frame (its figures under the present load); the turn happens when the
+        next frame of that data class is still judged so. Emulated links, a codec
+        already in use and learning frames turn at once.
+        """
+        if best is None or self.choice is not None or self.emulated_bps is not None:
+            if self._pending is not None and self._pending[1] == dtype:
+                self._pending = None  # (another class's frames in between leave it)
+            return False
+        if self._pending == (best, dtype):
+            self._pending = None
+            return False
+        self._pending = (best, dtype)
+        self.confirms += 1
+        name = CODEC_NAMES[best]
+        self._set(None, f"raw: confirming {name} on a fresh raw frame; {reason}")
+        return True
 
     def _set(self, codec: int | None, reason: str) -> None:
         if codec != self.choice:
@@ -415,9 +447,11 @@ class LinkAdvisor:
 
         Returns:
             ``decision`` (``"raw"`` or the codec's name), ``reason``, ``switches`` (changes
-            of decision), ``dtype`` (of the last frame decided), ``transport``, ``link_mbps``
-            (delivered, from raw frames), ``emulated_mbps``, ``predicted_mbps`` (raw data
-            per second each way, for the last frame's dtype) and ``codecs``: per codec
+            of decision), ``confirms`` (turns from raw to a codec on a real link held
+            for a confirming raw frame), ``dtype`` (of the last frame decided),
+            ``transport``, ``link_mbps`` (delivered, from raw frames), ``emulated_mbps``,
+            ``predicted_mbps`` (raw data per second each way, for the last frame's dtype)
+            and ``codecs``: per codec
             name and dtype, ``mbps`` (one compressor call), ``ratio``, ``decode_mbps``
             (one decode call at the receiver; None before any figure), ``decode_source``
             (``receiver``: its records; ``probe``: this side decoded a probe aside;
@@ -437,6 +471,7 @@ class LinkAdvisor:
                 "decision": "raw" if self.choice is None else CODEC_NAMES[self.choice],
                 "reason": self.reason,
                 "switches": self.switches,
+                "confirms": self.confirms,
                 "dtype": self.dtype,
                 "transport": self.transport,
                 "link_mbps": None if self.link_bps is None else self.link_bps * 8 / 1e6,
