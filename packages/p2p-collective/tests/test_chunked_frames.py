@@ -489,6 +489,12 @@ def test_a_real_link_turns_from_raw_to_a_codec_only_after_a_confirming_raw_frame
     assert adv.decide("int64", True) == Choice(lz4)
     assert adv.as_dict()["decision"] == "lz4"
     assert adv.as_dict()["confirms"] == 2
+    # a turn late in the stream gets its early raw refreshes too (the 2nd and 4th frame
+    # after it), not only every probe_every-th frame: a wrong turn costs one frame
+    assert adv.decide("int64", True) == Choice(None)
+    adv.observe_link(1 << 20, 1e-4, None, transport="gloo")  # fast again
+    assert adv.decide("int64", True).codec is None  # (the 8th frame probes zstd aside)
+    assert adv.reason.startswith("raw: the link is faster than the codecs"), adv.reason
     # an emulated link is judged by its emulated rate: it turns at once
     emu = LinkAdvisor((lz4,), threads=1)
     emu.observe_codec(lz4, "int64", 1 << 20, 1 << 19, 0.001)

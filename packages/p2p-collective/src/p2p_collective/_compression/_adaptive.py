@@ -60,10 +60,11 @@ with each codec (a frame too small for chunks: one frame per codec); that frame'
 sender's own until the receiver's arrive (the receiver's first decodes run cold).
 Every ``probe_every``-th frame probes another codec, in turn, on one chunk (while
 sending raw: 256 KiB compressed and decoded aside, the frame still raw; a frame too
-small for chunks: the whole frame); while compressing over a real (not emulated) link, that frame
-(and the 2nd and 4th decided frames, :data:`EARLY_REFRESH`) goes raw instead, to refresh
-the link's rate, and the codec probe comes half-way between. A chunked frame sent raw goes as one
-plain frame, not in chunks (chunk descriptors cost on a fast link). So a change of data
+small for chunks: the whole frame); while compressing over a real (not emulated) link,
+that frame (and the 2nd and 4th frames after each turn to a codec,
+:data:`EARLY_REFRESH`) goes raw instead, to refresh the link's rate, and the codec probe
+comes half-way between. A chunked frame sent raw goes as one plain frame, not in chunks
+(chunk descriptors cost on a fast link). So a change of data
 or link is noticed both ways. The decision, its reason and the figures are in
 ``stats()``.
 """
@@ -107,10 +108,12 @@ over loopback took lz4 for token ids at 2 GB/s, which the decoder could not keep
 LINK_SAMPLES: Final = 2
 """Raw frames a real link sends before it is judged (the first one pays the cold start)."""
 EARLY_REFRESH: Final = (2, 4)
-"""Decided frames (counted from the first) that a real link sends raw while compressing,
-besides every ``probe_every``-th: its first raw frames run cold (connection, first
-touch of pages), so a fast link can look slower than the codecs at first; these find
-out within a few frames instead of ``probe_every``."""
+"""Decided frames, counted from a turn to a codec (the first frame with it is 1), that a
+real link sends raw while compressing, besides every ``probe_every``-th: its first raw
+frames run cold (connection, first touch of pages), and a busy host slows a few raw
+frames, so a fast link can look slower than the codecs for a while; these find out
+within a few frames instead of ``probe_every`` (a wrong turn costs one compressed
+frame)."""
 MIN_OBSERVED_BYTES: Final = 64 * 1024
 """Sends smaller than this say little about a link's rate (latency dominates)."""
 SAMPLE_BYTES: Final = 16 * 1024
@@ -252,6 +255,8 @@ class LinkAdvisor:
         self.reason = "learning the link"
         self.dtype = ""
         self._frames = 0
+        self._turned = 1  # the decided frame that turned to the codec in use
+        self._learned = False  # the last frame decided was a learning frame
         self._turn = 0
         self.switches = 0
         self.confirms = 0  # raw-to-codec turns of a real link held for a confirming raw frame
@@ -335,15 +340,19 @@ class LinkAdvisor:
                 learn = tuple(unknown) if chunked else (unknown[0],)
                 names = " and ".join(CODEC_NAMES[c] for c in learn)
                 self._set(learn[0], f"learning {names} on {dtype}")
+                self._learned = True
                 return Choice(learn[0], learn=learn if chunked else ())
             best, reason = self._judge(link, dtype, chunked)
             self._frames += 1
             if self._confirm(best, dtype, reason):
                 return Choice(None, probe=best if chunked else None)
+            if best is not None and (best != self.choice or self._learned):
+                self._turned = self._frames  # a turn to this codec (or it was just learned)
+            self._learned = False
             self._set(best, reason)
             k = self._frames % self._probe_every
             real = best is not None and self.emulated_bps is None
-            if real and (k == 0 or self._frames in EARLY_REFRESH):
+            if real and (k == 0 or self._frames - self._turned + 1 in EARLY_REFRESH):
                 return Choice(None)  # a raw frame refreshes a real link's rate
             others = [c for c in self._ids if c != best]
             if others and (k == 0 or (real and k == self._probe_every // 2)):
