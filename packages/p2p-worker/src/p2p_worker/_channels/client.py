@@ -26,7 +26,7 @@ from typing import Any, cast
 import ray
 import torch
 
-from p2p_asyncwork import AsyncWork, WorkCancelledError, WorkTimeoutError
+from p2p_asyncwork import AsyncWork, WorkCancelledError
 from p2p_collective import PeerGoneError
 from p2p_worker._channels.acks import FLUSHER, AckBatch
 from p2p_worker._channels.errors import (
@@ -36,8 +36,10 @@ from p2p_worker._channels.errors import (
     ChannelFull,
 )
 from p2p_worker._channels.order import IssueOrder
+from p2p_worker._channels.prefetch import Prefetched
 from p2p_worker._channels.proto import (
     CANCELLED,
+    GIVE_BACK,
     NO_ROOM,
     RESET,
     Hello,
@@ -47,7 +49,7 @@ from p2p_worker._channels.proto import (
     wire_timeout,
 )
 from p2p_worker._channels.queue import Void
-from p2p_worker._channels.work import CONTROL_GRACE, ChannelWork, Op
+from p2p_worker._channels.work import CONTROL_GRACE, ChannelWork, Op, wait_within
 
 CREDITS = 8  # put credits a put asks for (the channel worker may lend fewer)
 CREDIT_LINGER = 0.05  # seconds without a put after which unused credits are handed back
@@ -90,6 +92,9 @@ class ChannelLink:
         # when the link fails, so a reset never sends items that arrived here elsewhere.
         self._got: dict[int, list[Any]] = {}
         self._acks = AckBatch()  # acknowledgements waiting for the next request
+        # items a blocking get took ahead (see _channels.prefetch)
+        self.prefetched = Prefetched(self._lock, self.give_back_prefetched)
+        self._prefetching: dict[int, Any] = {}  # token -> key of a prefetching get in flight
         self.closed = False
         # Put credits: slots the channel worker lent this process on link generation
         # _gen, each with a receive posted; a put with a credit is a plain send.
@@ -164,8 +169,6 @@ class ChannelLink:
     def _ask_reset(self, gen: int) -> None:
         with contextlib.suppress(Exception):
             self.actor.reset_link.remote(self.peer, gen)
-
-    # -- issuing and ordering -----------------------------------------------------------
 
     # -- answers on the link ------------------------------------------------------------
 
@@ -308,8 +311,14 @@ class ChannelLink:
         """
         with self._lock:
             fut = self._pending.pop(token, None)
+            key = self._prefetching.pop(token, self._prefetching)
             if fut is None or fut.done():
                 return False
+            if key is not self._prefetching and arrived == len(outcomes) > 1:
+                if group is self._group:  # each item is acknowledged when handed out
+                    self.prefetched.add(key, group, token, [obj for obj, _ in outcomes[1:]])
+                    self._got.update((token + i, [1, None]) for i in range(arrived))
+                outcomes, arrived = outcomes[:1], 1
             if arrived and group is self._group:
                 self._got[token] = [arrived, None]
         if isinstance(answer, BaseException):
@@ -392,6 +401,7 @@ class ChannelLink:
         self._gen = hello.gen
         self._got = {}  # reported with the hello
         self._acks.clear()
+        self._prefetching = {}
         self._credits = self._sent = 0
         self._token = 0  # the channel worker numbers this peer's calls afresh
         self._broken = None
@@ -405,6 +415,7 @@ class ChannelLink:
         request: Callable[[int], tuple[Any, ...]],
         item: Any = None,
         batch: bool = False,
+        reserve: int = 1,
     ) -> Op:
         """Send request ``request(token)``; its answer is processed in issue order.
 
@@ -418,19 +429,22 @@ class ChannelLink:
             if self._broken is not None:
                 self._reconnect()
             token = self._token
-            self._token += 1
+            self._token += reserve  # a prefetching get numbers its items (_channels.prefetch)
             fut: Future[Any] = Future()
             self._pending[token] = fut
             ctl, group = self._ctl, self._group
             failed: BaseException | None = None
             try:  # sent holding the lock: requests leave in token order
-                # A plain send, in this thread: a small request costs one message and no
-                # thread hand-off (the control group's sends are made holding this lock,
-                # so its sending direction is idle and the collective runs it inline).
-                msg = self._acks.wrap(request(token))  # pending acks ride along
+                # A plain send in this thread, no hand-off: the control group's sends are
+                # made holding this lock, so the collective runs it inline.
+                req = request(token)
+                if reserve > 1:
+                    self._prefetching[token] = req[7]  # the get's key
+                msg = self._acks.wrap(req)  # pending acks ride along
                 ctl.send(msg, timeout=wire_timeout(self.hello.transfer_timeout))
             except (TypeError, ValueError) as exc:  # refused before anything was sent
                 self._pending.pop(token, None)
+                self._prefetching.pop(token, None)
                 err = ChannelError(
                     f"channel {self.hello.name!r}: the request could not be sent ({exc})"
                 )
@@ -447,27 +461,6 @@ class ChannelLink:
             self._break(group, failed)
         work = ChannelWork(fut, lambda wait, timeout: self._withdraw(token, wait, timeout))
         return Op(seq, kind, work, item, batch, bool(getattr(request, "inline", False)))
-
-    def query(self, request: Callable[[int], tuple[Any, ...]], timeout: float | None) -> Any:
-        """Send request ``request(token)`` and wait for its answer (no put or get: no order).
-
-        Raises:
-            ChannelClosedError: No answer within ``timeout``, or the channel is gone.
-            ChannelError: The link failed.
-        """
-        op = self.submit("query", request)
-        fut = cast("Future[Any]", op.work.ref)
-        try:
-            answer, _ = fut.result(timeout=timeout)
-        except BaseException as exc:
-            if fut.done():
-                raise
-            raise ChannelClosedError(
-                f"channel {self.hello.name!r}: no answer from its channel worker within {timeout} s"
-            ) from exc
-        if isinstance(answer, BaseException):  # pragma: no cover - set as the exception
-            raise answer
-        return answer
 
     def follow(self, op: Op) -> ChannelWork:
         """Process ``op``'s answer whenever it comes; return its handle."""
@@ -496,7 +489,7 @@ class ChannelLink:
                 return op.work.wait(0)
             answer, error = None, exc
         self._order[op.kind].deliver(op, answer, error, inline=True)
-        return self.wait(op.work, limit)
+        return wait_within(op.work, limit, self.hello.name)
 
     def _on_future(self, op: Op, fut: Future[Any]) -> None:
         try:
@@ -661,6 +654,36 @@ class ChannelLink:
                     send, lambda w: self._ask_reset(gen) if w.exception(0) else None
                 )
 
+    # -- prefetched items (see _channels.prefetch) -------------------------------------
+
+    def gets_idle(self) -> bool:
+        """Whether no get of this process is in flight (a new blocking get may prefetch)."""
+        return self._seq["get"] == self._order["get"].next and not self._prefetching
+
+    def take_prefetched(self, key: Any, most: int) -> list[Any]:
+        """Hand out up to ``most`` prefetched items of ``key``, oldest first; acknowledge them."""
+        if not self.prefetched:  # unlocked peek: the common case
+            return []
+        with self._lock:
+            taken = self.prefetched.take(key, most)
+        for token, group, _ in taken:
+            self._ack(group, token)
+        return [item for _, _, item in taken]
+
+    def give_back_prefetched(self) -> None:
+        """Send the live link's unused prefetched items back to the head; acks ride along."""
+        with self._lock:
+            group, ctl = self._group, self._ctl
+            tokens = self.prefetched.drain(group) if self.prefetched and group is not None else []
+            if not tokens or ctl is None:
+                return
+            for token in tokens:  # no longer ours: a report must not count them
+                self._got.pop(token, None)
+            try:
+                ctl.send(self._acks.wrap((GIVE_BACK, *tokens)), timeout=ACK_TIMEOUT)
+            except Exception as exc:  # the items stay unacknowledged: a reset sends them back
+                threading.Thread(target=self._break, args=(group, exc), daemon=True).start()
+
     # -- payloads -------------------------------------------------------------------------
 
     def _start_put(self, op: Op, gen: int, lent: int, inline: bool) -> None:
@@ -742,18 +765,6 @@ class ChannelLink:
 
     # -- waiting and closing ------------------------------------------------------------
 
-    def wait(self, work: ChannelWork, limit: float | None) -> Any:
-        """Wait for a handle; after ``limit`` seconds abandon it with a ChannelError."""
-        try:
-            return work.wait(limit)
-        except WorkTimeoutError:
-            pass
-        err = ChannelClosedError(
-            f"channel {self.hello.name!r}: no answer from its channel worker within {limit} s"
-        )
-        work._finish(exception=err)
-        return work.wait(0)
-
     def limit(self, timeout: float | None) -> float | None:
         """Client-side bound of a blocking call: its timeout, one transfer, a grace period."""
         transfer = self.hello.transfer_timeout
@@ -766,11 +777,13 @@ class ChannelLink:
         with self._order["put"], self._lock:
             if not self.closed:
                 self._return_credits(wait=True)
+                self.give_back_prefetched()  # unused prefetched items go back to the head
                 self._send_acks()  # what it took is acknowledged before it leaves
             self.closed = True
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+            self.prefetched.stop()
             group, self._group = self._group, None
             ctl, self._ctl = self._ctl, None
             pending, self._pending = self._pending, {}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, cast
 
 import ray
 
@@ -18,7 +20,7 @@ from p2p_worker._channels.endpoint import (
 from p2p_worker._channels.errors import ChannelClosedError
 from p2p_worker._channels.inline import PutRequest
 from p2p_worker._channels.keys import DEFAULT_KEY, check_key, check_weight, wrap
-from p2p_worker._channels.proto import GET, MAX_BATCH, QSIZE, check_channel_name
+from p2p_worker._channels.proto import GET, MAX_BATCH, PREFETCH, QSIZE, check_channel_name
 from p2p_worker._channels.spawn import resolve_names, spawn_channel_worker
 from p2p_worker._channels.work import ChannelWork, check_timeout, refuse_waiting_in_callback
 
@@ -287,16 +289,24 @@ class Channel:
         link = self._link()
         with link._lock:
             mine = [i for i, (k, _) in enumerate(link.orphans) if k == key]
-            if mine and target_weight is None:  # items a get abandoned after they were granted
-                taken = [link.orphans[i][1] for i in mine[:max_items]]
+            taken = [link.orphans[i][1] for i in mine[:max_items]]
+            if target_weight is None:  # items a get abandoned after they were granted
                 for i in reversed(mine[:max_items]):
                     del link.orphans[i]
-                value = taken if batch else taken[0]
-                if not async_op:
-                    return value
-                work = ChannelWork(None)
-                work._finish(value)
-                return work
+        if target_weight is None:  # then items a get prefetched (older than any queued)
+            taken = taken or link.take_prefetched(key, max_items)
+        else:  # a by-weight batch takes them in order from the head
+            taken = []
+            link.give_back_prefetched()
+        if taken:
+            value = taken if batch else taken[0]
+            if not async_op:
+                return value
+            work = ChannelWork(None)
+            work._finish(value)
+            return work
+        # a blocking get() alone in flight may take a few queued items ahead (prefetch)
+        prefetch = PREFETCH if block and not (batch or async_op) and link.gets_idle() else 0
         op = link.submit(
             "get",
             lambda t: (
@@ -309,8 +319,10 @@ class Channel:
                 link.sync(),
                 key,
                 target_weight,
+                prefetch,
             ),
             batch=batch,
+            reserve=max(prefetch, 1),
         )
         op.key = key
         return link.follow(op) if async_op else link.run(op, link.limit(timeout))
@@ -321,7 +333,12 @@ class Channel:
         """Remove and return the oldest item of ``key``; wait while there is none.
 
         RLinf's signature; a bool first argument is read as ``async_op``
-        (p2p-worker's earlier ``get(async_op)``).
+        (p2p-worker's earlier ``get(async_op)``). A blocking call that is this process's
+        only get in flight may receive up to 8 queued items without tensors at once
+        (when this process has been the channel's only consumer for 0.5 s); the next
+        gets of ``key`` return them first, without a round trip. Each keeps its slot
+        until handed out; unused ones go back to the head after 50 ms without a get or
+        when the handle closes (see the channels guide).
 
         Args:
             key: The FIFO to take from (default: RLinf's ``"default_queue"``).
@@ -469,7 +486,8 @@ class Channel:
         Counts the queued items of ``key``, this process's own puts included; for the
         default key also the items of any producer whose put was granted and whose
         payload is on its way in (their key is known once they arrive). Not the items
-        already taken by a get. ``stats()["queued"]`` counts every key.
+        already taken by a get, nor those a consumer's blocking ``get()`` took ahead and
+        holds (see :meth:`get`). ``stats()["queued"]`` counts every key.
 
         Raises:
             ChannelClosedError: The channel worker is gone or did not answer in time.
@@ -481,7 +499,7 @@ class Channel:
         check_key(key)
         timeout = check_timeout(timeout)
         link = self._link()
-        return int(link.query(lambda t: (QSIZE, t, link.sync(), key), timeout))
+        return int(_query_link(link, lambda t: (QSIZE, t, link.sync(), key), timeout))
 
     def empty(
         self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
@@ -517,7 +535,8 @@ class Channel:
             (payloads on their way in), ``waiting_putters``,
             ``waiting_getters``, ``credits`` (slots lent to producers ahead of their
             puts, see the channels guide), ``puts`` and ``gets`` (completed transfers),
-            ``inline`` (puts whose small item rode in the request), ``voids``
+            ``inline`` (puts whose small item rode in the request), ``prefetched``
+            (items sent ahead to a blocking ``get()``, see the channels guide), ``voids``
             (abandoned puts), ``failures`` (failed transfers), ``resets`` (links
             reset), ``peers`` (peer name -> link generation) and ``closed``.
 
@@ -563,6 +582,30 @@ class Channel:
         finally:
             ray.kill(link.actor, no_restart=True)
             self.close()
+
+
+def _query_link(
+    link: ChannelLink, request: Callable[[int], tuple[Any, ...]], timeout: float | None
+) -> Any:
+    """Send ``request(token)`` on ``link`` and wait for its answer (no put or get: no order).
+
+    Raises:
+        ChannelClosedError: No answer within ``timeout``, or the channel is gone.
+        ChannelError: The link failed.
+    """
+    op = link.submit("query", request)
+    fut = cast("Future[Any]", op.work.ref)
+    try:
+        answer, _ = fut.result(timeout=timeout)
+    except BaseException as exc:
+        if fut.done():
+            raise
+        raise ChannelClosedError(
+            f"channel {link.hello.name!r}: no answer from its channel worker within {timeout} s"
+        ) from exc
+    if isinstance(answer, BaseException):  # pragma: no cover - set as the exception
+        raise answer
+    return answer
 
 
 def create_on(

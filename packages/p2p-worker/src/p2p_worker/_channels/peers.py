@@ -33,6 +33,11 @@ class Tokens:
             self.done.discard(self.low)
             self.low += 1
 
+    def skip(self, first: int, count: int) -> None:
+        """Tokens ``first .. first + count - 1`` name no call (a prefetching get reserved them)."""
+        for token in range(first, first + count):
+            self.finish(token)
+
     def withdraw_early(self, token: int) -> bool:
         """Withdraw a call that has not arrived yet; False if it ran or runs."""
         if token < self.low or token in self.done or token in self.active:

@@ -83,7 +83,10 @@ def control_group_name(uid: str, peer: str, gen: int) -> str:
 #   (PUT, token, block, timeout, credits)
 #   (PUT_INLINE, token, block, timeout, credits, sync, obj): a small item riding in its
 #       put request (see INLINE_BYTES); granted, it enters the channel at once
-#   (GET, token, max_items, max_bytes, block, timeout, sync, key, target_weight)
+#   (GET, token, max_items, max_bytes, block, timeout, sync, key, target_weight, prefetch)
+#       prefetch > 1: a blocking get() that may take up to ``prefetch`` items at once;
+#       it reserved the tokens token .. token + prefetch - 1, one per item (see PREFETCH)
+#   (GIVE_BACK, token, ...): prefetched items of these tokens were not used: back to the head
 #   (ACK, token, ...): the items of gets ``token, ...`` have arrived
 #   (ACKED, (token, ...), request): those acknowledgements riding on a request
 #   (QSIZE, token, sync, key): how many items ``key`` holds (the answer is the count)
@@ -96,6 +99,14 @@ ACK = 2
 QSIZE = 3
 ACKED = 4
 PUT_INLINE = 5
+GIVE_BACK = 6
+
+PREFETCH = 8
+"""Most items a blocking ``get()`` takes at once when they are queued (see ``_channels.prefetch``).
+
+Only items without tensors, only when the channel worker can answer at once and no
+other get of that key waits; each extra item is numbered with a token the request
+reserved, so it is acknowledged (or given back) on its own."""
 
 INLINE_BYTES = 1024
 """Largest pickled item without tensors that rides inside its put request.

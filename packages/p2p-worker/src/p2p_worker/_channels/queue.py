@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from p2p_worker._channels.errors import ChannelClosedError
-from p2p_worker._channels.keys import DEFAULT_KEY, batch_weight
+from p2p_worker._channels.keys import DEFAULT_KEY, batch_weight, unwrap
 
 
 class _Signal:
@@ -83,6 +83,12 @@ class Item:
     nbytes: int
     key: Any = DEFAULT_KEY
     weight: int = 0
+
+
+def item_of(obj: Any) -> Item:
+    """A received object as a queue item (a :class:`~p2p_worker._channels.keys.Keyed` is opened)."""
+    item, key, weight = unwrap(obj)
+    return Item(item, payload_nbytes(item), key, weight)
 
 
 @dataclass
@@ -190,6 +196,14 @@ class ChannelQueue:
         if any(w.key == key and not w.fut.done() for w in self._getters):
             return None
         return self._pop(queue, max_items, max_bytes)
+
+    def take_small(self, key: Any, most: int) -> list[Item]:
+        """Up to ``most`` more items of ``key`` from its head, while they have no tensors."""
+        queue = self.queues.get(key)
+        out: list[Item] = []
+        while queue and len(out) < most and queue[0].nbytes == 0:
+            out.append(queue.popleft())
+        return out
 
     def grant_credits(self, want: int) -> int:
         """Lend up to ``want`` more slots to a producer ahead of its next puts; return how many.

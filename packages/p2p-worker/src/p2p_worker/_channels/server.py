@@ -2,8 +2,8 @@
 
 Ray creates it, finds it and carries ``hello``, ``cancel``, ``reset_link``, ``state``,
 ``alive`` and ``destroy`` (``put_begin`` and ``qsize`` remain as Ray methods too); puts,
-gets and ``Channel.qsize`` never make a Ray call. Each peer has
-two collective groups to this worker, named with the peer's link generation:
+gets and ``Channel.qsize`` never make a Ray call. Each peer has two collective groups to
+this worker, named with the peer's link generation:
 
 - the *control group* carries the peer's requests. One receive is always posted on it;
   each request that arrives is served in turn (it takes its place among the channel's
@@ -17,9 +17,9 @@ two collective groups to this worker, named with the peer's link generation:
 - the *link* carries put payloads in, and answers out: ``(token, answer, count)``
   followed by the ``count`` items a get was granted (items without tensors ride inside
   the answer). Sent items keep their slots until the peer acknowledges them (``ACK`` on
-  the control group, usually riding on its next request, see ``_channels.acks``);
-  when the link fails first, they go back to the head of the channel, in order, so a
-  consumer that dies mid-get loses no item.
+  the control group, usually riding on its next request, see ``_channels.acks``; items
+  a blocking get prefetched, one by one, see ``_channels.prefetch``); when the link fails
+  first, they go back to the head, in order, so a consumer that dies loses no item.
 
 A put request waits (FIFO) for a free slot, takes it and posts a receive on the link
 for the payload; its answer grants the slot, and the producer then sends its item. No
@@ -27,11 +27,11 @@ payload ever travels without a slot, so ``maxsize`` bounds memory. A small item 
 tensors may ride inside its put request instead (``PUT_INLINE``, see
 ``_channels.inline``): granted, it is queued at once: no payload receive, no payload
 hand-off to the loop; while it waits, the request (item included) is all it holds, one per
-producer at a time. A grant may also lend
-*credits*: further free slots, each with a receive posted ahead, so the producer's next
-puts are plain sends without a request. Credits count against ``maxsize`` like items; an
-idle producer hands unused ones back (a ``Void`` for each), and a get carries the
-caller's ``(gen, payloads sent)`` so its own puts are waited for first (``sync``).
+producer at a time. A grant may also lend *credits*: further free slots, each with a
+receive posted ahead, so the producer's next puts are plain sends without a request.
+Credits count against ``maxsize`` like items; an idle producer hands unused ones back (a
+``Void`` for each), and a get carries the caller's ``(gen, payloads sent)`` so its own
+puts are waited for first (``sync``).
 
 A failed transfer resets that peer's link: both groups are closed (their queued
 operations fail at once), the generation is bumped, the peer's waiting requests end, and
@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import threading
 import time
 from typing import Any
@@ -52,12 +51,17 @@ from typing import Any
 import ray
 import torch
 
-from p2p_worker._channels.keys import DEFAULT_KEY, unwrap
+from p2p_worker._channels.keys import DEFAULT_KEY
+from p2p_worker._channels.lifetime import watch_store
 from p2p_worker._channels.peers import Peer, Tokens
+from p2p_worker._channels.prefetch import SoleConsumer
 from p2p_worker._channels.proto import (
     ACK,
     ACKED,
+    GET,
+    GIVE_BACK,
     NO_ROOM,
+    PREFETCH,
     PUT,
     PUT_INLINE,
     QSIZE,
@@ -77,15 +81,14 @@ from p2p_worker._channels.queue import (
     ChannelQueue,
     Item,
     Void,
-    payload_nbytes,
+    item_of,
 )
 from p2p_worker._info import WorkerInfo
-from p2p_worker._workers._runtime import JobContext, WorkerRuntime
+from p2p_worker._workers._runtime import WorkerRuntime
 from p2p_worker._workers._worker_base import WorkerBase
 
 logger = logging.getLogger(__name__)
 
-WATCH_PERIOD = 2.0  # seconds between checks that the job's rendezvous store is alive
 MAX_CREDITS = 8  # most put credits one grant lends
 HOLD_WAIT = 10.0  # seconds a reset peer's unacknowledged items wait for its report
 HOLD_CHECK = 0.5  # seconds between checks that such a peer still lives
@@ -123,9 +126,11 @@ class ChannelWorker(WorkerBase):
         self._serving: set[asyncio.Future[None]] = set()  # requests being served
         self._loop: asyncio.AbstractEventLoop | None = None
         self._counts = {"puts": 0, "gets": 0, "failures": 0, "resets": 0, "voids": 0, "inline": 0}
+        self._counts["prefetched"] = 0
+        self._sole = SoleConsumer()  # a get may prefetch only for it (_channels.prefetch)
         self._stop = threading.Event()
         threading.Thread(
-            target=_watch_store, args=(spec.job, self._stop), name="p2p-channel-watch", daemon=True
+            target=watch_store, args=(spec.job, self._stop), name="p2p-channel-watch", daemon=True
         ).start()
 
     # -- links --------------------------------------------------------------------------
@@ -339,6 +344,13 @@ class ChannelWorker(WorkerBase):
         if request[0] == ACKED:  # acknowledgements riding on a request
             self._acked(peer, request[1])
             request = request[2]
+        if request[0] == GIVE_BACK:  # prefetched items the peer did not use
+            self._given_back(peer, request[1:])
+            return
+        if request[0] == GET:  # the tokens it reserved; a prefetch only for a sole consumer
+            peer.tokens.skip(request[1] + 1, request[9] - 1)
+            if request[9] and not self._sole.saw(peer.name):
+                request = (*request[:9], 0)
         if (peer.gate is None or peer.gate.done()) and self._try_now(peer, group, request):
             return
         gate, peer.gate = peer.gate, asyncio.get_running_loop().create_future()
@@ -353,6 +365,12 @@ class ChannelWorker(WorkerBase):
             if items:
                 self._counts["gets"] += len(items)
                 self._queue.release(len(items))
+
+    def _given_back(self, peer: Peer, tokens: tuple[int, ...]) -> None:
+        """Prefetched items of ``tokens`` come back unused: to the head, in their order."""
+        back = [item for token in sorted(tokens) for item in peer.unacked.pop(token, [])]
+        if back:
+            self._queue.push_front(back)
 
     def _try_now(self, peer: Peer, group: Any, request: tuple[Any, ...]) -> bool:
         try:
@@ -392,15 +410,18 @@ class ChannelWorker(WorkerBase):
             peer.tokens.finish(token)
             self._answer(peer, group, token, self._count(key), [])
             return True
-        _, _, max_items, max_bytes, _, _, sync, key, target_weight = request
+        _, _, max_items, max_bytes, _, _, sync, key, target_weight, prefetch = request
         if target_weight is not None or not self._synced(peer, *sync):
             return False
         got = queue.try_take(key, max_items, max_bytes)
         if got is None:
             return False
+        if prefetch > 1 and len(got) == 1 and got[0].nbytes == 0:  # see proto.PREFETCH
+            got += queue.take_small(key, min(prefetch, PREFETCH) - 1)
+            self._counts["prefetched"] += len(got) - 1
         peer.tokens.start(token)
         peer.tokens.finish(token)
-        self._answer(peer, group, token, granted(peer.gen, len(got)), got)
+        self._answer(peer, group, token, granted(peer.gen, len(got)), got, prefetch > 1)
         return True
 
     def _synced(self, peer: Peer, gen: int, sent: int) -> bool:
@@ -443,7 +464,7 @@ class ChannelWorker(WorkerBase):
                     peer.tokens.finish(token)
                 self._answer(peer, group, token, self._count(key), [])
                 return
-            _, _, max_items, max_bytes, block, timeout, sync, key, target_weight = request
+            _, _, max_items, max_bytes, block, timeout, sync, key, target_weight, _ = request
             await self._sync(peer.name, *sync)
             got = await self._take(
                 peer, token, max_items, max_bytes, block, timeout, key, target_weight, queued
@@ -461,14 +482,23 @@ class ChannelWorker(WorkerBase):
             if not queued.done():
                 queued.set_result(None)
 
-    def _answer(self, peer: Peer, group: Any, token: int, answer: Any, items: list[Item]) -> None:
+    def _answer(
+        self,
+        peer: Peer,
+        group: Any,
+        token: int,
+        answer: Any,
+        items: list[Item],
+        prefetched: bool = False,
+    ) -> None:
         """Send ``(token, answer, count[, objects])`` on the peer's link; the items follow.
 
         Items without tensors ride in the answer itself (one message); others follow it
         as ``count`` messages on the tensor path. Sent items keep their slots until the
         peer acknowledges them (an ``ACK`` request); if the link fails first they go back
         to the head of the channel (see ``_reset``), so a consumer that dies mid-get
-        loses no item.
+        loses no item. ``prefetched``: item ``i`` (all without tensors) is acknowledged
+        as ``token + i`` (the request reserved those tokens).
         """
         if peer.group is not group:
             if items:
@@ -482,7 +512,10 @@ class ChannelWorker(WorkerBase):
                 head = group.send((token, answer, 0), async_op=True, timeout=timeout, eager=True)
             elif all(item.nbytes == 0 for item in items):
                 objs = [item.obj for item in items]
-                peer.unacked[token] = items
+                if prefetched:
+                    peer.unacked.update((token + i, [item]) for i, item in enumerate(items))
+                else:
+                    peer.unacked[token] = items
                 head = group.send(
                     (token, answer, 0, objs), async_op=True, timeout=timeout, eager=True
                 )
@@ -578,7 +611,7 @@ class ChannelWorker(WorkerBase):
         if inline:
             self._counts["puts"] += 1
             self._counts["inline"] += 1
-            self._queue.arrived(_item(inline[0]))
+            self._queue.arrived(item_of(inline[0]))
         else:
             work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
             self._when_done(work, self._finish_recv, peer, group)
@@ -607,7 +640,7 @@ class ChannelWorker(WorkerBase):
             self._queue.credit_returned()
         else:
             self._counts["puts"] += 1
-            self._queue.credit_arrived(_item(obj))
+            self._queue.credit_arrived(item_of(obj))
         self._seen(peer, group)
 
     def _seen(self, peer: Peer, group: Any) -> None:
@@ -641,7 +674,7 @@ class ChannelWorker(WorkerBase):
             self._queue.arrival_failed()
         else:
             self._counts["puts"] += 1
-            self._queue.arrived(_item(obj))
+            self._queue.arrived(item_of(obj))
         self._seen(peer, group)
 
     async def _take(
@@ -759,35 +792,3 @@ class ChannelWorker(WorkerBase):
                     group.close(timeout=0.0)
             peer.group = peer.ctl = None
         self._stop.set()
-
-
-def _item(obj: Any) -> Item:
-    """A received object as a queue item (a :class:`Keyed` envelope is opened)."""
-    item, key, weight = unwrap(obj)
-    return Item(item, payload_nbytes(item), key, weight)
-
-
-def _watch_store(job: JobContext, stop: threading.Event) -> None:
-    """Stop this actor once the job's rendezvous store is gone (the job has ended).
-
-    A plain TCP connect probes the store (a store client would log a C++ trace on
-    every failed request); two refusals in a row end the actor.
-    """
-    misses = 0
-    while not stop.wait(WATCH_PERIOD):
-        try:
-            with socket.create_connection((job.store_host, job.store_port), timeout=5.0):
-                misses = 0
-        except OSError:
-            misses += 1
-            if misses >= 2:
-                logger.info("channel worker: the job's rendezvous store is gone; stopping")
-                _stop_self()
-                return
-
-
-def _stop_self() -> None:
-    try:
-        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-    except Exception:  # pragma: no cover - Ray already tearing down
-        os._exit(0)

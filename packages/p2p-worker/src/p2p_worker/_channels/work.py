@@ -8,8 +8,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkCancelledError
-from p2p_worker._channels.errors import ChannelError
+from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkCancelledError, WorkTimeoutError
+from p2p_worker._channels.errors import ChannelClosedError, ChannelError
 from p2p_worker._channels.keys import DEFAULT_KEY
 
 CONTROL_GRACE = 30.0  # seconds a blocking call waits past its own bounds for an answer
@@ -146,3 +146,20 @@ def check_timeout(timeout: object, arg: str = "timeout") -> float | None:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
         raise ValueError(f"{arg} must be a number of seconds >= 0 or None, got {timeout!r}")
     return float(timeout)
+
+
+def wait_within(work: ChannelWork, limit: float | None, name: str) -> Any:
+    """Wait for ``work`` of channel ``name``; after ``limit`` seconds abandon it.
+
+    Raises:
+        ChannelClosedError: No answer within ``limit`` (the handle fails with it).
+    """
+    try:
+        return work.wait(limit)
+    except WorkTimeoutError:
+        pass
+    err = ChannelClosedError(
+        f"channel {name!r}: no answer from its channel worker within {limit} s"
+    )
+    work._finish(exception=err)
+    return work.wait(0)

@@ -1,0 +1,130 @@
+"""Items a blocking ``get()`` took ahead of its caller: the consumer's prefetch buffer.
+
+A blocking ``Channel.get()`` made while no other get of its process is in flight asks
+for up to :data:`~p2p_worker._channels.proto.PREFETCH` items. When the channel worker can
+answer at once, no other get of that key waits, and the head items have no tensors, it
+sends several in one answer; the caller gets the first, the others wait here and the
+process's next gets of that key return them without a round trip.
+
+Each prefetched item is acknowledged on its own when a get hands it out (the request
+reserved one token per item), so the channel's guarantees hold item by item: an item
+keeps its slot until it is handed out (``maxsize`` bounds memory); a consumer that dies
+holding prefetched items has them sent to the next consumer, in order; a reset link
+reports them as arrived, and they are still handed out here. Unused items go back to the
+head of the channel after :data:`PREFETCH_LINGER` seconds without a get, when the handle
+closes, and before a by-weight ``get_batch`` (which then takes them in order).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+PREFETCH_LINGER = 0.05  # seconds without a get after which unused prefetched items go back
+SOLE_FOR = 0.5  # seconds a process must have been a channel's only consumer to prefetch
+
+
+class Prefetched:
+    """A process's prefetched items, oldest first (guarded by the link's lock, ``lock``).
+
+    ``give_back`` (called holding ``lock``) sends the unused ones back once no get took
+    one for :data:`PREFETCH_LINGER` seconds.
+
+    Example:
+        >>> import threading
+        >>> buffer = Prefetched(threading.RLock(), lambda: None)
+        >>> buffer.add("k", "g", 7, ["a", "b"])
+        >>> [(t, item) for t, _, item in buffer.take("k", 1)], len(buffer)
+        ([(8, 'a')], 1)
+        >>> buffer.drain("g"), len(buffer)
+        ([9], 0)
+        >>> buffer.stop()
+    """
+
+    __slots__ = ("_give_back", "_last", "_lock", "_timer", "entries")
+
+    def __init__(self, lock: Any, give_back: Callable[[], None]) -> None:
+        self.entries: deque[tuple[Any, int, Any, Any]] = deque()  # (key, token, group, item)
+        self._lock = lock
+        self._give_back = give_back
+        self._last = 0.0  # when a get last added or took items
+        self._timer: threading.Timer | None = None
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, key: Any, group: Any, token: int, items: list[Any]) -> None:
+        """The items after the first of get ``token``'s answer: tokens ``token + 1`` on."""
+        self.entries.extend((key, token + i, group, item) for i, item in enumerate(items, 1))
+        self._last = time.monotonic()
+        self._arm()
+
+    def take(self, key: Any, most: int) -> list[tuple[int, Any, Any]]:
+        """Remove up to ``most`` of ``key``'s oldest items: ``(token, group, item)`` each."""
+        taken: list[tuple[int, Any, Any]] = []
+        kept: deque[tuple[Any, int, Any, Any]] = deque()
+        for entry in self.entries:
+            if entry[0] == key and len(taken) < most:
+                taken.append(entry[1:])
+            else:
+                kept.append(entry)
+        self.entries = kept
+        self._last = time.monotonic()
+        return taken
+
+    def drain(self, group: Any) -> list[int]:
+        """Remove the items that came over ``group`` (the live link); their tokens.
+
+        Items of an earlier, reset link stay: that link's report counted them as
+        delivered, so they can only be handed out here.
+        """
+        tokens = [entry[1] for entry in self.entries if entry[2] is group]
+        self.entries = deque(entry for entry in self.entries if entry[2] is not group)
+        return tokens
+
+    def stop(self) -> None:
+        """Stop the timer (the handle closes)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self) -> None:
+        if self.entries and self._timer is None:
+            delay = max(PREFETCH_LINGER - (time.monotonic() - self._last), 0.005)
+            self._timer = threading.Timer(delay, self._linger)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _linger(self) -> None:
+        with self._lock:
+            self._timer = None
+            if time.monotonic() - self._last < PREFETCH_LINGER:
+                self._arm()
+            elif self.entries:
+                self._give_back()
+
+
+class SoleConsumer:
+    """Which process alone made the channel's gets lately (the channel worker's view).
+
+    Example:
+        >>> sole = SoleConsumer()
+        >>> sole.saw("a"), sole.saw("b")
+        (False, False)
+    """
+
+    __slots__ = ("name", "since")
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.since = 0.0
+
+    def saw(self, name: str) -> bool:
+        """A get of ``name`` arrived: whether ``name`` alone got for :data:`SOLE_FOR` s."""
+        now = time.monotonic()
+        if name != self.name:
+            self.name, self.since = name, now
+        return now - self.since >= SOLE_FOR

@@ -1,0 +1,183 @@
+"""A blocking get() takes a few queued items ahead (the consumer's prefetch buffer).
+
+Real worker processes, a real channel worker and a real local Ray cluster: order per
+consumer, ``maxsize`` and ``qsize`` with prefetched items, unused items going back (idle,
+close, a by-weight batch), a consumer killed while holding prefetched items, a link reset
+while it holds them, and a second consumer that is not starved.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+import ray
+import torch
+from channel_helpers import channel_actor, settled, wait_for
+
+from p2p_worker import (
+    ChannelEmpty,
+    Cluster,
+    NodePlacementStrategy,
+    Worker,
+    create_channel,
+)
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
+
+ONE = NodePlacementStrategy([0], cpus_per_worker=0)
+
+
+class Taker(Worker):
+    def hold_items(self, hold: bool) -> int:
+        """Keep prefetched items for a minute (``hold``) instead of 50 ms; this pid."""
+        from p2p_worker._channels import prefetch
+
+        prefetch.PREFETCH_LINGER = 60.0 if hold else 0.05
+        return os.getpid()
+
+    def gets(self, name: str, count: int) -> list[Any]:
+        """``count`` blocking gets, one after another."""
+        ch = self.connect_channel(name)
+        return [ch.get(timeout=60) for _ in range(count)]
+
+    def get_then_batch(self, name: str, weight: int) -> list[Any]:
+        """One blocking get, then a by-weight batch."""
+        ch = self.connect_channel(name)
+        first = ch.get(timeout=60)
+        return [first, ch.get_batch(target_weight=weight, timeout=60)]
+
+    def get_then_close(self, name: str) -> Any:
+        """One blocking get, then close the handle (with items still prefetched)."""
+        ch = self.connect_channel(name)
+        item = ch.get(timeout=60)
+        ch.close()
+        return item
+
+
+def _fill(ch: Any, n: int) -> None:
+    for i in range(n):
+        ch.put(i, timeout=30)
+
+
+def _sole(ch: Any, taker: Any, name: str) -> None:
+    """Make ``taker`` the channel's only consumer for longer than SOLE_FOR (0.5 s)."""
+    ch.put("warm", timeout=30)
+    assert taker.gets(name, 1).wait(60) == [["warm"]]
+    time.sleep(0.7)
+
+
+def test_a_blocking_get_prefetches_small_items_in_order(cluster: Cluster) -> None:
+    taker = Taker.create_group().launch(cluster, ONE, name="prefetcher")
+    taker.hold_items(True).wait(60)
+    ch = create_channel(cluster, "prefetch_order", maxsize=16)
+    _sole(ch, taker, "prefetch_order")
+    _fill(ch, 12)
+    assert taker.gets("prefetch_order", 1).wait(60) == [[0]]
+    wait_for(lambda: ch.stats()["gets"] == 2)  # "warm" and 0 are acknowledged
+    # Eight items left the channel in one answer: seven wait in the consumer's buffer,
+    # keeping their slots (maxsize holds); qsize counts only what is still queued.
+    st = ch.stats()
+    assert (st["prefetched"], st["queued"], st["held"] - st["credits"]) == (7, 4, 11), st
+    assert ch.qsize() == 4
+    ch.put("late", timeout=30)  # a later item comes after every prefetched one
+    assert taker.gets("prefetch_order", 12).wait(60) == [[*range(1, 12), "late"]]
+    st = settled(ch)
+    assert (st["gets"], st["queued"], st["held"], st["resets"]) == (14, 0, 0, 0), st
+    # Items with tensors are never taken ahead: each blocking get takes one.
+    for i in range(3):
+        ch.put(torch.full((4,), float(i)), timeout=30)
+    before = ch.stats()["prefetched"]
+    [[got]] = taker.gets("prefetch_order", 1).wait(60)
+    assert torch.equal(got, torch.zeros(4))
+    assert ch.stats()["prefetched"] == before
+    assert ch.qsize() == 2
+    [rest] = taker.gets("prefetch_order", 2).wait(60)
+    assert [float(t[0]) for t in rest] == [1.0, 2.0]
+    ch.destroy()
+
+
+def test_unused_prefetched_items_go_back_and_no_consumer_starves(cluster: Cluster) -> None:
+    taker = Taker.create_group().launch(cluster, ONE, name="idle_prefetcher")
+    taker.hold_items(False).wait(60)  # the default: back after 50 ms without a get
+    ch = create_channel(cluster, "prefetch_back", maxsize=16)
+    _sole(ch, taker, "prefetch_back")
+    _fill(ch, 10)
+    assert taker.gets("prefetch_back", 1).wait(60) == [[0]]
+    assert ch.stats()["prefetched"] == 7
+    # The driver, a second consumer, is not starved: it takes the queued items at once
+    # and the idle consumer's seven, in their order, once they have gone back.
+    t0 = time.monotonic()
+    got = [ch.get(timeout=30) for _ in range(9)]
+    assert time.monotonic() - t0 < 20.0
+    assert sorted(got) == list(range(1, 10))
+    assert [i for i in got if i <= 7] == list(range(1, 8))
+    st = settled(ch)
+    assert (st["gets"], st["queued"], st["held"]) == (11, 0, 0), st
+    # Two consumers took items within SOLE_FOR: no prefetch now, items leave one by one.
+    _fill(ch, 4)
+    assert taker.gets("prefetch_back", 1).wait(60) == [[0]]
+    assert (ch.stats()["prefetched"], ch.qsize()) == (7, 3)
+    assert [ch.get_nowait() for _ in range(3)] == [1, 2, 3]
+    # A consumer that closes its handle gives back what it did not use, at once.
+    taker.hold_items(True).wait(60)
+    _sole(ch, taker, "prefetch_back")
+    _fill(ch, 5)
+    assert taker.get_then_close("prefetch_back").wait(60) == [0]
+    assert ch.stats()["prefetched"] == 7 + 4
+    assert [ch.get_nowait() for _ in range(4)] == [1, 2, 3, 4]
+    # A by-weight batch takes the prefetched items first, in order.
+    _sole(ch, taker, "prefetch_back")
+    _fill(ch, 6)
+    assert taker.get_then_batch("prefetch_back", 3).wait(60) == [[0, [1, 2, 3]]]
+    assert taker.gets("prefetch_back", 2).wait(60) == [[4, 5]]
+    st = settled(ch)
+    assert (st["gets"], st["queued"], st["held"]) == (11 + 4 + 6 + 7, 0, 0), st
+    assert st["prefetched"] == 7 + 4 + 5 + 1  # the last get() took 5 with 4
+    ch.destroy()
+
+
+def test_a_consumer_killed_holding_prefetched_items_loses_none(cluster: Cluster) -> None:
+    doomed = Taker.create_group().launch(cluster, ONE, name="doomed_prefetcher")
+    [pid] = doomed.hold_items(True).wait(60)
+    ch = create_channel(cluster, "prefetch_kill", maxsize=16)
+    _sole(ch, doomed, "prefetch_kill")
+    _fill(ch, 10)
+    assert doomed.gets("prefetch_kill", 2).wait(60) == [[0, 1]]
+    wait_for(lambda: ch.stats()["gets"] == 3)  # the two handed out are acknowledged
+    st = ch.stats()
+    assert st["held"] - st["credits"] == 8, st  # six prefetched, two queued
+    os.kill(pid, signal.SIGKILL)
+    # The six unread items go back to the head, in order: each item exactly once.
+    wait_for(lambda: ch.stats()["queued"] == 8)
+    assert [ch.get(timeout=30) for _ in range(8)] == list(range(2, 10))
+    st = settled(ch)
+    assert (st["gets"], st["queued"], st["held"]) == (11, 0, 0), st
+    ch.destroy()
+
+
+def test_a_link_reset_keeps_prefetched_items_with_their_consumer(cluster: Cluster) -> None:
+    taker = Taker.create_group().launch(cluster, ONE, name="reset_prefetcher")
+    taker.hold_items(True).wait(60)
+    ch = create_channel(cluster, "prefetch_reset", maxsize=16)
+    _sole(ch, taker, "prefetch_reset")
+    _fill(ch, 10)
+    assert taker.gets("prefetch_reset", 1).wait(60) == [[0]]
+    wait_for(lambda: ch.stats()["gets"] == 2)
+    peer = "reset_prefetcher:0"
+    gen = ch.stats()["peers"][peer]
+    ray.get(channel_actor("prefetch_reset").reset_link.remote(peer, gen), timeout=30)
+    # The consumer reports the seven prefetched items as arrived: they stay its own
+    # (not sent to anyone else) and its next gets return them, then the rest.
+    wait_for(lambda: ch.stats()["held"] == 2)  # only the two still queued
+    assert ch.qsize() == 2
+    assert taker.gets("prefetch_reset", 9).wait(60) == [list(range(1, 10))]
+    st = settled(ch)
+    assert (st["gets"], st["queued"], st["held"]) == (11, 0, 0), st
+    assert st["resets"] >= 1
+    with pytest.raises(ChannelEmpty):
+        ch.get_nowait()
+    ch.destroy()
