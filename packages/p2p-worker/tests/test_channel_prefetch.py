@@ -64,7 +64,7 @@ def _fill(ch: Any, n: int) -> None:
 
 
 def _sole(ch: Any, taker: Any, name: str) -> None:
-    """Make ``taker`` the channel's only consumer for longer than SOLE_FOR (0.5 s)."""
+    """Make ``taker`` the channel's only consumer for longer than SOLE_FOR (0.1 s)."""
     ch.put("warm", timeout=30)
     assert taker.gets(name, 1).wait(60) == [["warm"]]
     time.sleep(0.7)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 PREFETCH_LINGER = 0.05  # seconds without a get after which unused prefetched items go back
-SOLE_FOR = 0.5  # seconds a process must have been a channel's only consumer to prefetch
+SOLE_FOR = 0.1  # seconds a process must have been a channel's only consumer to prefetch
 
 
 class Prefetched:
