@@ -181,3 +181,33 @@ def test_a_link_reset_keeps_prefetched_items_with_their_consumer(cluster: Cluste
     with pytest.raises(ChannelEmpty):
         ch.get_nowait()
     ch.destroy()
+
+
+class Putter(Worker):
+    def put_many(self, name: str, tag: str, count: int) -> int:
+        """Put ``count`` small items ``(tag, i)``, blocking, in order."""
+        ch = self.connect_channel(name)
+        for i in range(count):
+            ch.put((tag, i), timeout=60)
+        return count
+
+
+def test_two_producers_keep_their_order_through_a_prefetching_consumer(
+    cluster: Cluster,
+) -> None:
+    taker = Taker.create_group().launch(cluster, ONE, name="fifo_prefetcher")
+    putters = [Putter.create_group().launch(cluster, ONE, name=f"fifo_put{i}") for i in (0, 1)]
+    ch = create_channel(cluster, "prefetch_fifo", maxsize=16)
+    _sole(ch, taker, "prefetch_fifo")
+    n = 150
+    puts = [p.put_many("prefetch_fifo", f"p{i}", n) for i, p in enumerate(putters)]
+    wait_for(lambda: ch.qsize() >= 8)  # the first get finds items queued, at least
+    got_work = taker.gets("prefetch_fifo", 2 * n)
+    assert [w.wait(120) for w in puts] == [[n], [n]]
+    [got] = got_work.wait(120)
+    for tag in ("p0", "p1"):  # each producer's items, once each, in the order put
+        assert [i for t, i in got if t == tag] == list(range(n))
+    st = settled(ch)
+    assert (st["gets"], st["queued"], st["held"]) == (2 * n + 1, 0, 0), st
+    assert st["prefetched"] > 0, st  # some gets found items queued and took more
+    ch.destroy()
