@@ -335,7 +335,7 @@ class Channel:
         RLinf's signature; a bool first argument is read as ``async_op``
         (p2p-worker's earlier ``get(async_op)``). A blocking call that is this process's
         only get in flight may receive up to 8 queued items without tensors at once
-        (when this process has been the channel's only consumer for 0.1 s); the next
+        (when no other process got from the channel in the last 5 s); the next
         gets of ``key`` return them first, without a round trip. Each keeps its slot
         until handed out; unused ones go back to the head after 50 ms without a get or
         when the handle closes (see the channels guide).
