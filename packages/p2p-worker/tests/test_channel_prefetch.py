@@ -69,12 +69,24 @@ def _sole(ch: Any, taker: Any, name: str) -> None:
     assert taker.gets(name, 1).wait(60) == [["warm"]]
 
 
+def _prefetcher(
+    cluster: Cluster, worker: str, name: str, hold: bool, fill: int
+) -> tuple[Any, Any, int]:
+    """A sole consumer ``worker`` of a fresh channel ``name`` holding ``fill`` items.
+
+    Returns the consumer, the channel and the consumer's pid. ``hold``: its prefetched
+    items stay until a get takes them (else they go back after 50 ms without a get).
+    """
+    taker = Taker.create_group().launch(cluster, ONE, name=worker)
+    [pid] = taker.hold_items(hold).wait(60)
+    ch = create_channel(cluster, name, maxsize=16)
+    _sole(ch, taker, name)
+    _fill(ch, fill)
+    return taker, ch, pid
+
+
 def test_a_blocking_get_prefetches_small_items_in_order(cluster: Cluster) -> None:
-    taker = Taker.create_group().launch(cluster, ONE, name="prefetcher")
-    taker.hold_items(True).wait(60)
-    ch = create_channel(cluster, "prefetch_order", maxsize=16)
-    _sole(ch, taker, "prefetch_order")
-    _fill(ch, 12)
+    taker, ch, _ = _prefetcher(cluster, "prefetcher", "prefetch_order", True, 12)
     assert taker.gets("prefetch_order", 1).wait(60) == [[0]]
     wait_for(lambda: ch.stats()["gets"] == 2)  # "warm" and 0 are acknowledged
     # Eight items left the channel in one answer: seven wait in the consumer's buffer,
@@ -100,11 +112,8 @@ def test_a_blocking_get_prefetches_small_items_in_order(cluster: Cluster) -> Non
 
 
 def test_unused_prefetched_items_go_back_and_no_consumer_starves(cluster: Cluster) -> None:
-    taker = Taker.create_group().launch(cluster, ONE, name="idle_prefetcher")
-    taker.hold_items(False).wait(60)  # the default: back after 50 ms without a get
-    ch = create_channel(cluster, "prefetch_back", maxsize=16)
-    _sole(ch, taker, "prefetch_back")
-    _fill(ch, 10)
+    # hold False, the default: items go back after 50 ms without a get
+    taker, ch, _ = _prefetcher(cluster, "idle_prefetcher", "prefetch_back", False, 10)
     assert taker.gets("prefetch_back", 1).wait(60) == [[0]]
     assert ch.stats()["prefetched"] == 7
     # The driver, a second consumer, is not starved: it takes the queued items at once
@@ -142,11 +151,7 @@ def test_unused_prefetched_items_go_back_and_no_consumer_starves(cluster: Cluste
 
 
 def test_a_consumer_killed_holding_prefetched_items_loses_none(cluster: Cluster) -> None:
-    doomed = Taker.create_group().launch(cluster, ONE, name="doomed_prefetcher")
-    [pid] = doomed.hold_items(True).wait(60)
-    ch = create_channel(cluster, "prefetch_kill", maxsize=16)
-    _sole(ch, doomed, "prefetch_kill")
-    _fill(ch, 10)
+    doomed, ch, pid = _prefetcher(cluster, "doomed_prefetcher", "prefetch_kill", True, 10)
     assert doomed.gets("prefetch_kill", 2).wait(60) == [[0, 1]]
     wait_for(lambda: ch.stats()["gets"] == 3)  # the two handed out are acknowledged
     st = ch.stats()
@@ -161,11 +166,7 @@ def test_a_consumer_killed_holding_prefetched_items_loses_none(cluster: Cluster)
 
 
 def test_a_link_reset_keeps_prefetched_items_with_their_consumer(cluster: Cluster) -> None:
-    taker = Taker.create_group().launch(cluster, ONE, name="reset_prefetcher")
-    taker.hold_items(True).wait(60)
-    ch = create_channel(cluster, "prefetch_reset", maxsize=16)
-    _sole(ch, taker, "prefetch_reset")
-    _fill(ch, 10)
+    taker, ch, _ = _prefetcher(cluster, "reset_prefetcher", "prefetch_reset", True, 10)
     assert taker.gets("prefetch_reset", 1).wait(60) == [[0]]
     wait_for(lambda: ch.stats()["gets"] == 2)
     peer = "reset_prefetcher:0"

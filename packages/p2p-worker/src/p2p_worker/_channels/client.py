@@ -19,7 +19,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, cast
 
@@ -35,6 +35,7 @@ from p2p_worker._channels.errors import (
     ChannelError,
     ChannelFull,
 )
+from p2p_worker._channels.linger import Linger
 from p2p_worker._channels.order import IssueOrder
 from p2p_worker._channels.prefetch import Prefetched
 from p2p_worker._channels.proto import (
@@ -100,8 +101,13 @@ class ChannelLink:
         # _gen, each with a receive posted; a put with a credit is a plain send.
         self._credits = 0
         self._sent = 0  # payloads (items and voids) sent on _gen, for the channel's sync
-        self._last_put = 0.0
-        self._timer: threading.Timer | None = None
+        # Unused credits go back after CREDIT_LINGER s without a put (a Void per credit).
+        self._credit_linger = Linger(
+            lambda: CREDIT_LINGER,
+            self._put_locks,
+            lambda: bool(self._credits) and not self.closed,
+            lambda: self._return_credits(wait=False),
+        )
 
     # -- the payload link ---------------------------------------------------------------
 
@@ -596,8 +602,7 @@ class ChannelLink:
                 return NO_CREDIT
             self._credits -= 1
             self._sent += 1
-            self._last_put = time.monotonic()
-            self._arm_linger()
+            self._credit_linger.touch()
             group, gen = self._group, self._gen
             op = Op(-1, "put", ChannelWork(None), item, False)
             timeout = wire_timeout(self.hello.transfer_timeout)
@@ -617,23 +622,13 @@ class ChannelLink:
         ChannelWork._follow(send, lambda w: self._put_done(op, gen, False, w.exception(0)))
         return op.work
 
-    def _arm_linger(self) -> None:
-        """Start the timer that hands back idle credits (called holding ``_lock``)."""
-        if self._credits and self._timer is None and not self.closed:
-            delay = max(CREDIT_LINGER - (time.monotonic() - self._last_put), 0.005)
-            self._timer = threading.Timer(delay, self._linger)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _linger(self) -> None:
+    @contextlib.contextmanager
+    def _put_locks(self) -> Iterator[None]:
+        """The put order lock, then ``_lock`` (what handing back credits holds)."""
+        # Credits go back even while puts of ours wait for room: they may wait for the
+        # very slots these credits hold. A Void is no item, so order is not at stake.
         with self._order["put"], self._lock:
-            self._timer = None
-            # Returned even while puts of ours wait for room: they may wait for the very
-            # slots these credits hold. A Void is no item, so order is not at stake.
-            if time.monotonic() - self._last_put < CREDIT_LINGER:
-                self._arm_linger()
-                return
-            self._return_credits(wait=False)
+            yield
 
     def _return_credits(self, wait: bool) -> None:
         """Send a Void for each unused credit (holding the put order lock and ``_lock``)."""
@@ -691,8 +686,7 @@ class ChannelLink:
             with self._lock:
                 if lent and self._group_for(gen) is not None:
                     self._credits += lent
-                    self._last_put = time.monotonic()
-                    self._arm_linger()
+                    self._credit_linger.touch()
             op.work._finish(None)
             return
         with self._lock:
@@ -701,8 +695,7 @@ class ChannelLink:
                 self._sent += 1  # the item or a Void, in the slot of this grant
             if group is not None and lent:
                 self._credits += lent
-                self._last_put = time.monotonic()
-                self._arm_linger()
+                self._credit_linger.touch()
         if group is None:
             self._stale(op)
             return
@@ -780,9 +773,7 @@ class ChannelLink:
                 self.give_back_prefetched()  # unused prefetched items go back to the head
                 self._send_acks()  # what it took is acknowledged before it leaves
             self.closed = True
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._credit_linger.stop()
             self.prefetched.stop()
             group, self._group = self._group, None
             ctl, self._ctl = self._ctl, None

@@ -20,11 +20,12 @@ closes, and before a by-weight ``get_batch`` (which then takes them in order).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from p2p_worker._channels.linger import Linger
 
 PREFETCH_LINGER = 0.05  # seconds without a get after which unused prefetched items go back
 SOLE_FOR = 5.0  # seconds since another process's last get before a process may prefetch
@@ -47,14 +48,14 @@ class Prefetched:
         >>> buffer.stop()
     """
 
-    __slots__ = ("_give_back", "_last", "_lock", "_timer", "entries")
+    __slots__ = ("_linger", "entries")
 
     def __init__(self, lock: Any, give_back: Callable[[], None]) -> None:
         self.entries: deque[tuple[Any, int, Any, Any]] = deque()  # (key, token, group, item)
-        self._lock = lock
-        self._give_back = give_back
-        self._last = 0.0  # when a get last added or took items
-        self._timer: threading.Timer | None = None
+        # touched when a get adds or takes items
+        self._linger = Linger(
+            lambda: PREFETCH_LINGER, lambda: lock, lambda: bool(self.entries), give_back
+        )
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -62,8 +63,7 @@ class Prefetched:
     def add(self, key: Any, group: Any, token: int, items: list[Any]) -> None:
         """The items after the first of get ``token``'s answer: tokens ``token + 1`` on."""
         self.entries.extend((key, token + i, group, item) for i, item in enumerate(items, 1))
-        self._last = time.monotonic()
-        self._arm()
+        self._linger.touch()
 
     def take(self, key: Any, most: int) -> list[tuple[int, Any, Any]]:
         """Remove up to ``most`` of ``key``'s oldest items: ``(token, group, item)`` each."""
@@ -75,7 +75,7 @@ class Prefetched:
             else:
                 kept.append(entry)
         self.entries = kept
-        self._last = time.monotonic()
+        self._linger.touch(arm=False)
         return taken
 
     def drain(self, group: Any) -> list[int]:
@@ -90,24 +90,7 @@ class Prefetched:
 
     def stop(self) -> None:
         """Stop the timer (the handle closes)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _arm(self) -> None:
-        if self.entries and self._timer is None:
-            delay = max(PREFETCH_LINGER - (time.monotonic() - self._last), 0.005)
-            self._timer = threading.Timer(delay, self._linger)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _linger(self) -> None:
-        with self._lock:
-            self._timer = None
-            if time.monotonic() - self._last < PREFETCH_LINGER:
-                self._arm()
-            elif self.entries:
-                self._give_back()
+        self._linger.stop()
 
 
 class SoleConsumer:
