@@ -485,9 +485,13 @@ class Channel:
 
         Counts the queued items of ``key``, this process's own puts included; for the
         default key also the items of any producer whose put was granted and whose
-        payload is on its way in (their key is known once they arrive). Not the items
-        already taken by a get, nor those a consumer's blocking ``get()`` took ahead and
-        holds (see :meth:`get`). ``stats()["queued"]`` counts every key.
+        payload is on its way in (their key is known once they arrive). A producer that
+        had several asynchronous puts in flight at once may leave one such grant
+        standing, with no payload coming, until it hands back its unused put credits
+        (about 50 ms after its last put): right after other producers' puts the default
+        key's count can be that much high; ``stats()["arriving"]`` shows those slots.
+        Not the items already taken by a get, nor those a consumer's blocking ``get()``
+        took ahead and holds (see :meth:`get`). ``stats()["queued"]`` counts every key.
 
         Raises:
             ChannelClosedError: The channel worker is gone or did not answer in time.
