@@ -50,7 +50,6 @@ from p2p_worker._channels.proto import (
     wire_timeout,
 )
 from p2p_worker._channels.queue import Void
-from p2p_worker._channels.reader import AnswerReader
 from p2p_worker._channels.work import CONTROL_GRACE, ChannelWork, Op, wait_within
 
 CREDITS = 8  # put credits a put asks for (the channel worker may lend fewer)
@@ -98,7 +97,6 @@ class ChannelLink:
         self.prefetched = Prefetched(self._lock, self.give_back_prefetched)
         self._prefetching: dict[int, Any] = {}  # token -> key of a prefetching get in flight
         self.closed = False
-        self.reader = AnswerReader(self)  # who receives the answers (_channels.reader)
         # Put credits: slots the channel worker lent this process on link generation
         # _gen, each with a receive posted; a put with a credit is a plain send.
         self._credits = 0
@@ -140,6 +138,7 @@ class ChannelLink:
                 group.recv_tensor(empty, timeout=timeout)
                 group.send_tensor(empty, timeout=timeout)
                 ctl.send_tensor(empty, timeout=timeout)
+                self._read(group)
                 return
             except Exception as exc:
                 group.close(timeout=0.0)
@@ -179,18 +178,39 @@ class ChannelLink:
 
     # -- answers on the link ------------------------------------------------------------
 
-    def _take_answer(self, group: Any, msg: Any, posted: bool) -> int:
-        """Take answer ``msg``: receive the items that follow it, hand it to its op.
+    def _read(self, group: Any) -> None:
+        """Post the receive of the next answer on ``group`` (one is always posted)."""
+        try:
+            # idle for as long as it likes (not the job's op_timeout)
+            work = group.recv(async_op=True, timeout=wire_timeout(None))
+        except Exception as exc:
+            self._break(group, exc)
+            return
+        ChannelWork._follow(work, lambda w: self._on_answer(group, w))
 
-        ``posted``: it came from a posted read (see ``_channels.reader``). Returns its token.
+    def _on_answer(self, group: Any, work: AsyncWork[Any]) -> None:
+        """An answer arrived: receive the items that follow it, then hand it to its op.
+
+        Runs in the link's receiving thread. Whatever goes wrong here breaks the link
+        (its waiting ops fail, the next op reconnects): an exception let out would end
+        that thread, and with it every later answer, silently.
         """
-        token: int
-        token, answer, count, *inline = msg
+        try:
+            self._take_answer(group, work)
+        except BaseException as exc:
+            self._break(group, exc)
+
+    def _take_answer(self, group: Any, work: AsyncWork[Any]) -> None:
+        failed = work.exception(0)
+        if failed is not None:
+            self._break(group, failed)
+            return
+        token, answer, count, *inline = work.wait(0)
         self._confirmed(group, token)
         if inline:  # items without tensors, inside the answer
-            self.reader.received(group, posted)
+            self._read(group)
             self._hand_over(group, token, answer, [(obj, None) for obj in inline[0]])
-            return token
+            return
         timeout = wire_timeout(self.hello.transfer_timeout)
         recvs: list[AsyncWork[Any]] = []
         try:
@@ -198,11 +218,11 @@ class ChannelLink:
                 recvs.append(group.recv(async_op=True, timeout=timeout))
         except Exception as exc:
             self._break(group, exc)
-            return token
-        self.reader.received(group, posted)
+            return
+        self._read(group)
         if not recvs:
             self._resolve(token, answer, [])
-            return token
+            return
         left = [count]
         lock = threading.Lock()
 
@@ -218,7 +238,6 @@ class ChannelLink:
 
         for w in recvs:
             ChannelWork._follow(w, received)
-        return token
 
     def _confirmed(self, group: Any, token: int) -> None:
         """An answer to request ``token`` arrived: acks sent before it have been read.
@@ -271,8 +290,6 @@ class ChannelLink:
             group, failed = self._group, self._send_acks()
         if failed is not None:
             self._break(group, failed)
-        else:
-            self.reader.ensure(watch=True)  # idle now: a reset must be seen
 
     def _send_acks(self) -> BaseException | None:
         """Send the pending acknowledgements now (holding ``_lock``); what failed, if any."""
@@ -392,7 +409,6 @@ class ChannelLink:
         self._acks.clear()
         self._prefetching = {}
         self._credits = self._sent = 0
-        self.reader.clear()
         self._token = 0  # the channel worker numbers this peer's calls afresh
         self._broken = None
         self.open(hello.transfer_timeout)
@@ -410,67 +426,51 @@ class ChannelLink:
         """Send request ``request(token)``; its answer is processed in issue order.
 
         The caller either :meth:`follow` s the op (asynchronous use) or :meth:`run` s it
-        (a blocking call: the answer is awaited -- received in the caller's thread when
-        nobody else receives, see ``_channels.reader`` -- and, when it is next in line,
-        its transfer done there too, sparing thread hand-offs).
+        (a blocking call: the answer is awaited and, when it is next in line, its
+        transfer done in the caller's thread, sparing two thread hand-offs).
         """
         with self._lock:
             if self.closed:
                 raise ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
-            for retry in (False, True):
-                if self._broken is not None:
-                    self._reconnect()
-                token, fut, group, failed = self._send_request(request, reserve)
-                # An idle link has no read posted (_channels.reader): a reset while idle
-                # shows as this failed send, of the only request due; it asks again.
-                if failed is None or retry or self.reader.due != 1:
-                    break
+            if self._broken is not None:
+                self._reconnect()
+            token = self._token
+            self._token += reserve  # a prefetching get numbers its items (_channels.prefetch)
+            fut: Future[Any] = Future()
+            self._pending[token] = fut
+            ctl, group = self._ctl, self._group
+            failed: BaseException | None = None
+            try:  # sent holding the lock: requests leave in token order
+                # A plain send in this thread, no hand-off: the control group's sends are
+                # made holding this lock, so the collective runs it inline.
+                req = request(token)
+                if reserve > 1:
+                    self._prefetching[token] = req[7]  # the get's key
+                msg = self._acks.wrap(req)  # pending acks ride along
+                ctl.send(msg, timeout=wire_timeout(self.hello.transfer_timeout))
+            except (TypeError, ValueError) as exc:  # refused before anything was sent
                 self._pending.pop(token, None)
                 self._prefetching.pop(token, None)
-                self.reader.due -= 1
-                self._broken = failed
+                err = ChannelError(
+                    f"channel {self.hello.name!r}: the request could not be sent ({exc})"
+                )
+                err.__cause__ = exc
+                fut.set_exception(err)
+            except Exception as exc:
+                # The control group failed: the op stays pending and fails with the
+                # others of this link, as ChannelClosedError when the channel worker is
+                # gone (asked of Ray), else ChannelError.
+                failed = exc
             seq = self._seq[kind]
             self._seq[kind] += 1
         if failed is not None:
             self._break(group, failed)
         work = ChannelWork(fut, lambda wait, timeout: self._withdraw(token, wait, timeout))
-        op = Op(seq, kind, work, item, batch, bool(getattr(request, "inline", False)))
-        op.token = token
-        return op
-
-    def _send_request(
-        self, request: Callable[[int], tuple[Any, ...]], reserve: int
-    ) -> tuple[int, Future[Any], Any, BaseException | None]:
-        """Send ``request(token)`` (holding ``_lock``): its token, future, link, failure."""
-        token = self._token
-        self.reader.due += 1
-        self._token += reserve  # a prefetching get numbers its items (_channels.prefetch)
-        fut: Future[Any] = Future()
-        self._pending[token] = fut
-        ctl, group = self._ctl, self._group
-        try:  # sent holding the lock, in token order: a plain send in this thread
-            req = request(token)
-            if reserve > 1:
-                self._prefetching[token] = req[7]  # the get's key
-            msg = self._acks.wrap(req)  # pending acks ride along
-            ctl.send(msg, timeout=wire_timeout(self.hello.transfer_timeout))
-        except (TypeError, ValueError) as exc:  # refused before anything was sent
-            self._pending.pop(token, None)
-            self.reader.due -= 1
-            self._prefetching.pop(token, None)
-            err = ChannelError(
-                f"channel {self.hello.name!r}: the request could not be sent ({exc})"
-            )
-            err.__cause__ = exc
-            fut.set_exception(err)
-        except Exception as exc:  # the control group failed: the op fails with the link's
-            return token, fut, group, exc  # others (ChannelClosedError if the worker is gone)
-        return token, fut, group, None
+        return Op(seq, kind, work, item, batch, bool(getattr(request, "inline", False)))
 
     def follow(self, op: Op) -> ChannelWork:
         """Process ``op``'s answer whenever it comes; return its handle."""
         fut = cast("Future[Any]", op.work.ref)
-        self.reader.ensure()
         fut.add_done_callback(lambda done: self._on_future(op, done))
         return op.work
 
@@ -481,10 +481,6 @@ class ChannelLink:
         :class:`ChannelClosedError`; its answer is still processed when it comes.
         """
         fut: Future[Any] = cast("Future[Any]", op.work.ref)
-        if limit is None:  # received in this thread when nobody else receives
-            self.reader.receive_own(op)
-        else:
-            self.reader.ensure()
         try:
             answer, error = fut.result(timeout=limit), None
         except BaseException as exc:
@@ -499,7 +495,6 @@ class ChannelLink:
                 return op.work.wait(0)
             answer, error = None, exc
         self._order[op.kind].deliver(op, answer, error, inline=True)
-        self.reader.ensure()
         return wait_within(op.work, limit, self.hello.name)
 
     def _on_future(self, op: Op, fut: Future[Any]) -> None:
@@ -510,7 +505,6 @@ class ChannelLink:
         # Ray's callback thread never waits for the turn (a blocking caller may hold it
         # through a whole transfer): the answer is then left for the holder.
         self._order[op.kind].deliver(op, answer, error, inline=False)
-        self.reader.ensure()
 
     def _process(self, op: Op, answer: Any, error: BaseException | None, inline: bool) -> None:
         name = self.hello.name
@@ -621,9 +615,6 @@ class ChannelLink:
                 op.work._finish(exception=exc)
                 return op.work
             except Exception as exc:
-                if not async_op:  # nothing was put: the put asks again, on a fresh link
-                    self._break(group, exc)
-                    return NO_CREDIT
                 self._put_done(op, gen, False, exc)
                 return op.work.wait(0)
         if not async_op:

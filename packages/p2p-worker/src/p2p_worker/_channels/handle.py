@@ -598,7 +598,6 @@ def _query_link(
         ChannelError: The link failed.
     """
     op = link.submit("query", request)
-    link.reader.ensure()
     fut = cast("Future[Any]", op.work.ref)
     try:
         answer, _ = fut.result(timeout=timeout)

@@ -121,7 +121,7 @@ class ChannelWork(AsyncChannelWork):
 class Op:
     """One issued put or get: its place in issue order, handle, item and get key."""
 
-    __slots__ = ("batch", "inline", "item", "key", "kind", "seq", "token", "work")
+    __slots__ = ("batch", "inline", "item", "key", "kind", "seq", "work")
 
     def __init__(
         self, seq: int, kind: str, work: ChannelWork, item: Any, batch: bool, inline: bool = False
@@ -133,7 +133,6 @@ class Op:
         self.batch = batch
         self.inline = inline  # a put whose item rode in its request (no payload follows)
         self.key: Any = DEFAULT_KEY  # a get's key: where its orphans belong
-        self.token = -1  # its request's token (-1: none was sent)
 
 
 def check_timeout(timeout: object, arg: str = "timeout") -> float | None:
