@@ -64,15 +64,28 @@ def find_pids() -> dict[str, list[int]]:
     }
 
 
+def _tasks(pid: int) -> list[str]:
+    """Thread ids of ``pid`` (none once it has exited)."""
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
+def _cpu_seconds(stat: str) -> float:
+    """User + system CPU seconds in the ``/proc/.../stat`` file ``stat`` (OSError if gone)."""
+    fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 def sample(pid: int) -> tuple[float, int, int]:
     """(cpu seconds, voluntary, involuntary context switches over all threads) of ``pid``."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu = _cpu_seconds(f"/proc/{pid}/stat")
     except OSError:  # exited meanwhile
         return 0.0, 0, 0
-    cpu = (int(fields[11]) + int(fields[12])) / TICK
     vol = inv = 0
-    for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+    for tid in _tasks(pid):
         try:
             text = Path(f"/proc/{pid}/task/{tid}/status").read_text()
         except OSError:
@@ -88,12 +101,11 @@ def sample(pid: int) -> tuple[float, int, int]:
 def thread_cpu(pid: int) -> dict[int, float]:
     """CPU seconds of each live thread of ``pid``."""
     out = {}
-    for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+    for tid in _tasks(pid):
         try:
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[int(tid)] = _cpu_seconds(f"/proc/{pid}/task/{tid}/stat")
         except OSError:
             continue
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / TICK
     return out
 
 

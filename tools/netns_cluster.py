@@ -532,10 +532,7 @@ class NetnsCluster:
             )
         if proc.returncode != 0:
             tail = log.read_text()[-2000:]
-            if SLOW_REGISTRATION in tail:
-                # `ray start` gives a new node a fixed 30 s to show up in the GCS; on a
-                # loaded machine its raylet, already running, may register later. The
-                # caller's wait_nodes() decides, within its own timeout.
+            if SLOW_REGISTRATION in tail:  # the node may still register: wait_nodes() decides
                 print(
                     f"netns_cluster: ray start ({role}) gave up waiting for the node to"
                     " register; waiting for it in wait_nodes()",
