@@ -42,6 +42,28 @@ def test_wait_timeout_raises_work_timeout_error_which_is_a_timeout_error() -> No
     assert work.wait(timeout=0) == 3
 
 
+def test_many_waiters_all_wake_and_racing_completions_are_never_missed() -> None:
+    # Waiters that arrive before, during and after completion (the event a blocked
+    # waiter needs is made lazily) all see the one result.
+    def wait_into(work: AsyncResultWork[int], seen: list[int]) -> None:
+        seen.append(work.wait(timeout=5))
+
+    for _ in range(200):
+        work: AsyncResultWork[int] = AsyncResultWork()
+        seen: list[int] = []
+        waiters = [threading.Thread(target=wait_into, args=(work, seen)) for _ in range(4)]
+        for t in waiters[:2]:
+            t.start()
+        setter = threading.Thread(target=work.set_result, args=(5,))
+        setter.start()
+        for t in waiters[2:]:
+            t.start()
+        for t in [*waiters, setter]:
+            t.join(10)
+        assert seen == [5, 5, 5, 5]
+        assert work.exception(timeout=0) is None
+
+
 def test_first_completion_wins() -> None:
     work: AsyncResultWork[str] = AsyncResultWork()
     work.set_result("first")

@@ -39,7 +39,12 @@ class AsyncWork(Generic[T]):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._event = threading.Event()
+        self._done = False
+        # One held lock per thread blocked in wait() (see _settled), released on
+        # completion. Most works complete before anyone waits (a send run inline, a
+        # callback's work), and a threading.Event would cost a Condition's set-up on
+        # every operation and a Python-level Condition.wait on every blocking wait.
+        self._waiters: list[threading.Lock] | None = None
         self._result: Any = _MISSING
         self._exception: BaseException | None = None
         self._callbacks: list[Callable[[AsyncWork[T]], None]] = []
@@ -53,13 +58,16 @@ class AsyncWork(Generic[T]):
     ) -> bool:
         """Complete once; later calls are ignored and return False."""
         with self._lock:
-            if self._event.is_set():
+            if self._done:
                 return False
             self._result = result
             self._exception = exception
             self._cuda_event = cuda_event
-            self._event.set()
+            self._done = True
+            waiters, self._waiters = self._waiters, None
             callbacks, self._callbacks = self._callbacks, []
+        for waiter in waiters or ():
+            waiter.release()
         for cb in callbacks:
             cb(self)
         return True
@@ -67,16 +75,37 @@ class AsyncWork(Generic[T]):
     def _add_done_callback(self, fn: Callable[[AsyncWork[T]], None]) -> None:
         """Run ``fn(self)`` on completion, in the completing thread (now, if already done)."""
         with self._lock:
-            if not self._event.is_set():
+            if not self._done:
                 self._callbacks.append(fn)
                 return
         fn(self)
+
+    def _settled(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds (None: no limit) for completion; whether it came."""
+        with self._lock:
+            if self._done:
+                return True
+            if timeout is not None and timeout <= 0:
+                return False
+            waiter = threading.Lock()
+            waiter.acquire()
+            if self._waiters is None:
+                self._waiters = []
+            self._waiters.append(waiter)
+        limit = -1 if timeout is None else min(timeout, threading.TIMEOUT_MAX)
+        if waiter.acquire(True, limit):
+            return True
+        with self._lock:
+            if self._waiters is not None and waiter in self._waiters:
+                self._waiters.remove(waiter)
+                return False
+        return True  # completed between the timeout and the lock: released meanwhile
 
     # -- consumer side ------------------------------------------------------------------
 
     def done(self) -> bool:
         """Return True when the work has completed, successfully or not. Never blocks."""
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> T:
         """Block until the work completes and return its result.
@@ -92,7 +121,7 @@ class AsyncWork(Generic[T]):
                 (it keeps running; a later ``wait`` may still succeed).
             BaseException: The exception the work or a callback before it failed with.
         """
-        if not self._event.wait(timeout):
+        if not self._settled(timeout):
             raise WorkTimeoutError(f"{type(self).__name__} did not complete within {timeout} s")
         return self._outcome()
 
@@ -102,7 +131,7 @@ class AsyncWork(Generic[T]):
         Raises:
             WorkTimeoutError: The work did not complete within ``timeout`` seconds.
         """
-        if not self._event.wait(timeout):
+        if not self._settled(timeout):
             raise WorkTimeoutError(f"{type(self).__name__} did not complete within {timeout} s")
         return self._exception
 
@@ -115,7 +144,7 @@ class AsyncWork(Generic[T]):
         Raises:
             BaseException: The exception the work failed with.
         """
-        if not self._event.is_set():
+        if not self._done:
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[None] = loop.create_future()
 
@@ -182,7 +211,7 @@ class AsyncWork(Generic[T]):
         return work
 
     def __repr__(self) -> str:
-        if not self._event.is_set():
+        if not self._done:
             state = "pending"
         elif self._exception is not None:
             state = f"failed: {type(self._exception).__name__}"
