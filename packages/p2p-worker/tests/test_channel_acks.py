@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from p2p_worker._channels.acks import ACK_DELAY, AckBatch, AckFlusher
+from p2p_worker._channels.acks import ACK_DELAY, TICK_LINGER, AckBatch, AckFlusher
 from p2p_worker._channels.proto import ACK, ACKED, GET
 
 
@@ -63,3 +63,38 @@ def test_flusher_sends_acks_no_request_took_along() -> None:
     flusher.arm(idle)
     assert idle.flushed.wait(5.0)
     assert idle.sent == [(ACK, 7), (ACK, 10)]
+
+
+def test_flusher_ticks_while_armed_often_and_skips_disarmed_links() -> None:
+    flusher = AckFlusher()
+    link, other = _Link(), _Link()
+    flusher.arm(link)  # wakes the thread; it ticks from now on
+    assert link.flushed.wait(5.0)
+    link.flushed.clear()
+    # Armed while ticking (no wake-up needed), then a request takes the ack along:
+    # the flusher never calls that link.
+    with link.lock:
+        link.batch.add(1)
+    flusher.arm(link)
+    with link.lock:
+        assert link.batch.wrap((GET, 2)) == (ACKED, (1,), (GET, 2))
+    flusher.disarm(link)
+    # Another link armed while ticking is flushed no sooner than ACK_DELAY after its arm.
+    with other.lock:
+        other.batch.add(3)
+    start = time.monotonic()
+    flusher.arm(other)
+    assert other.flushed.wait(5.0)
+    assert time.monotonic() - start >= ACK_DELAY
+    assert other.sent == [(ACK, 3)]
+    time.sleep(10 * ACK_DELAY)
+    assert not link.flushed.is_set()
+    assert link.sent == []
+    # After TICK_LINGER without an arm the thread sleeps; an arm wakes it again.
+    time.sleep(TICK_LINGER + 10 * ACK_DELAY)
+    assert flusher._idle
+    with link.lock:
+        link.batch.add(4)
+    flusher.arm(link)
+    assert link.flushed.wait(5.0)
+    assert link.sent == [(ACK, 4)]

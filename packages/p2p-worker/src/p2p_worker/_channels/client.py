@@ -257,20 +257,17 @@ class ChannelLink:
     def _hand_over(
         self, group: Any, token: int, answer: Any, outcomes: list[tuple[Any, Any]]
     ) -> None:
-        """Give a get's items to its op, then acknowledge them (all arrived) or report.
+        """Give a get's items to its op and acknowledge them (all arrived) or report.
 
-        Items are acknowledged only once an op has taken them: items of an op that
-        already failed (its link broke) are dropped here and go back to the channel.
+        Items are acknowledged only when an op takes them: items of an op that already
+        failed (its link broke) are dropped here and go back to the channel.
         """
         arrived = 0
         for _, exc in outcomes:
             if exc is not None:
                 break
             arrived += 1
-        if not self._resolve(token, answer, outcomes, group, arrived):
-            return
-        if outcomes and arrived == len(outcomes):
-            self._ack(group, token)
+        self._resolve(token, answer, outcomes, group, arrived, ack=arrived == len(outcomes) > 0)
 
     def _ack(self, group: Any, token: int) -> None:
         """Tell the channel worker the items of get ``token`` arrived (their slots free up)."""
@@ -309,11 +306,15 @@ class ChannelLink:
         outcomes: list[tuple[Any, Any]],
         group: Any = None,
         arrived: int = 0,
+        ack: bool = False,
     ) -> bool:
         """Hand an answer to op ``token``; False when no op took it (its items are dropped).
 
         ``arrived`` items (a prefix of ``outcomes``) received on ``group`` are recorded
-        as this process's, for :meth:`got_report`.
+        as this process's, for :meth:`got_report`. With ``ack`` (all of them arrived) the
+        op's items are acknowledged (queued for the next request) before the op learns
+        of them: the waiting caller, once woken, then finds the receiving thread done
+        with the interpreter instead of waiting for it.
         """
         with self._lock:
             fut = self._pending.pop(token, None)
@@ -327,6 +328,8 @@ class ChannelLink:
                 outcomes, arrived = outcomes[:1], 1
             if arrived and group is self._group:
                 self._got[token] = [arrived, None]
+        if ack:
+            self._ack(group, token)
         if isinstance(answer, BaseException):
             fut.set_exception(answer)
         else:
@@ -447,6 +450,8 @@ class ChannelLink:
                 if reserve > 1:
                     self._prefetching[token] = req[7]  # the get's key
                 msg = self._acks.wrap(req)  # pending acks ride along
+                if msg is not req:
+                    FLUSHER.disarm(self)
                 ctl.send(msg, timeout=wire_timeout(self.hello.transfer_timeout))
             except (TypeError, ValueError) as exc:  # refused before anything was sent
                 self._pending.pop(token, None)
