@@ -7,8 +7,10 @@ worker, producers, consumers) and the voluntary / involuntary context switches o
 their threads, per item moved. ``THREADS=1`` adds CPU per thread (names from ``py-spy
 dump``); ``--spy N`` records the ``--spy-role`` process with py-spy for N seconds
 (``SPY_GIL=1``: only samples holding the GIL; ``SPY_RATE``). A round that takes longer
-than ``HANG_AFTER`` seconds (60) prints the channel's counters and every stack, then
-exits. Needs Linux; py-spy for the thread names and profiles (``pip install py-spy``).
+than ``HANG_AFTER`` seconds (180) prints the channel's counters, again 20 s later (moved
+items mean a slow round, not a hang: under a load average of 15 on 2 cores one 4-pair
+round of 1000 items took 75-114 s), and every stack, then exits. Needs Linux; py-spy for
+the thread names and profiles (``pip install py-spy``).
 
 Usage: python benchmarks/cpu_per_item.py [--pairs 4] [--items 1500] [--rounds 3] [--ray]
     [--methods p2p,p2p async] [--spy SECONDS] [--spy-role Consumer]
@@ -38,7 +40,7 @@ from ray.util.queue import Queue
 
 from p2p_worker import Cluster, PackedPlacementStrategy, create_channel
 
-HANG_AFTER = float(os.environ.get("HANG_AFTER", "60"))
+HANG_AFTER = float(os.environ.get("HANG_AFTER", "180"))
 STATE: Any = None
 THREADS = bool(os.environ.get("THREADS"))
 TICK = os.sysconf("SC_CLK_TCK")
@@ -139,7 +141,13 @@ def measure(pids: dict[str, list[int]], fn: Any, items: int) -> dict[str, tuple[
     runner.start()
     runner.join(HANG_AFTER)
     if runner.is_alive():  # report a hang: the channel's counters and every stack
-        print("HANG; channel state:", STATE(), flush=True)
+        first = STATE()
+        print("HANG? channel state:", first, flush=True)
+        time.sleep(20)
+        later = STATE()
+        moved = later["gets"] - first["gets"]
+        verdict = f"{moved} items moved: a slow round" if moved else "nothing moved: a hang"
+        print(f"20 s later: {verdict}; channel state: {later}", flush=True)
         spy = str(Path(sys.executable).parent / "py-spy")
         for role, ps in pids.items():
             for p in ps:
