@@ -98,3 +98,24 @@ def test_flusher_ticks_while_armed_often_and_skips_disarmed_links() -> None:
     flusher.arm(link)
     assert link.flushed.wait(5.0)
     assert link.sent == [(ACK, 4)]
+
+
+def test_a_late_tick_flushes_what_is_due_before_the_flusher_goes_idle() -> None:
+    # A tick that comes long after the last arm (a loaded machine can delay a thread by
+    # more than TICK_LINGER) must still send what is due, not go idle holding it.
+    flusher = AckFlusher()
+    first, late = _Link(), _Link()
+    flusher.arm(first)
+    assert first.flushed.wait(5.0)
+    deadline = time.monotonic() + 5.0
+    while not flusher._idle and time.monotonic() < deadline:  # it goes idle after the linger
+        time.sleep(ACK_DELAY)
+    assert flusher._idle
+    with late.lock:
+        late.batch.add(5)
+    with flusher._cond:  # what a late tick sees: one link armed long ago, no arm lately
+        flusher._armed[late] = flusher._last_arm = time.monotonic() - 10 * TICK_LINGER
+        flusher._idle = False
+        flusher._cond.notify()
+    assert late.flushed.wait(5.0)
+    assert late.sent == [(ACK, 5)]

@@ -123,14 +123,17 @@ class AckFlusher:
         while True:
             with self._cond:
                 due, pause = self._due()
-                if pause is None:
-                    self._idle = True
-                    while self._idle:
-                        self._cond.wait()
-            for link in due:
+            for link in due:  # before going idle too: a late tick may find links due
                 link.flush_acks()
             if pause is not None:
                 time.sleep(pause)
+                continue
+            with self._cond:
+                if self._armed or time.monotonic() - self._last_arm < TICK_LINGER:
+                    continue  # armed meanwhile (without a notify: the thread was not idle)
+                self._idle = True
+                while self._idle:
+                    self._cond.wait()
 
 
 FLUSHER = AckFlusher()
