@@ -281,6 +281,13 @@ class ChannelLink:
             self._acks.add(token)  # rides on the next request, or leaves alone soon
         FLUSHER.arm(self)
 
+    def _with_acks(self, request: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``request`` carrying the pending acknowledgements (holding ``_lock``)."""
+        msg = self._acks.wrap(request)
+        if msg is not request:  # taken along: the flusher has nothing to send for them
+            FLUSHER.disarm(self)
+        return msg
+
     def flush_acks(self) -> None:
         """Send the acknowledgements that no request took along (the ack flusher's call)."""
         with self._lock:
@@ -449,9 +456,7 @@ class ChannelLink:
                 req = request(token)
                 if reserve > 1:
                     self._prefetching[token] = req[7]  # the get's key
-                msg = self._acks.wrap(req)  # pending acks ride along
-                if msg is not req:
-                    FLUSHER.disarm(self)
+                msg = self._with_acks(req)
                 ctl.send(msg, timeout=wire_timeout(self.hello.transfer_timeout))
             except (TypeError, ValueError) as exc:  # refused before anything was sent
                 self._pending.pop(token, None)
@@ -680,7 +685,7 @@ class ChannelLink:
             for token in tokens:  # no longer ours: a report must not count them
                 self._got.pop(token, None)
             try:
-                ctl.send(self._acks.wrap((GIVE_BACK, *tokens)), timeout=ACK_TIMEOUT)
+                ctl.send(self._with_acks((GIVE_BACK, *tokens)), timeout=ACK_TIMEOUT)
             except Exception as exc:  # the items stay unacknowledged: a reset sends them back
                 threading.Thread(target=self._break, args=(group, exc), daemon=True).start()
 
