@@ -174,7 +174,8 @@ def test_a_link_reset_keeps_prefetched_items_with_their_consumer(cluster: Cluste
     ray.get(channel_actor("prefetch_reset").reset_link.remote(peer, gen), timeout=30)
     # The consumer reports the seven prefetched items as arrived: they stay its own
     # (not sent to anyone else) and its next gets return them, then the rest.
-    wait_for(lambda: ch.stats()["held"] == 2)  # only the two still queued
+    # (The report is a Ray call: on a loaded machine it may take seconds.)
+    wait_for(lambda: ch.stats()["held"] == 2, timeout=60)  # only the two still queued
     assert ch.qsize() == 2
     assert taker.gets("prefetch_reset", 9).wait(60) == [list(range(1, 10))]
     st = settled(ch)

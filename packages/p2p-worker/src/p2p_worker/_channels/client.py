@@ -35,6 +35,7 @@ from p2p_worker._channels.errors import (
     ChannelError,
     ChannelFull,
 )
+from p2p_worker._channels.failure import Unconfirmed, fail_ops_soon
 from p2p_worker._channels.linger import Linger
 from p2p_worker._channels.order import IssueOrder
 from p2p_worker._channels.prefetch import Prefetched
@@ -42,6 +43,7 @@ from p2p_worker._channels.proto import (
     CANCELLED,
     GIVE_BACK,
     NO_ROOM,
+    RECEIPT,
     RESET,
     Hello,
     control_group_name,
@@ -59,7 +61,6 @@ _REBORN_WAIT = 10.0
 """Seconds a new link waits for a re-created channel worker to replace its dead namesake."""
 _REBORN_PAUSE = 0.1
 ACK_TIMEOUT = 5.0  # seconds an acknowledgement may take to leave (and close waits for it)
-PROBE_TIMEOUT = 10.0  # seconds to ask Ray whether a channel whose link failed still lives
 
 
 class ChannelLink:
@@ -101,6 +102,7 @@ class ChannelLink:
         # _gen, each with a receive posted; a put with a credit is a plain send.
         self._credits = 0
         self._sent = 0  # payloads (items and voids) sent on _gen, for the channel's sync
+        self._unconfirmed = Unconfirmed()  # puts whose payload left, until their receipt
         # Unused credits go back after CREDIT_LINGER s without a put (a Void per credit).
         self._credit_linger = Linger(
             lambda: CREDIT_LINGER,
@@ -157,11 +159,12 @@ class ChannelLink:
         so a grant of an older generation is stale (the link was reset since). A newer
         one cannot come on a link of ours: no group is made for it here (it would have
         no answer receive posted, see :meth:`_read`); the channel worker is asked to drop
-        it instead.
+        it instead. A link that failed (:meth:`_break`) takes no more payloads: its puts
+        waiting for a receipt were settled as it failed, a later one would wait forever.
         """
         if gen > self._gen:
             self._ask_reset(gen)
-        if gen != self._gen or self.closed:
+        if gen != self._gen or self.closed or self._broken is not None:
             return None
         return self._group
 
@@ -206,6 +209,10 @@ class ChannelLink:
             self._break(group, failed)
             return
         token, answer, count, *inline = work.wait(0)
+        if token == RECEIPT:  # ``answer`` of this link's payloads arrived
+            self._read(group)
+            self._receipt(group, answer)
+            return
         self._confirmed(group, token)
         if inline:  # items without tensors, inside the answer
             self._read(group)
@@ -253,6 +260,13 @@ class ChannelLink:
             ]
             for t in done:
                 del self._got[t]
+
+    def _receipt(self, group: Any, arrived: int) -> None:
+        """``arrived`` payloads sent on ``group`` are in the channel: their puts complete."""
+        with self._lock:
+            done = self._unconfirmed.confirmed(arrived) if group is self._group else []
+        for work in done:
+            work._finish(None)
 
     def _hand_over(
         self, group: Any, token: int, answer: Any, outcomes: list[tuple[Any, Any]]
@@ -347,19 +361,12 @@ class ChannelLink:
         """``(gen, {get token: items received})`` of gets not known acknowledged (hold _lock)."""
         return (self._gen, {t: got[0] for t, got in self._got.items()})
 
-    def _report(self, report: tuple[int, dict[int, int]]) -> None:
-        """Tell the channel worker which unacknowledged items of a failed link arrived here."""
-        if report[1]:
-            with contextlib.suppress(Exception):
-                self.actor.settle.remote(self.peer, *report)
-
     def _break(self, group: Any, exc: BaseException) -> None:
         """The link (or control group) failed: fail every waiting op; reconnect later.
 
-        Whether the channel itself is gone is asked of Ray (a reset link and a dead
-        channel worker look the same from here): its ops then fail with
-        :class:`ChannelClosedError`, else with :class:`ChannelError` (nothing was put or
-        taken; the next operation says hello again on fresh groups).
+        Settled in a thread of its own (see ``failure.fail_ops``): whether the channel
+        itself is gone is asked of Ray, and puts waiting for their receipt learn whether
+        their item arrived. The next operation says hello again on fresh groups.
         """
         with self._lock:
             if group is not self._group or self._broken is not None:
@@ -367,37 +374,14 @@ class ChannelLink:
             self._broken = exc
             self._credits = 0
             pending, self._pending = self._pending, {}
-            report = self.got_report()
-        threading.Thread(
-            target=self._fail_pending,
-            args=(pending, exc, report),
-            name="p2p-channel-break",
-            daemon=True,
-        ).start()
+            report, unconfirmed = self.got_report(), self._unconfirmed.take()
+        args = (self.actor, self.peer, self.hello.name, exc, report, pending, unconfirmed)
+        fail_ops_soon(*args, on_gone=self._gone)
 
-    def _fail_pending(
-        self, pending: dict[int, Future[Any]], exc: BaseException, report: tuple[int, Any]
-    ) -> None:
-        self._report(report)
-        name = self.hello.name
-        err: ChannelError
-        try:
-            alive = bool(ray.get(self.actor.alive.remote(), timeout=PROBE_TIMEOUT))
-        except Exception:  # RayActorError, or Ray refusing to submit to a dead actor
-            alive = False
-        if alive:
-            err = ChannelError(
-                f"channel {name!r}: the link to its channel worker failed ({exc}); nothing"
-                " was put or taken"
-            )
-        else:
-            with self._lock:
-                self.closed = True  # a later connect_channel looks the channel up again
-            err = ChannelClosedError(f"channel {name!r}: its channel worker is gone ({exc})")
-        err.__cause__ = exc
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(err)
+    def _gone(self) -> None:
+        """The channel worker is gone: a later connect_channel looks the channel up again."""
+        with self._lock:
+            self.closed = True
 
     def _reconnect(self) -> None:
         """Say hello again and open fresh groups (holding ``_lock``) after a failed link."""
@@ -599,12 +583,18 @@ class ChannelLink:
         if not turn.claim():  # a put is being processed (perhaps by this thread): ask
             return NO_CREDIT
         try:
-            return self._credit_send(item, async_op)
+            work = self._credit_send(item, async_op)
         finally:
             turn.release()
+        if async_op or work is NO_CREDIT:
+            return work
+        return wait_within(work, self.limit(0.0), self.hello.name)  # its receipt
 
     def _credit_send(self, item: Any, async_op: bool) -> Any:
-        """:meth:`credit_put` holding the put turn: send ``item`` if a credit is left."""
+        """:meth:`credit_put` holding the put turn: send ``item`` if a credit is left.
+
+        Returns the put's handle (it completes with the receipt), or NO_CREDIT.
+        """
         with self._lock:
             if self.closed:
                 raise ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
@@ -615,6 +605,7 @@ class ChannelLink:
             self._credit_linger.touch()
             group, gen = self._group, self._gen
             op = Op(-1, "put", ChannelWork(None), item, False)
+            self._unconfirmed.expect(self._sent, op.work)
             timeout = wire_timeout(self.hello.transfer_timeout)
             try:
                 send = group.send(item, async_op=async_op, timeout=timeout)
@@ -627,9 +618,8 @@ class ChannelLink:
             except Exception as exc:
                 self._put_done(op, gen, False, exc)
                 return op.work.wait(0)
-        if not async_op:
-            return None
-        ChannelWork._follow(send, lambda w: self._put_done(op, gen, False, w.exception(0)))
+        if async_op:
+            ChannelWork._follow(send, lambda w: self._put_done(op, gen, False, w.exception(0)))
         return op.work
 
     @contextlib.contextmanager
@@ -701,8 +691,11 @@ class ChannelLink:
             return
         with self._lock:
             group = self._group_for(gen)
+            abandoned = op.work.done() or op.work.abandoned
             if group is not None:
                 self._sent += 1  # the item or a Void, in the slot of this grant
+                if not abandoned:  # it completes with the receipt of its item
+                    self._unconfirmed.expect(self._sent, op.work)
             if group is not None and lent:
                 self._credits += lent
                 self._credit_linger.touch()
@@ -710,7 +703,6 @@ class ChannelLink:
             self._stale(op)
             return
         timeout = wire_timeout(self.hello.transfer_timeout)
-        abandoned = op.work.done() or op.work.abandoned
         payload = Void() if abandoned else op.item  # abandoned: fill the slot, no item
         try:
             send = group.send(payload, async_op=not inline, timeout=timeout)
@@ -727,10 +719,10 @@ class ChannelLink:
             ChannelWork._follow(send, lambda w: self._put_done(op, gen, abandoned, w.exception(0)))
 
     def _put_done(self, op: Op, gen: int, abandoned: bool, exc: BaseException | None) -> None:
+        """The payload of put ``op`` left (or failed to): a sent item waits for its receipt."""
         if exc is None:
             if abandoned:
                 op.work._finish(exception=WorkCancelledError("the put was cancelled"))
-            op.work._finish(None)
             return
         self._ask_reset(gen)
         err = ChannelError(f"channel {self.hello.name!r}: sending the item failed: {exc}")
@@ -788,11 +780,14 @@ class ChannelLink:
             group, self._group = self._group, None
             ctl, self._ctl = self._ctl, None
             pending, self._pending = self._pending, {}
+            report: tuple[int, dict[int, int]] = (self._gen, {})  # all acknowledged above
+            unconfirmed = self._unconfirmed.take()
+        closed = ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
         for fut in pending.values():
             if not fut.done():
-                fut.set_exception(
-                    ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
-                )
+                fut.set_exception(closed)
         for g in (group, ctl):
             if g is not None:
                 g.close(timeout=0.0)
+        if unconfirmed:  # sent, their receipts cannot come now: ask what arrived
+            fail_ops_soon(self.actor, self.peer, self.hello.name, closed, report, {}, unconfirmed)

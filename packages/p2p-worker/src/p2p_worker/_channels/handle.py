@@ -202,10 +202,11 @@ class Channel:
     ) -> Any:
         """Append ``item`` to ``key``'s FIFO; wait while the channel is full.
 
-        RLinf's signature. With ``async_op=True`` the returned handle stays pending
-        while the channel is full and completes once the item is in the channel; do not
-        modify the item's tensors before then. A bool second argument is read as
-        ``async_op`` (p2p-worker's earlier ``put(item, async_op)``).
+        RLinf's signature. Returns once the item is in the channel: it then comes out
+        before anything any process puts afterwards. With ``async_op=True`` the returned
+        handle stays pending while the channel is full and completes once the item is in
+        the channel; do not modify the item's tensors before then. A bool second
+        argument is read as ``async_op`` (p2p-worker's earlier ``put(item, async_op)``).
 
         Args:
             item: Any picklable object; tensors must be dense, contiguous CPU tensors.

@@ -46,6 +46,48 @@ class Tokens:
         return True
 
 
+class Payloads:
+    """The payload receives a channel worker posted for one peer, per link generation.
+
+    A payload (a put's item, or a ``Void`` in a slot's place) counts as arrived once the
+    channel worker has it, even when its link was reset meanwhile: the item is in the
+    channel then. A peer whose link failed with puts not yet confirmed asks how many of
+    that generation's payloads arrived (``ChannelWorker.arrived``): the answer is final
+    once no receive of that generation is still posted.
+    """
+
+    __slots__ = ("counts",)
+
+    KEEP = 4  # link generations remembered (the current one and a few ended ones)
+
+    def __init__(self) -> None:
+        self.counts: dict[int, list[int]] = {}  # gen -> [arrived, receives still posted]
+
+    def post(self, gen: int) -> None:
+        self.counts.setdefault(gen, [0, 0])[1] += 1
+
+    def done(self, gen: int, arrived: bool) -> None:
+        count = self.counts.get(gen)
+        if count is not None:
+            count[0] += arrived
+            count[1] -= 1
+
+    def arrived(self, gen: int) -> int:
+        """Payloads of generation ``gen`` received so far."""
+        count = self.counts.get(gen)
+        return 0 if count is None else count[0]
+
+    def final(self, gen: int) -> int | None:
+        """Payloads of the ended generation ``gen``; None while a receive is still posted."""
+        count = self.counts.get(gen, [0, 0])
+        return count[0] if count[1] <= 0 else None
+
+    def forget_before(self, gen: int) -> None:
+        """Drop the counts of generations older than the last :data:`KEEP` up to ``gen``."""
+        for old in [g for g in self.counts if g <= gen - self.KEEP]:
+            del self.counts[old]
+
+
 class Peer:
     """One peer of a channel worker: its groups, generation, tokens and items in flight."""
 
@@ -56,7 +98,8 @@ class Peer:
         "group",
         "held",
         "name",
-        "seen",
+        "payloads",
+        "receipt_due",
         "syncs",
         "tokens",
         "unacked",
@@ -73,8 +116,14 @@ class Peer:
         # for the peer's report of what arrived (see ChannelWorker._settle)
         self.held: dict[int, dict[int, list[Item]]] = {}
         self.tokens = Tokens()
-        self.seen = 0  # payloads (items or voids) received from the peer on this gen
+        self.payloads = Payloads()
+        self.receipt_due = False  # a receipt of this link's payloads is about to leave
         self.syncs: list[tuple[int, asyncio.Future[None]]] = []  # (count, woken at count)
+
+    @property
+    def seen(self) -> int:
+        """Payloads (items or voids) received from the peer on the current link."""
+        return self.payloads.arrived(self.gen)
 
     def wake(self, everyone: bool = False) -> None:
         """Wake the calls waiting for this peer's credit payloads to have arrived."""

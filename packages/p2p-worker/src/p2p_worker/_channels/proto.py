@@ -92,7 +92,8 @@ def control_group_name(uid: str, peer: str, gen: int) -> str:
 #   (QSIZE, token, sync, key): how many items ``key`` holds (the answer is the count)
 # Answers travel back on the peer's link as (token, answer, count) where answer is an int
 # as below or an exception, followed by ``count`` items (the items a get was granted), or
-# as (token, answer, 0, objects) with the items inline (items without tensors).
+# as (token, answer, 0, objects) with the items inline (items without tensors). A receipt
+# (RECEIPT, n, 0) says that n of the peer's payloads on this link have arrived.
 PUT = 0
 GET = 1
 ACK = 2
@@ -100,6 +101,7 @@ QSIZE = 3
 ACKED = 4
 PUT_INLINE = 5
 GIVE_BACK = 6
+RECEIPT = -1  # the token of a receipt (requests are numbered from 0)
 
 PREFETCH = 8
 """Most items a blocking ``get()`` takes at once when they are queued (see ``_channels.prefetch``).

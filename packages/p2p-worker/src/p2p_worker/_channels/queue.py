@@ -221,6 +221,25 @@ class ChannelQueue:
         self.credits += n
         return n
 
+    def settle(self, items: dict[int, list[Item]], got: dict[int, int]) -> tuple[int, int]:
+        """Settle items sent to a consumer whose link failed: ``got[token]`` of each arrived.
+
+        ``items`` maps a get's token to the items sent for it; of each, the first
+        ``got[token]`` arrived (their slots are freed), the rest go back to the head of
+        the channel, in channel order. Returns ``(delivered, sent back)``.
+        """
+        delivered, back = 0, []
+        for token in sorted(items):
+            sent = items[token]
+            arrived = max(0, min(int(got.get(token, 0)), len(sent)))
+            if arrived:
+                delivered += arrived
+                self.release(arrived)
+            back += sent[arrived:]
+        if back:
+            self.push_front(back)
+        return delivered, len(back)
+
     def credit_arrived(self, item: Item) -> None:
         """A producer used a credit: its item is queued in the slot the credit held."""
         self.credits -= 1

@@ -83,6 +83,7 @@ from p2p_worker._channels.queue import (
     Void,
     item_of,
 )
+from p2p_worker._channels.replies import Replies
 from p2p_worker._info import WorkerInfo
 from p2p_worker._workers._runtime import WorkerRuntime
 from p2p_worker._workers._worker_base import WorkerBase
@@ -90,8 +91,10 @@ from p2p_worker._workers._worker_base import WorkerBase
 logger = logging.getLogger(__name__)
 
 MAX_CREDITS = 8  # most put credits one grant lends
-HOLD_WAIT = 10.0  # seconds a reset peer's unacknowledged items wait for its report
+HOLD_WAIT = 30.0  # seconds a reset (live) peer's unacknowledged items wait for its report
 HOLD_CHECK = 0.5  # seconds between checks that such a peer still lives
+ARRIVED_WAIT = 30.0  # most seconds ``arrived`` waits for a reset link's receives to end
+ARRIVED_POLL = 0.01  # seconds between its looks
 
 
 class ChannelWorker(WorkerBase):
@@ -122,6 +125,12 @@ class ChannelWorker(WorkerBase):
             pid=os.getpid(),
         )
         self._queue = ChannelQueue(spec.maxsize)
+        self._replies = Replies(
+            self._queue,
+            spec.transfer_timeout,
+            self._reset,
+            lambda work, peer, group: self._when_failed(work, self._finish_answer, peer, group),
+        )
         self._peers: dict[str, Peer] = {}
         self._serving: set[asyncio.Future[None]] = set()  # requests being served
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -181,7 +190,7 @@ class ChannelWorker(WorkerBase):
             self._check_held(peer, gen, group, time.monotonic() + HOLD_WAIT)
         elif unacked:  # not known to have arrived: back to the head, in channel order
             self._settle_items(unacked, {})
-        peer.seen = 0
+        peer.payloads.forget_before(peer.gen)
         peer.wake(everyone=True)
         self._counts["resets"] += 1
         group.close(timeout=0.0)
@@ -212,17 +221,9 @@ class ChannelWorker(WorkerBase):
 
     def _settle_items(self, items: dict[int, list[Item]], got: dict[int, int]) -> None:
         """Free the slots of the items that arrived; the others go back to the head."""
-        back: list[Item] = []
-        for token in sorted(items):
-            sent = items[token]
-            arrived = max(0, min(int(got.get(token, 0)), len(sent)))
-            if arrived:
-                self._counts["gets"] += arrived
-                self._queue.release(arrived)
-            back += sent[arrived:]
-        if back:  # not known to have arrived: back to the head, in channel order
-            self._counts["failures"] += 1
-            self._queue.push_front(back)
+        delivered, back = self._queue.settle(items, got)
+        self._counts["gets"] += delivered
+        self._counts["failures"] += back > 0
 
     async def settle(self, peer_name: str, gen: int, got: dict[int, int]) -> None:
         """A peer whose link ``gen`` failed reports the items that arrived there."""
@@ -400,7 +401,7 @@ class ChannelWorker(WorkerBase):
             peer.tokens.start(token)
             peer.tokens.finish(token)
             answer = self._granted_put(peer, credits, *inline)
-            self._answer(peer, group, token, answer, [])
+            self._replies.answer(peer, group, token, answer, [])
             return True
         if kind == QSIZE:
             _, _, sync, key = request
@@ -408,7 +409,7 @@ class ChannelWorker(WorkerBase):
                 return False
             peer.tokens.start(token)
             peer.tokens.finish(token)
-            self._answer(peer, group, token, self._count(key), [])
+            self._replies.answer(peer, group, token, self._count(key), [])
             return True
         _, _, max_items, max_bytes, _, _, sync, key, target_weight, prefetch = request
         if target_weight is not None or not self._synced(peer, *sync):
@@ -421,7 +422,7 @@ class ChannelWorker(WorkerBase):
             self._counts["prefetched"] += len(got) - 1
         peer.tokens.start(token)
         peer.tokens.finish(token)
-        self._answer(peer, group, token, granted(peer.gen, len(got)), got, prefetch > 1)
+        self._replies.answer(peer, group, token, granted(peer.gen, len(got)), got, prefetch > 1)
         return True
 
     def _synced(self, peer: Peer, gen: int, sent: int) -> bool:
@@ -452,7 +453,7 @@ class ChannelWorker(WorkerBase):
                 answer: Any = await self._put(
                     peer, token, block, timeout, credits, group, queued, *inline[1:]
                 )
-                self._answer(peer, group, token, answer, [])
+                self._replies.answer(peer, group, token, answer, [])
                 return
             if request[0] == QSIZE:
                 _, _, sync, key = request
@@ -462,7 +463,7 @@ class ChannelWorker(WorkerBase):
                     await self._sync(peer.name, *sync)
                 finally:
                     peer.tokens.finish(token)
-                self._answer(peer, group, token, self._count(key), [])
+                self._replies.answer(peer, group, token, self._count(key), [])
                 return
             _, _, max_items, max_bytes, block, timeout, sync, key, target_weight, _ = request
             await self._sync(peer.name, *sync)
@@ -473,83 +474,14 @@ class ChannelWorker(WorkerBase):
                 if peer.group is not group:  # reset meanwhile: the items stay
                     self._queue.push_front(got)
                     return
-                self._answer(peer, group, token, granted(peer.gen, len(got)), got)
+                self._replies.answer(peer, group, token, granted(peer.gen, len(got)), got)
             else:
-                self._answer(peer, group, token, got, [])
+                self._replies.answer(peer, group, token, got, [])
         except Exception as exc:  # ChannelClosedError (destroyed), a bad request
-            self._answer(peer, group, token, exc, [])
+            self._replies.answer(peer, group, token, exc, [])
         finally:
             if not queued.done():
                 queued.set_result(None)
-
-    def _answer(
-        self,
-        peer: Peer,
-        group: Any,
-        token: int,
-        answer: Any,
-        items: list[Item],
-        prefetched: bool = False,
-    ) -> None:
-        """Send ``(token, answer, count[, objects])`` on the peer's link; the items follow.
-
-        Items without tensors ride in the answer itself (one message); others follow it
-        as ``count`` messages on the tensor path. Sent items keep their slots until the
-        peer acknowledges them (an ``ACK`` request); if the link fails first they go back
-        to the head of the channel (see ``_reset``), so a consumer that dies mid-get
-        loses no item. ``prefetched``: item ``i`` (all without tensors) is acknowledged
-        as ``token + i`` (the request reserved those tokens).
-        """
-        if peer.group is not group:
-            if items:
-                self._queue.push_front(items)
-            return
-        timeout = wire_timeout(self._spec.transfer_timeout)
-        try:
-            # eager: a small answer leaves at once from this thread when the link is idle
-            # and buffers it (same node), sparing a hand-off to the link's sending thread.
-            if not items:
-                head = group.send((token, answer, 0), async_op=True, timeout=timeout, eager=True)
-            elif all(item.nbytes == 0 for item in items):
-                objs = [item.obj for item in items]
-                if prefetched:
-                    peer.unacked.update((token + i, [item]) for i, item in enumerate(items))
-                else:
-                    peer.unacked[token] = items
-                head = group.send(
-                    (token, answer, 0, objs), async_op=True, timeout=timeout, eager=True
-                )
-            else:
-                head = group.send(
-                    (token, answer, len(items)), async_op=True, timeout=timeout, eager=True
-                )
-                peer.unacked[token] = items
-                self._send_items(peer, group, token, items)
-        except Exception as exc:  # the link is closed or broken
-            if items and token not in peer.unacked:
-                self._queue.push_front(items)
-            self._reset(peer, group, exc)
-            return
-        self._when_failed(head, self._finish_answer, peer, group)
-
-    def _send_items(self, peer: Peer, group: Any, token: int, items: list[Item]) -> None:
-        """Send the items announced by an answer, in order.
-
-        An item that cannot be encoded again goes back to the head, a :class:`Void`
-        taking its place on the wire (the peer expects as many objects as announced).
-        """
-        timeout = wire_timeout(self._spec.transfer_timeout)
-        for i, item in enumerate(items):
-            try:
-                work = group.send(item.obj, async_op=True, timeout=timeout)
-            except Exception:
-                rest = items[i:]
-                peer.unacked[token] = items[:i]
-                self._queue.push_front(rest)
-                for _ in rest:
-                    group.send(Void(), async_op=True, timeout=timeout)
-                return
-            self._when_failed(work, self._finish_answer, peer, group)
 
     async def put_begin(
         self, peer_name: str, token: int, block: bool, timeout: float | None, credits: int = 0
@@ -614,13 +546,15 @@ class ChannelWorker(WorkerBase):
             self._queue.arrived(item_of(inline[0]))
         else:
             work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
-            self._when_done(work, self._finish_recv, peer, group)
+            peer.payloads.post(peer.gen)
+            self._when_done(work, self._finish_payload, peer, group, peer.gen, False)
         lent = self._queue.grant_credits(min(credits, self._credit_cap()))
         for _ in range(lent):
             # An idle producer hands its credits back within a fraction of a second, so
             # the transfer timeout bounds a credit's receive like any other.
             work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
-            self._when_done(work, self._finish_credit, peer, group)
+            peer.payloads.post(peer.gen)
+            self._when_done(work, self._finish_payload, peer, group, peer.gen, True)
         return granted(peer.gen, lent)
 
     def _credit_cap(self) -> int:
@@ -628,26 +562,39 @@ class ChannelWorker(WorkerBase):
         maxsize = self._spec.maxsize
         return MAX_CREDITS if maxsize == 0 else min(MAX_CREDITS, maxsize // 4)
 
-    def _finish_credit(self, peer: Peer, group: Any, work: Any) -> None:
+    def _finish_payload(self, peer: Peer, group: Any, gen: int, credit: bool, work: Any) -> None:
+        """A payload receive of ``peer``'s link ``gen`` ended: queue its item, or free the slot.
+
+        ``credit``: the receive was posted for a lent credit, else for a granted put.
+        """
         exc = work.exception(0)
-        if exc is not None:
-            self._counts["failures"] += 1
-            self._queue.credit_returned()
-            self._reset(peer, group, exc)
-            return
-        obj = work.wait(0)
-        if isinstance(obj, Void):
-            self._queue.credit_returned()
-        else:
+        peer.payloads.done(gen, exc is None)
+        obj = None if exc is not None else work.wait(0)
+        queue = self._queue
+        if exc is None and not isinstance(obj, Void):
             self._counts["puts"] += 1
-            self._queue.credit_arrived(item_of(obj))
-        self._seen(peer, group)
+            (queue.credit_arrived if credit else queue.arrived)(item_of(obj))
+        else:  # nothing came in the slot: the transfer failed, or a Void filled it
+            if exc is not None:
+                self._counts["failures"] += 1
+            elif not credit:  # a credit handed back is no news; an abandoned put is
+                self._counts["voids"] += 1
+            (queue.credit_returned if credit else queue.arrival_failed)()
+        if exc is not None:
+            self._reset(peer, group, exc)
+        else:
+            self._seen(peer, group)
 
     def _seen(self, peer: Peer, group: Any) -> None:
-        """One more payload of ``peer`` arrived on ``group``: wake the calls waiting for it."""
+        """One more payload of ``peer`` arrived on ``group``: wake the calls waiting for it.
+
+        The peer learns it from a receipt (see ``Replies.receipt``).
+        """
         if peer.group is group:
-            peer.seen += 1
             peer.wake()
+            if not peer.receipt_due:
+                peer.receipt_due = True
+                asyncio.get_running_loop().call_soon(self._replies.receipt, peer, group)
 
     async def _sync(self, peer_name: str | None, gen: int, sent: int) -> None:
         """Wait until the ``sent`` payloads of ``peer_name`` on ``gen`` have arrived.
@@ -660,22 +607,6 @@ class ChannelWorker(WorkerBase):
         fut = asyncio.get_running_loop().create_future()
         peer.syncs.append((sent, fut))
         await asyncio.wait({fut}, timeout=self._spec.transfer_timeout)
-
-    def _finish_recv(self, peer: Peer, group: Any, work: Any) -> None:
-        exc = work.exception(0)
-        if exc is not None:
-            self._counts["failures"] += 1
-            self._queue.arrival_failed()
-            self._reset(peer, group, exc)
-            return
-        obj = work.wait(0)
-        if isinstance(obj, Void):
-            self._counts["voids"] += 1
-            self._queue.arrival_failed()
-        else:
-            self._counts["puts"] += 1
-            self._queue.arrived(item_of(obj))
-        self._seen(peer, group)
 
     async def _take(
         self,
@@ -739,6 +670,26 @@ class ChannelWorker(WorkerBase):
     async def alive(self) -> bool:
         """Whether the channel still serves (False once destroyed)."""
         return not self._queue.closed
+
+    async def arrived(self, peer_name: str, gen: int) -> int | None:
+        """How many payloads of ``peer_name``'s link ``gen`` arrived (None: unknown).
+
+        Asked by a peer whose link failed while puts of its own waited for their receipt:
+        those within the count are in the channel, the others are not. The link is reset
+        first if it is still current, so the count is final: it is answered once no
+        receive of that generation is still posted (their failures come at once after
+        the reset), or after the transfer timeout (at most 30 s) with what arrived.
+        """
+        peer = self._peers.get(peer_name)
+        if peer is None or gen > peer.gen:
+            return None
+        if peer.gen == gen and peer.group is not None:
+            self._reset(peer, peer.group, RuntimeError("the peer's link failed"))
+        limit = min(self._spec.transfer_timeout or ARRIVED_WAIT, ARRIVED_WAIT)
+        deadline = time.monotonic() + limit
+        while (count := peer.payloads.final(gen)) is None and time.monotonic() < deadline:
+            await asyncio.sleep(ARRIVED_POLL)
+        return peer.payloads.arrived(gen) if count is None else count
 
     async def reset_link(self, peer_name: str, gen: int) -> None:
         """A peer saw a transfer fail on generation ``gen``: reset its link if still current."""

@@ -1,0 +1,126 @@
+"""What a channel worker sends on a peer's link: answers, the items of a get, receipts.
+
+Everything here runs on the channel worker's event loop. A send that fails, at once or
+later, resets the peer's link (the ``reset`` callback the worker gives); items that were
+to leave go back to the head of the channel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from p2p_worker._channels.peers import Peer
+from p2p_worker._channels.proto import RECEIPT, wire_timeout
+from p2p_worker._channels.queue import ChannelQueue, Item, Void
+
+Reset = Callable[[Peer, Any, BaseException], None]
+"""``reset(peer, group, why)``: drop the peer's link ``group`` after a failed send."""
+
+WhenFailed = Callable[[Any, Peer, Any], None]
+"""``when_failed(work, peer, group)``: reset the link later if the send ``work`` fails."""
+
+
+class Replies:
+    """The channel worker's sends to its peers (one per channel worker)."""
+
+    def __init__(
+        self,
+        queue: ChannelQueue,
+        transfer_timeout: float | None,
+        reset: Reset,
+        when_failed: WhenFailed,
+    ) -> None:
+        self._queue = queue
+        self._timeout = wire_timeout(transfer_timeout)
+        self._reset = reset
+        self._when_failed = when_failed
+
+    def answer(
+        self,
+        peer: Peer,
+        group: Any,
+        token: int,
+        answer: Any,
+        items: list[Item],
+        prefetched: bool = False,
+    ) -> None:
+        """Send ``(token, answer, count[, objects])`` on the peer's link; the items follow.
+
+        Items without tensors ride in the answer itself (one message); others follow it
+        as ``count`` messages on the tensor path. Sent items keep their slots until the
+        peer acknowledges them (an ``ACK`` request); if the link fails first they go back
+        to the head of the channel (see ``ChannelWorker._reset``), so a consumer that
+        dies mid-get loses no item. ``prefetched``: item ``i`` (all without tensors) is
+        acknowledged as ``token + i`` (the request reserved those tokens).
+        """
+        if peer.group is not group:
+            if items:
+                self._queue.push_front(items)
+            return
+        timeout = self._timeout
+        try:
+            # eager: a small answer leaves at once from this thread when the link is idle
+            # and buffers it (same node), sparing a hand-off to the link's sending thread.
+            if not items:
+                head = group.send((token, answer, 0), async_op=True, timeout=timeout, eager=True)
+            elif all(item.nbytes == 0 for item in items):
+                objs = [item.obj for item in items]
+                if prefetched:
+                    peer.unacked.update((token + i, [item]) for i, item in enumerate(items))
+                else:
+                    peer.unacked[token] = items
+                head = group.send(
+                    (token, answer, 0, objs), async_op=True, timeout=timeout, eager=True
+                )
+            else:
+                head = group.send(
+                    (token, answer, len(items)), async_op=True, timeout=timeout, eager=True
+                )
+                peer.unacked[token] = items
+                self._send_items(peer, group, token, items)
+        except Exception as exc:  # the link is closed or broken
+            if items and token not in peer.unacked:
+                self._queue.push_front(items)
+            self._reset(peer, group, exc)
+            return
+        self._when_failed(head, peer, group)
+
+    def _send_items(self, peer: Peer, group: Any, token: int, items: list[Item]) -> None:
+        """Send the items announced by an answer, in order.
+
+        An item that cannot be encoded again goes back to the head, a :class:`Void`
+        taking its place on the wire (the peer expects as many objects as announced).
+        """
+        timeout = self._timeout
+        for i, item in enumerate(items):
+            try:
+                work = group.send(item.obj, async_op=True, timeout=timeout)
+            except Exception:
+                rest = items[i:]
+                peer.unacked[token] = items[:i]
+                self._queue.push_front(rest)
+                for _ in rest:
+                    group.send(Void(), async_op=True, timeout=timeout)
+                return
+            self._when_failed(work, peer, group)
+
+    def receipt(self, peer: Peer, group: Any) -> None:
+        """Tell ``peer`` how many of its payloads on ``group`` arrived: ``(RECEIPT, n, 0)``.
+
+        A put whose payload travels on its own completes only with this receipt, so a
+        put that returned has its item in the channel for every later call of any
+        process. Scheduled once per turn of the loop (``Peer.receipt_due``): one receipt
+        answers every payload that arrived meanwhile.
+        """
+        peer.receipt_due = False
+        if peer.group is not group:
+            return  # reset meanwhile: the peer asks what arrived (ChannelWorker.arrived)
+        try:
+            sent = group.send(
+                (RECEIPT, peer.seen, 0), async_op=True, timeout=self._timeout, eager=True
+            )
+        except Exception as exc:  # the link is closed or broken
+            self._reset(peer, group, exc)
+            return
+        self._when_failed(sent, peer, group)
