@@ -332,3 +332,39 @@ def test_at_once_paths_never_overtake_a_waiter() -> None:
         assert q.try_reserve() is False
 
     run(main())
+
+
+def test_settle_frees_the_slots_of_arrived_items_and_puts_the_rest_back_in_order() -> None:
+    async def main() -> None:
+        q = ChannelQueue(8)
+        for i in range(5):
+            await put(q, i)
+        head = q.queues[DEFAULT_KEY]
+        sent = {5: [head[2], head[3]], 1: [head[0]], 3: [head[1]]}
+        for _ in range(4):
+            head.popleft()
+        # gets 1, 3, 5 took items 0, 1, (2, 3); get 1's item did not arrive, of get 5's
+        # only the first did (a token not sent for is ignored)
+        assert q.settle(sent, {3: 1, 5: 1, 9: 4}) == (2, 2)
+        assert objs(list(head)) == [0, 3, 4]  # back at the head, in channel order
+        assert q.held == 3  # two slots freed
+        assert q.settle({}, {}) == (0, 0)
+
+    run(main())
+
+
+def test_payload_counts_per_link_generation_are_final_once_no_receive_is_posted() -> None:
+    from p2p_worker._channels.peers import Payloads
+
+    p = Payloads()
+    for _ in range(3):
+        p.post(0)
+    p.done(0, True)
+    assert (p.arrived(0), p.final(0)) == (1, None)  # two receives still posted
+    p.done(0, True)
+    p.done(0, False)  # failed when the link was reset
+    assert (p.arrived(0), p.final(0)) == (2, 2)
+    assert p.final(1) == 0  # nothing was posted on generation 1
+    p.forget_before(Payloads.KEEP)
+    assert p.known_from == 1
+    assert 0 not in p.counts

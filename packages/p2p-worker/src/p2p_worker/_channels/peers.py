@@ -56,12 +56,13 @@ class Payloads:
     once no receive of that generation is still posted.
     """
 
-    __slots__ = ("counts",)
+    __slots__ = ("counts", "known_from")
 
     KEEP = 4  # link generations remembered (the current one and a few ended ones)
 
     def __init__(self) -> None:
         self.counts: dict[int, list[int]] = {}  # gen -> [arrived, receives still posted]
+        self.known_from = 0  # older generations are forgotten
 
     def post(self, gen: int) -> None:
         self.counts.setdefault(gen, [0, 0])[1] += 1
@@ -84,7 +85,8 @@ class Payloads:
 
     def forget_before(self, gen: int) -> None:
         """Drop the counts of generations older than the last :data:`KEEP` up to ``gen``."""
-        for old in [g for g in self.counts if g <= gen - self.KEEP]:
+        self.known_from = max(self.known_from, gen - self.KEEP + 1)
+        for old in [g for g in self.counts if g < self.known_from]:
             del self.counts[old]
 
 

@@ -681,7 +681,7 @@ class ChannelWorker(WorkerBase):
         the reset), or after the transfer timeout (at most 30 s) with what arrived.
         """
         peer = self._peers.get(peer_name)
-        if peer is None or gen > peer.gen:
+        if peer is None or not peer.payloads.known_from <= gen <= peer.gen:
             return None
         if peer.gen == gen and peer.group is not None:
             self._reset(peer, peer.group, RuntimeError("the peer's link failed"))
