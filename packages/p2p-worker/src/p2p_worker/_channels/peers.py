@@ -101,7 +101,7 @@ class Peer:
         "held",
         "name",
         "payloads",
-        "receipt_due",
+        "receipts",
         "syncs",
         "tokens",
         "unacked",
@@ -119,7 +119,9 @@ class Peer:
         self.held: dict[int, dict[int, list[Item]]] = {}
         self.tokens = Tokens()
         self.payloads = Payloads()
-        self.receipt_due = False  # a receipt of this link's payloads is about to leave
+        # (link, [payloads received on it]): counted by the link's receiving thread,
+        # which sends the receipts (see ChannelWorker._on_payload)
+        self.receipts: tuple[Any, list[int]] = (None, [0])
         self.syncs: list[tuple[int, asyncio.Future[None]]] = []  # (count, woken at count)
 
     @property

@@ -1,12 +1,14 @@
 """What a channel worker sends on a peer's link: answers, the items of a get, receipts.
 
-Everything here runs on the channel worker's event loop. A send that fails, at once or
-later, resets the peer's link (the ``reset`` callback the worker gives); items that were
-to leave go back to the head of the channel.
+Answers run on the channel worker's event loop, receipts in the link's receiving
+thread; one lock keeps a receipt from landing between an answer and its items. A send
+that fails, at once or later, resets the peer's link (the ``reset`` callback the worker
+gives); items that were to leave go back to the head of the channel.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +24,11 @@ WhenFailed = Callable[[Any, Peer, Any], None]
 
 
 class Replies:
-    """The channel worker's sends to its peers (one per channel worker)."""
+    """The channel worker's sends to its peers (one per channel worker).
+
+    ``reset`` and ``when_failed`` are called on the event loop, ``reset_soon`` from any
+    thread (it hands the reset to the loop).
+    """
 
     def __init__(
         self,
@@ -30,11 +36,14 @@ class Replies:
         transfer_timeout: float | None,
         reset: Reset,
         when_failed: WhenFailed,
+        reset_soon: Reset,
     ) -> None:
         self._queue = queue
         self._timeout = wire_timeout(transfer_timeout)
         self._reset = reset
         self._when_failed = when_failed
+        self._reset_soon = reset_soon
+        self._lock = threading.Lock()  # an answer and its items leave together
 
     def answer(
         self,
@@ -60,25 +69,28 @@ class Replies:
             return
         timeout = self._timeout
         try:
-            # eager: a small answer leaves at once from this thread when the link is idle
-            # and buffers it (same node), sparing a hand-off to the link's sending thread.
-            if not items:
-                head = group.send((token, answer, 0), async_op=True, timeout=timeout, eager=True)
-            elif all(item.nbytes == 0 for item in items):
-                objs = [item.obj for item in items]
-                if prefetched:
-                    peer.unacked.update((token + i, [item]) for i, item in enumerate(items))
+            with self._lock:
+                # eager: a small answer leaves at once from this thread when the link is
+                # idle and buffers it (same node), sparing a hand-off to its sending thread.
+                if not items:
+                    head = group.send(
+                        (token, answer, 0), async_op=True, timeout=timeout, eager=True
+                    )
+                elif all(item.nbytes == 0 for item in items):
+                    objs = [item.obj for item in items]
+                    if prefetched:
+                        peer.unacked.update((token + i, [item]) for i, item in enumerate(items))
+                    else:
+                        peer.unacked[token] = items
+                    head = group.send(
+                        (token, answer, 0, objs), async_op=True, timeout=timeout, eager=True
+                    )
                 else:
+                    head = group.send(
+                        (token, answer, len(items)), async_op=True, timeout=timeout, eager=True
+                    )
                     peer.unacked[token] = items
-                head = group.send(
-                    (token, answer, 0, objs), async_op=True, timeout=timeout, eager=True
-                )
-            else:
-                head = group.send(
-                    (token, answer, len(items)), async_op=True, timeout=timeout, eager=True
-                )
-                peer.unacked[token] = items
-                self._send_items(peer, group, token, items)
+                    self._send_items(peer, group, token, items)
         except Exception as exc:  # the link is closed or broken
             if items and token not in peer.unacked:
                 self._queue.push_front(items)
@@ -105,22 +117,26 @@ class Replies:
                 return
             self._when_failed(work, peer, group)
 
-    def receipt(self, peer: Peer, group: Any) -> None:
-        """Tell ``peer`` how many of its payloads on ``group`` arrived: ``(RECEIPT, n, 0)``.
+    def receipt(self, peer: Peer, group: Any, arrived: int) -> None:
+        """Tell ``peer`` that ``arrived`` of its payloads on ``group`` are in: ``(RECEIPT, n, 0)``.
 
-        A put whose payload travels on its own completes only with this receipt, so a
-        put that returned has its item in the channel for every later call of any
-        process. Scheduled once per turn of the loop (``Peer.receipt_due``): one receipt
-        answers every payload that arrived meanwhile.
+        Called by the link's receiving thread once it handed payload ``arrived`` to the
+        loop. A put whose payload travels on its own completes only with this receipt,
+        so a put that returned has its item in the channel for every later call of any
+        process.
         """
-        peer.receipt_due = False
         if peer.group is not group:
             return  # reset meanwhile: the peer asks what arrived (ChannelWorker.arrived)
         try:
-            sent = group.send(
-                (RECEIPT, peer.seen, 0), async_op=True, timeout=self._timeout, eager=True
-            )
+            with self._lock:
+                sent = group.send(
+                    (RECEIPT, arrived, 0), async_op=True, timeout=self._timeout, eager=True
+                )
         except Exception as exc:  # the link is closed or broken
-            self._reset(peer, group, exc)
+            self._reset_soon(peer, group, exc)
             return
-        self._when_failed(sent, peer, group)
+        sent._add_done_callback(
+            lambda w: (
+                None if w.exception(0) is None else self._reset_soon(peer, group, w.exception(0))
+            )
+        )

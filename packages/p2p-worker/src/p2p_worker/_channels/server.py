@@ -130,6 +130,7 @@ class ChannelWorker(WorkerBase):
             spec.transfer_timeout,
             self._reset,
             lambda work, peer, group: self._when_failed(work, self._finish_answer, peer, group),
+            self._reset_soon,
         )
         self._peers: dict[str, Peer] = {}
         self._serving: set[asyncio.Future[None]] = set()  # requests being served
@@ -230,6 +231,11 @@ class ChannelWorker(WorkerBase):
         peer = self._peers.get(peer_name)
         if peer is not None:
             self._settle(peer, gen, got)
+
+    def _reset_soon(self, peer: Peer, group: Any, why: BaseException) -> None:
+        """:meth:`_reset` on the event loop, from any thread."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._reset, peer, group, why)
 
     def _when_failed(self, work: Any, fn: Any, *args: Any) -> None:
         """Run ``fn(*args, work)`` on the event loop if ``work`` fails (nothing on success).
@@ -546,21 +552,42 @@ class ChannelWorker(WorkerBase):
             self._queue.arrived(item_of(inline[0]))
         else:
             work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
-            peer.payloads.post(peer.gen)
-            self._when_done(work, self._finish_payload, peer, group, peer.gen, False)
+            self._on_payload(work, peer, group, False)
         lent = self._queue.grant_credits(min(credits, self._credit_cap()))
         for _ in range(lent):
             # An idle producer hands its credits back within a fraction of a second, so
             # the transfer timeout bounds a credit's receive like any other.
             work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
-            peer.payloads.post(peer.gen)
-            self._when_done(work, self._finish_payload, peer, group, peer.gen, True)
+            self._on_payload(work, peer, group, True)
         return granted(peer.gen, lent)
 
     def _credit_cap(self) -> int:
         """Most credits one grant lends: a quarter of the channel, so producers share it."""
         maxsize = self._spec.maxsize
         return MAX_CREDITS if maxsize == 0 else min(MAX_CREDITS, maxsize // 4)
+
+    def _on_payload(self, work: Any, peer: Peer, group: Any, credit: bool) -> None:
+        """Handle the payload receive ``work`` posted on ``peer``'s link ``group``.
+
+        The receiving thread hands the payload to the loop (:meth:`_finish_payload`) and
+        then, at once, sends the peer its receipt (``Replies.receipt``), sparing the put
+        a turn of the loop: the item is queued before any request that follows the
+        receipt, since the loop runs what threads hand it in the order they did.
+        """
+        gen, loop = peer.gen, self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        peer.payloads.post(gen)
+        if peer.receipts[0] is not group:
+            peer.receipts = (group, [0])  # payloads received on this link, counted there
+        count = peer.receipts[1]
+
+        def received(w: Any) -> None:
+            loop.call_soon_threadsafe(self._finish_payload, peer, group, gen, credit, w)
+            if w.exception(0) is None:
+                count[0] += 1  # only this thread (the link's receiving one) counts
+                self._replies.receipt(peer, group, count[0])
+
+        work._add_done_callback(received)
 
     def _finish_payload(self, peer: Peer, group: Any, gen: int, credit: bool, work: Any) -> None:
         """A payload receive of ``peer``'s link ``gen`` ended: queue its item, or free the slot.
@@ -586,15 +613,9 @@ class ChannelWorker(WorkerBase):
             self._seen(peer, group)
 
     def _seen(self, peer: Peer, group: Any) -> None:
-        """One more payload of ``peer`` arrived on ``group``: wake the calls waiting for it.
-
-        The peer learns it from a receipt (see ``Replies.receipt``).
-        """
+        """One more payload of ``peer`` arrived on ``group``: wake the calls waiting for it."""
         if peer.group is group:
             peer.wake()
-            if not peer.receipt_due:
-                peer.receipt_due = True
-                asyncio.get_running_loop().call_soon(self._replies.receipt, peer, group)
 
     async def _sync(self, peer_name: str | None, gen: int, sent: int) -> None:
         """Wait until the ``sent`` payloads of ``peer_name`` on ``gen`` have arrived.
