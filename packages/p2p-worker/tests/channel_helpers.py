@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from p2p_worker import Channel
+from p2p_worker import Channel, ChannelEmpty
 
 
 def wait_for(cond: Any, timeout: float = 30.0) -> None:
@@ -26,6 +26,16 @@ def settled(ch: Channel, timeout: float = 30.0) -> dict[str, Any]:
         st = ch.stats()
         if st["held"] == st["queued"] + st["arriving"] or time.monotonic() > deadline:
             return st
+
+
+def drain(ch: Channel) -> list[Any]:
+    """Every item the channel holds now, oldest first (``get_nowait`` until empty)."""
+    items = []
+    while True:
+        try:
+            items.append(ch.get_nowait())
+        except ChannelEmpty:
+            return items
 
 
 def channel_actor(name: str) -> Any:

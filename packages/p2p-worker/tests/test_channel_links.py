@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import ray
-from channel_helpers import channel_actor, wait_for
+from channel_helpers import channel_actor, drain, wait_for
 
 from p2p_worker import (
     ChannelEmpty,
@@ -176,12 +176,7 @@ def test_link_reset_after_items_arrived_delivers_them_once(cluster: Cluster) -> 
     assert outcomes[1] in ("b", "ChannelError"), outcomes
     delivered = [o for o in outcomes if o in ("a", "b")]
     wait_for(lambda: ch.stats()["held"] == 2 - len(delivered))  # settled by its report
-    rest = []
-    while True:
-        try:
-            rest.append(ch.get_nowait())
-        except ChannelEmpty:
-            break
+    rest = drain(ch)
     assert sorted(delivered + rest) == ["a", "b"]  # each item exactly once
     st = ch.stats()
     assert (st["held"], st["queued"], st["gets"]) == (0, 0, 2)
@@ -215,12 +210,7 @@ def test_link_resets_during_puts_leave_exactly_the_confirmed_items(cluster: Clus
     assert ch.stats()["resets"] >= resets
     confirmed = [i for i in range(count) if ok[i]]
     failed = count - len(confirmed)
-    there = []
-    while True:
-        try:
-            there.append(ch.get_nowait()[0])
-        except ChannelEmpty:
-            break
+    there = [item[0] for item in drain(ch)]
     assert there == confirmed, f"{failed} puts failed; channel vs confirmed differ"
     assert failed < count  # most went through: the producer reconnected after each reset
     ch.put(("after", b""))  # the channel and the producer's handle keep working
@@ -235,11 +225,6 @@ def test_closing_a_handle_settles_its_puts_in_flight(cluster: Cluster) -> None:
     [outcomes] = putter.puts_then_close("closeputs", 64).wait(120)
     assert len(outcomes) == 64
     assert set(outcomes) <= {"ok", "ChannelError", "ChannelClosedError"}, outcomes
-    there = []
-    while True:
-        try:
-            there.append(ch.get_nowait()[0])
-        except ChannelEmpty:
-            break
+    there = [item[0] for item in drain(ch)]
     assert there == [i for i, o in enumerate(outcomes) if o == "ok"]
     ch.destroy()
