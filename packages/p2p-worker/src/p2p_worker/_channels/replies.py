@@ -19,15 +19,12 @@ from p2p_worker._channels.queue import ChannelQueue, Item, Void
 Reset = Callable[[Peer, Any, BaseException], None]
 """``reset(peer, group, why)``: drop the peer's link ``group`` after a failed send."""
 
-WhenFailed = Callable[[Any, Peer, Any], None]
-"""``when_failed(work, peer, group)``: reset the link later if the send ``work`` fails."""
-
 
 class Replies:
     """The channel worker's sends to its peers (one per channel worker).
 
-    ``reset`` and ``when_failed`` are called on the event loop, ``reset_soon`` from any
-    thread (it hands the reset to the loop).
+    ``reset`` is called on the event loop (a send refused at once), ``reset_soon`` from
+    any thread (a send that failed later; it hands the reset to the loop).
     """
 
     def __init__(
@@ -35,13 +32,11 @@ class Replies:
         queue: ChannelQueue,
         transfer_timeout: float | None,
         reset: Reset,
-        when_failed: WhenFailed,
         reset_soon: Reset,
     ) -> None:
         self._queue = queue
         self._timeout = wire_timeout(transfer_timeout)
         self._reset = reset
-        self._when_failed = when_failed
         self._reset_soon = reset_soon
         self._lock = threading.Lock()  # an answer and its items leave together
 
@@ -96,7 +91,7 @@ class Replies:
                 self._queue.push_front(items)
             self._reset(peer, group, exc)
             return
-        self._when_failed(head, peer, group)
+        self._watch(head, peer, group)
 
     def _send_items(self, peer: Peer, group: Any, token: int, items: list[Item]) -> None:
         """Send the items announced by an answer, in order.
@@ -115,7 +110,7 @@ class Replies:
                 for _ in rest:
                     group.send(Void(), async_op=True, timeout=timeout)
                 return
-            self._when_failed(work, peer, group)
+            self._watch(work, peer, group)
 
     def receipt(self, peer: Peer, group: Any, arrived: int) -> None:
         """Tell ``peer`` that ``arrived`` of its payloads on ``group`` are in: ``(RECEIPT, n, 0)``.
@@ -135,8 +130,13 @@ class Replies:
         except Exception as exc:  # the link is closed or broken
             self._reset_soon(peer, group, exc)
             return
-        sent._add_done_callback(
-            lambda w: (
-                None if w.exception(0) is None else self._reset_soon(peer, group, w.exception(0))
-            )
-        )
+        self._watch(sent, peer, group)
+
+    def _watch(self, work: Any, peer: Peer, group: Any) -> None:
+        """Reset ``peer``'s link ``group`` if the send ``work`` fails (no wake-up on success)."""
+        work._add_done_callback(lambda w: self._failed(w, peer, group))
+
+    def _failed(self, work: Any, peer: Peer, group: Any) -> None:
+        exc = work.exception(0)
+        if exc is not None:
+            self._reset_soon(peer, group, exc)

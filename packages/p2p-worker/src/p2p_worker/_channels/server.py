@@ -129,7 +129,6 @@ class ChannelWorker(WorkerBase):
             self._queue,
             spec.transfer_timeout,
             self._reset,
-            lambda work, peer, group: self._when_failed(work, self._finish_answer, peer, group),
             self._reset_soon,
         )
         self._peers: dict[str, Peer] = {}
@@ -207,7 +206,7 @@ class ChannelWorker(WorkerBase):
         if group.peer_gone or time.monotonic() >= until:
             self._settle(peer, gen, None)
             return
-        loop = self._loop or asyncio.get_running_loop()
+        loop = self._event_loop()
         loop.call_later(HOLD_CHECK, self._check_held, peer, gen, group, until)
 
     def _settle(self, peer: Peer, gen: int, got: dict[int, int] | None) -> None:
@@ -232,29 +231,24 @@ class ChannelWorker(WorkerBase):
         if peer is not None:
             self._settle(peer, gen, got)
 
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """This actor's event loop (remembered the first time, called on the loop)."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
     def _reset_soon(self, peer: Peer, group: Any, why: BaseException) -> None:
-        """:meth:`_reset` on the event loop, from any thread."""
+        """:meth:`_reset` on the event loop, from any thread (a send that failed).
+
+        Every send follows a request or a payload handled on the loop, which remembered
+        the loop already.
+        """
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._reset, peer, group, why)
 
-    def _when_failed(self, work: Any, fn: Any, *args: Any) -> None:
-        """Run ``fn(*args, work)`` on the event loop if ``work`` fails (nothing on success).
-
-        For sends, whose success needs no action: a sent answer costs no wake-up of the
-        loop.
-        """
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        work._add_done_callback(
-            lambda w: None if w.exception(0) is None else loop.call_soon_threadsafe(fn, *args, w)
-        )
-
     def _when_done(self, work: Any, fn: Any, *args: Any) -> None:
         """Run ``fn(*args, work)`` on the event loop once ``work`` has completed."""
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
+        loop = self._event_loop()
         # No task per transfer: the completing thread schedules a plain callback.
         work._add_done_callback(lambda w: loop.call_soon_threadsafe(fn, *args, w))
 
@@ -320,9 +314,7 @@ class ChannelWorker(WorkerBase):
         """
         # No timeout: a peer may stay idle for as long as it likes; its death or a reset
         # (which closes the group) ends the receive.
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
+        loop = self._event_loop()
 
         def arrived(work: Any) -> None:
             if work.exception(0) is None:
@@ -574,8 +566,7 @@ class ChannelWorker(WorkerBase):
         a turn of the loop: the item is queued before any request that follows the
         receipt, since the loop runs what threads hand it in the order they did.
         """
-        gen, loop = peer.gen, self._loop or asyncio.get_running_loop()
-        self._loop = loop
+        gen, loop = peer.gen, self._event_loop()
         peer.payloads.post(gen)
         if peer.receipts[0] is not group:
             peer.receipts = (group, [0])  # payloads received on this link, counted there
@@ -668,11 +659,6 @@ class ChannelWorker(WorkerBase):
         if items is None:
             return NO_ROOM
         return list(items)
-
-    def _finish_answer(self, peer: Peer, group: Any, work: Any) -> None:
-        exc = work.exception(0)
-        if exc is not None:
-            self._reset(peer, group, exc)
 
     async def cancel(self, peer_name: str, token: int) -> bool:
         """Withdraw the peer's call ``token`` if it still waits (or has not arrived yet).
