@@ -86,6 +86,7 @@ from p2p_worker._channels.queue import (
 from p2p_worker._channels.replies import Replies
 from p2p_worker._info import WorkerInfo
 from p2p_worker._workers._runtime import WorkerRuntime
+from p2p_worker._workers._untraced import untraced_internals
 from p2p_worker._workers._worker_base import WorkerBase
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ ARRIVED_WAIT = 30.0  # most seconds ``arrived`` waits for a reset link's receive
 ARRIVED_POLL = 0.01  # seconds between its looks
 
 
+@untraced_internals
 class ChannelWorker(WorkerBase):
     """The worker that holds one channel's items; one Ray actor per channel.
 
