@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from p2p_worker._channels.acks import ACK_DELAY, TICK_LINGER, AckBatch, AckFlusher
+from p2p_worker._channels.acks import ACK_DELAY, MAX_TICK, TICK_LINGER, AckBatch, AckFlusher
 from p2p_worker._channels.proto import ACK, ACKED, GET
 
 
@@ -119,3 +119,51 @@ def test_a_late_tick_flushes_what_is_due_before_the_flusher_goes_idle() -> None:
         flusher._cond.notify()
     assert late.flushed.wait(5.0)
     assert late.sent == [(ACK, 5)]
+
+
+def test_ticks_stretch_while_requests_take_every_ack_and_shorten_once_one_is_left() -> None:
+    flusher = AckFlusher()  # never armed through arm(): no thread, _due() driven here
+    left = _Link()
+    pauses = []
+    with flusher._cond:
+        for _ in range(6):  # gets flow (recent arms), every ack rode a request
+            flusher._last_arm = time.monotonic()
+            due, pause = flusher._due()
+            assert due == []
+            pauses.append(pause)
+    assert pauses == [ACK_DELAY, 2 * ACK_DELAY, 4 * ACK_DELAY, MAX_TICK, MAX_TICK, MAX_TICK]
+    with flusher._cond:  # an ack no request took along: flushed, and ticks are short again
+        flusher._armed[left] = flusher._last_arm = time.monotonic() - ACK_DELAY
+        due, pause = flusher._due()
+        assert due == [left]
+        assert pause == ACK_DELAY
+        flusher._last_arm = time.monotonic() - TICK_LINGER  # quiet: idle, and short next time
+        assert flusher._due() == ([], None)
+        flusher._last_arm = time.monotonic()
+        assert flusher._due() == ([], ACK_DELAY)
+
+
+def test_an_ack_armed_during_a_long_pause_leaves_within_max_tick() -> None:
+    flusher = AckFlusher()
+    link = _Link()
+    flusher.arm(link)
+    assert link.flushed.wait(5.0)
+    start, stop = time.monotonic(), time.monotonic() + 10.0
+    while time.monotonic() < stop:  # a consumer whose requests take every ack along
+        flusher.arm(link)
+        flusher.disarm(link)
+        time.sleep(ACK_DELAY / 2)
+        if flusher._tick == MAX_TICK and time.monotonic() - start > 0.1:
+            break
+    assert flusher._tick == MAX_TICK
+    assert link.sent == []
+    link.flushed.clear()
+    with link.lock:
+        link.batch.add(6)
+    start = time.monotonic()
+    flusher.arm(link)  # left behind: the consumer stopped
+    assert link.flushed.wait(5.0)
+    took = time.monotonic() - start
+    assert took >= ACK_DELAY
+    assert took < MAX_TICK + 0.2  # one pause, with room for a loaded machine
+    assert link.sent == [(ACK, 6)]

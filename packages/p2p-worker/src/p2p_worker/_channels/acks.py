@@ -6,7 +6,9 @@ channel worker one more message, thread hand-off and wake-up per get. So it wait
 :class:`AckBatch`, for the consumer's next request and travels inside it
 (``(ACKED, tokens, request)``); if no request follows within :data:`ACK_DELAY` seconds,
 the process's :class:`AckFlusher` thread sends it on its own (``(ACK, *tokens)``), so a
-producer waiting for the slot (``maxsize=1``) never stalls for long.
+producer waiting for the slot (``maxsize=1``) never stalls for long: within
+:data:`ACK_DELAY` to :data:`MAX_TICK` seconds (the longer only after a stretch in which
+every acknowledgement rode on a request).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Protocol
 from p2p_worker._channels.proto import ACK, ACKED
 
 ACK_DELAY = 0.002  # seconds an acknowledgement waits for a request to ride on
+MAX_TICK = 0.01  # longest pause between ticks while requests take every ack along
 TICK_LINGER = 0.05  # seconds the flusher keeps ticking after the last arm, then sleeps
 MIN_SLEEP = 0.0001  # shortest pause of the flusher thread between two looks
 
@@ -69,12 +72,17 @@ class _Flushable(Protocol):
 class AckFlusher:
     """One thread per process that sends acknowledgements no request took along in time.
 
-    While gets flow, the thread ticks every :data:`ACK_DELAY` seconds and sends the
-    acknowledgements of links armed at least that long ago that no request took along
-    (:meth:`disarm`); arming it then costs a dict entry, not a wake-up. After
-    :data:`TICK_LINGER` seconds without an arm it sleeps until the next one. (Woken per
-    get, it cost a consumer 14-21% of its GIL-holding samples with four busy pairs on
-    2 cores; see ``benchmarks/cpu_per_item.py``.)
+    While gets flow, the thread ticks and sends the acknowledgements of links armed at
+    least :data:`ACK_DELAY` ago that no request took along (:meth:`disarm`); arming it
+    then costs a dict entry, not a wake-up. A tick that finds a link armed sleeps until
+    that link is due. The pause between ticks that find none starts at
+    :data:`ACK_DELAY` and doubles up to :data:`MAX_TICK` while no acknowledgement is left
+    behind (requests take them all along); the first one left behind brings it back to
+    :data:`ACK_DELAY`. After :data:`TICK_LINGER` seconds without an arm the thread sleeps
+    until the next one. (Woken per get, it cost a consumer 14-21% of its GIL-holding
+    samples with four busy pairs on 2 cores; ticking every 2 ms, still about one wake-up
+    per item there: a consumer's voluntary context switches per item 3.6-4.1 against
+    2.7-3.0 with 10 ms between ticks; see ``benchmarks/cpu_per_item.py``.)
     """
 
     def __init__(self) -> None:
@@ -82,6 +90,7 @@ class AckFlusher:
         self._armed: dict[_Flushable, float] = {}  # link -> when its oldest ack was armed
         self._last_arm = 0.0
         self._idle = True  # the thread sleeps until an arm notifies it
+        self._tick = ACK_DELAY  # the next pause after a tick that finds no link armed
         self._thread: threading.Thread | None = None
 
     def arm(self, link: _Flushable) -> None:
@@ -113,11 +122,15 @@ class AckFlusher:
         due = [link for link, at in self._armed.items() if now - at >= ACK_DELAY]
         for link in due:
             del self._armed[link]
+        if due:  # acknowledgements are being left behind: look often
+            self._tick = ACK_DELAY
         if self._armed:
             return due, max(min(self._armed.values()) + ACK_DELAY - now, MIN_SLEEP)
         if now - self._last_arm >= TICK_LINGER:
+            self._tick = ACK_DELAY
             return due, None
-        return due, ACK_DELAY
+        pause, self._tick = self._tick, min(2 * self._tick, MAX_TICK)
+        return due, pause
 
     def _run(self) -> None:
         while True:
