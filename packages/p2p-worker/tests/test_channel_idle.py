@@ -71,7 +71,7 @@ def test_waiting_put_and_get_outlive_a_short_op_timeout(short_cluster: Cluster) 
     ch.put("c", timeout=30)
     [(item, seconds)] = got.wait(60)
     assert (item, seconds >= IDLE) == ("c", True)
-    wait_for(lambda: ch.stats()["held"] == 0)  # the consumer's ack leaves within 2 ms
+    wait_for(lambda: ch.stats()["held"] == 0)  # the consumer's ack leaves within 2-10 ms
     st = ch.stats()
     assert (st["resets"], st["failures"]) == (0, 0)  # no link was reset
     ch.destroy()
