@@ -8,7 +8,7 @@ import inspect
 from ray.util.tracing.tracing_helper import _inject_tracing_into_class
 
 from p2p_worker._channels.server import ChannelWorker
-from p2p_worker._workers._untraced import untraced_internals
+from p2p_worker._workers._untraced import internal_functions, untraced_internals
 
 
 @untraced_internals
@@ -37,10 +37,6 @@ def test_ray_wraps_the_remote_methods_and_leaves_the_internal_ones() -> None:
 
 
 def test_the_channel_workers_internal_methods_are_marked() -> None:
-    private = [
-        v
-        for k, v in vars(ChannelWorker).items()
-        if k.startswith("_") and not k.startswith("__") and inspect.isfunction(v)
-    ]
+    private = internal_functions(ChannelWorker)
     assert len(private) > 20
     assert all(getattr(f, "__ray_tracing_wrapped__", False) for f in private)

@@ -16,6 +16,7 @@ made through an actor handle.
 from __future__ import annotations
 
 import inspect
+from types import FunctionType
 from typing import TypeVar
 
 _MARK = "__ray_tracing_wrapped__"  # what Ray sets on a method it has wrapped
@@ -23,8 +24,17 @@ _MARK = "__ray_tracing_wrapped__"  # what Ray sets on a method it has wrapped
 C = TypeVar("C", bound=type)
 
 
+def internal_functions(cls: type) -> list[FunctionType]:
+    """The private functions (``_name``, not dunders) defined in ``cls`` itself."""
+    return [
+        value
+        for name, value in vars(cls).items()
+        if name.startswith("_") and not name.startswith("__") and inspect.isfunction(value)
+    ]
+
+
 def untraced_internals(cls: C) -> C:
-    """Mark the private functions defined in ``cls`` itself as already traced; return it.
+    """Mark :func:`internal_functions` of ``cls`` as already traced; return ``cls``.
 
     Example:
         >>> @untraced_internals
@@ -34,9 +44,6 @@ def untraced_internals(cls: C) -> C:
         >>> getattr(A._helper, _MARK, False), getattr(A.remote, _MARK, False)
         (True, False)
     """
-    for name, value in vars(cls).items():
-        if not name.startswith("_") or name.startswith("__"):
-            continue
-        if inspect.isfunction(value):
-            setattr(value, _MARK, True)
+    for function in internal_functions(cls):
+        setattr(function, _MARK, True)
     return cls
