@@ -158,6 +158,32 @@ class Direction:
             return work.wait()
         return self._wait_sync(op)
 
+    def run_if_idle(self, run: Callable[[float | None], Any], label: str) -> tuple[bool, Any]:
+        """Run ``run(None)`` here and now if the direction is idle; never wait.
+
+        Returns:
+            ``(True, result)``, or ``(False, None)`` when another operation runs or is
+            queued (nothing was run).
+
+        Raises:
+            GroupBrokenError, GroupClosedError: The direction is unusable.
+            Exception: What ``run`` raised (a failure that may have touched the wire
+                breaks the direction, as for any operation).
+        """
+        with self._lock:
+            err = self._unusable_error(label)
+            idle = err is None and not (self._busy or self._queue)
+            if idle:
+                self._busy = True
+        if err is not None:
+            raise err
+        if not idle:
+            return False, None
+        result, error = self._perform(run, label, None, None)
+        if error is not None:
+            raise error
+        return True, result
+
     def _unusable_error(self, label: str) -> BaseException | None:
         if self._closed:
             return GroupClosedError(f"{self.name}: {label} after the group was closed")

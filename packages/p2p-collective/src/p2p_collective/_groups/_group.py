@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 import time
@@ -32,6 +33,7 @@ from p2p_collective._frames._framing import (
     KIND_NAMES,
     Flag,
     Kind,
+    looks_like_header,
     pack_raw_header,
     parse_fixed,
 )
@@ -50,11 +52,20 @@ from p2p_collective._frames._wire import HEADER_MAX_TENSOR, patch_frame_seq, rea
 from p2p_collective._groups._direction import CleanFailure
 from p2p_collective._groups._side import Side
 from p2p_collective._links._emulation import LinkPacer
+from p2p_collective._links._link import Link
 from p2p_collective._links._transport import LinkFactory, StoreLike
 from p2p_collective._peers._auth import JobAuth
 from p2p_collective._peers._peer import Life, Peer, dead_error, new_instance
 from p2p_collective._peers._rendezvous import claim_incarnation
 from p2p_compress import CompressionError
+
+
+class Unready(enum.Enum):
+    """What :meth:`CollectiveGroup.recv_nowait` returns when it has no object to give."""
+
+    EMPTY = "nothing whole has arrived yet"
+    LARGE = "the next frame spans several messages: receive it with recv()"
+
 
 _BUFFERED_TRANSPORTS = frozenset({"shm"})
 """Links whose small send completes without the peer (``send(eager=True)`` runs inline)."""
@@ -371,6 +382,74 @@ class CollectiveGroup:
         deadline = self._deadline(timeout)
         return self._submit(self._recv, self._do_recv, "recv()", deadline, async_op)
 
+    def recv_fileno(self) -> int | None:
+        """A descriptor that turns readable when the peer's next message may be there.
+
+        For an event loop that receives without a thread: watch it (asyncio's
+        ``loop.add_reader``) and call :meth:`recv_nowait` whenever it is readable. None
+        until this side's receiving link is connected (after its first receive) and for
+        transports without one (gloo between nodes: use ``recv(async_op=True)``).
+        """
+        link = self._recv.link
+        return None if link is None or self._closed else link.fileno()
+
+    def recv_nowait(self) -> Any:
+        """The next object if it has arrived whole as one message; never waits.
+
+        Meant for the reader of :meth:`recv_fileno`. Only a plain object that travels in
+        one message (no tensors, at most ``SMALL_OBJECT_MAX`` pickled bytes, sent with
+        :meth:`send`) is taken here; anything else stays on the wire for :meth:`recv`.
+
+        Returns:
+            The object, or :attr:`Unready.EMPTY` (nothing whole has arrived yet, or
+            another receive of this group runs now) or :attr:`Unready.LARGE` (the next
+            frame is larger: take it with ``recv()``; that receive may be asynchronous,
+            then call this again once it completed).
+
+        Raises:
+            CollectiveError: No receiving link with a descriptor (see
+                :meth:`recv_fileno`), or the object could not be unpickled (the
+                direction stays usable).
+            PeerError: The peer closed or died; the receive direction is broken.
+            FramingError: The stream is out of step; the receive direction is broken.
+            GroupBrokenError, GroupClosedError: As for :meth:`recv`.
+        """
+        link = self._recv.link
+        if link is None or link.fileno() is None:
+            raise CollectiveError(
+                f"p2p[{self.name}]: recv_nowait() needs a link with a descriptor"
+                " (recv_fileno() is None: not connected yet, or a gloo link)"
+            )
+        life = self._life
+        gone = None if life is None else life.gone
+        if gone is not None:
+            raise dead_error(self.peer_name, f"p2p[{self.name}]: recv_nowait()", gone)
+        ran, got = self._recv.direction.run_if_idle(self._do_recv_nowait, "recv_nowait()")
+        return got if ran else Unready.EMPTY
+
+    def _do_recv_nowait(self, deadline: float | None) -> Any:
+        side = self._recv
+        link = side.ensure_link(deadline)
+        if side.nowait is None:
+            scratch = torch.zeros(HEADER_MAX, dtype=torch.uint8)
+            side.nowait = (scratch, scratch.numpy().data)
+        buf, view = side.nowait
+        n = link.peek_message(view)
+        if n == -1:
+            return Unready.EMPTY
+        if n < FIXED.size or not looks_like_header(view, side.seq):
+            return Unready.LARGE  # not a frame header in step: recv() tells what it is
+        hdr = parse_fixed(view, side.seq, self.peer_name)
+        plain = hdr.kind == Kind.OBJECT and not (
+            hdr.n_tensors or hdr.meta_len or hdr.wire_total or hdr.flags or hdr.arrive_ns
+        )
+        if not plain or n != hdr.inline_len:
+            return Unready.LARGE
+        link.drop_message(view, n)
+        expected = side.seq
+        side.seq += 1
+        return self._rebuild_frame(link, buf, view, expected, deadline)
+
     # -- send_tensor / recv_tensor --------------------------------------------------------
 
     def send_tensor(
@@ -506,6 +585,13 @@ class CollectiveGroup:
         expected = side.seq
         side.seq += 1
         buf, view = side.headers.receive(link, deadline)
+        return self._rebuild_frame(link, buf, view, expected, deadline)
+
+    def _rebuild_frame(
+        self, link: Link, buf: torch.Tensor, view: memoryview, expected: int, deadline: float | None
+    ) -> Any:
+        """The rest of a frame whose header message is in ``buf``: receive, rebuild."""
+        side = self._recv
         got = read_frame(
             link,
             buf,

@@ -75,6 +75,7 @@ class Side:
         self.out_view = self.out.numpy().data
         self._out_msgs: dict[int, torch.Tensor] = {}  # n -> self.out[:n], reused
         self.headers = HeaderReceiver()
+        self.nowait: tuple[torch.Tensor, memoryview] | None = None  # recv_nowait's buffer
         self.wire_stats = WireStats()  # tensors compressed / raw, codec and pacing time
         # Receiving: holds frames from an emulated link until their emulated arrival.
         self.gate = ArrivalGate(f"p2p[{group.name}].recv from {group.peer_name!r}")

@@ -180,6 +180,18 @@ class GlooLink:
             raise CollectiveError(f"recv with peer {self.peer!r}: that receive was already waited")
         self._finish("recv", work, posted.tensor.numel(), deadline)
 
+    def fileno(self) -> int | None:
+        """None: gloo's receives complete in gloo's threads, not on a descriptor."""
+        return None
+
+    def peek_message(self, view: memoryview) -> int:
+        """Not offered (:meth:`fileno` is None)."""
+        raise CollectiveError(f"recv with peer {self.peer!r}: a gloo link cannot peek")
+
+    def drop_message(self, view: memoryview, n: int) -> None:
+        """Not offered (:meth:`fileno` is None)."""
+        raise CollectiveError(f"recv with peer {self.peer!r}: a gloo link cannot peek")
+
     def stats(self) -> dict[str, str | None]:
         """``transport`` (``"gloo"``) and ``transport_reason`` (why not shared memory)."""
         return {"transport": self.transport, "transport_reason": self.transport_reason}

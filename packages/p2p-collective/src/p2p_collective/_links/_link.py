@@ -62,6 +62,24 @@ class Link(Protocol):
     def wait_recv(self, posted: PostedRecv, deadline: float | None) -> None:
         """Wait for a receive posted with ``post_recv``."""
 
+    def fileno(self) -> int | None:
+        """A descriptor an event loop may watch for arriving messages; None if none.
+
+        Where there is one, :meth:`peek_message` and :meth:`drop_message` receive a whole
+        small message without waiting (the event loop's reader, not the direction's
+        thread, then receives).
+        """
+
+    def peek_message(self, view: memoryview) -> int:
+        """Copy the next message into ``view`` if it has arrived whole in one piece.
+
+        Returns its length, or a negative number: not arrived whole yet (-1), or it
+        must be received with :meth:`recv` (-2). Only for a link with a :meth:`fileno`.
+        """
+
+    def drop_message(self, view: memoryview, n: int) -> None:
+        """Consume the message of ``n`` bytes :meth:`peek_message` just returned."""
+
     def set_on_gone(self, fn: Callable[[PeerError, bool], None]) -> None:
         """Call ``fn(error, died)`` once the peer is gone from this link.
 

@@ -28,6 +28,7 @@ at once (the peer died or closed), and every wait honours the deadline
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import struct
 import threading
@@ -54,6 +55,12 @@ _CTRL = struct.Struct("<IQ")  # kind, message bytes
 _INLINE = 1
 _SHM = 2
 _ONE = b"\x01"
+_PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
+
+NOT_ARRIVED = -1
+""":meth:`ShmLink.peek_message`: the next message has not arrived whole yet."""
+NOT_INLINE = -2
+""":meth:`ShmLink.peek_message`: the next message travels through the segment."""
 
 
 class _Timeout(Exception):
@@ -100,6 +107,11 @@ class ShmLink:
         self._closed = False
         self._released = False
         self._unusable: str | None = None
+        # For an event loop's reader (fileno / peek_message / drop_message): a second
+        # socket object on the same stream that never waits (no timeout of its own, so
+        # no poll before each call; every call passes MSG_DONTWAIT), made on first use.
+        self._nb: socket.socket | None = None
+        self._peek_ctrl = bytearray(_CTRL.size)
 
     def set_on_gone(self, fn: Callable[[PeerError, bool], None]) -> None:
         """Call ``fn(error, died)`` (from the watcher thread) when the peer is gone."""
@@ -169,18 +181,20 @@ class ShmLink:
                 " in time (shared memory)"
             ) from exc
         except (_Eof, OSError) as exc:
-            if self._closed:
-                raise CollectiveError(
-                    f"{what} with peer {self.peer!r}: the link was closed"
-                ) from exc
-            self._unusable = "the peer closed the shared-memory channel"
-            detail = "closed its end" if isinstance(exc, _Eof) else f"failed: {exc}"
-            raise PeerError(
-                f"{what} with peer {self.peer!r} failed: the shared-memory channel {detail}"
-                " (the peer exited or closed the group)"
-            ) from exc
+            raise self._stream_failed(what, exc) from exc
         finally:
             self._leave()
+
+    def _stream_failed(self, what: str, exc: BaseException) -> CollectiveError:
+        """The error for end-of-file or a socket error; the link is unusable afterwards."""
+        if self._closed:
+            return CollectiveError(f"{what} with peer {self.peer!r}: the link was closed")
+        self._unusable = "the peer closed the shared-memory channel"
+        detail = "closed its end" if isinstance(exc, _Eof) else f"failed: {exc}"
+        return PeerError(
+            f"{what} with peer {self.peer!r} failed: the shared-memory channel {detail}"
+            " (the peer exited or closed the group)"
+        )
 
     def _leave(self) -> None:
         with self._lock:
@@ -302,6 +316,93 @@ class ShmLink:
             self._chunk += 1
             self._sendall(_ONE, deadline)
 
+    # -- receiving from an event loop ----------------------------------------------------
+
+    def fileno(self) -> int | None:
+        """A descriptor that turns readable when a message (or end-of-file) arrives.
+
+        For an event loop's reader, which then calls :meth:`peek_message` and
+        :meth:`drop_message` (never while another receive runs on this link). None when
+        this process set a default socket timeout (the non-waiting socket would wait).
+        """
+        with self._lock:
+            if self._closed:
+                return None
+            if self._nb is None:
+                fd = os.dup(self._sock.fileno())
+                nb = socket.socket(self._sock.family, self._sock.type, fileno=fd)
+                if nb.gettimeout() is not None:  # socket.setdefaulttimeout() was called
+                    nb.close()
+                    return None
+                self._nb = nb
+            return self._nb.fileno()
+
+    def peek_message(self, view: memoryview) -> int:
+        """Copy the next message into ``view`` if it is inline and has arrived whole.
+
+        Nothing is consumed: :meth:`drop_message` does that. Never waits.
+
+        Returns:
+            The message's length ``n`` (its bytes are in ``view[:n]``),
+            :data:`NOT_ARRIVED` when it has not arrived whole yet, or
+            :data:`NOT_INLINE` when it is a shared-memory message (receive it with
+            :meth:`recv`).
+
+        Raises:
+            FramingError: The message is longer than ``view``.
+            PeerError: The peer closed the stream or it failed.
+        """
+        return self._nowait("recv", lambda nb: self._peek(nb, view))
+
+    def drop_message(self, view: memoryview, n: int) -> None:
+        """Consume the inline message of ``n`` bytes :meth:`peek_message` just saw."""
+        self._nowait("recv", lambda nb: self._drop(nb, view, n))
+
+    def _nowait(self, what: str, op: Callable[[socket.socket], int]) -> int:
+        with self._lock:
+            if self._closed:
+                raise CollectiveError(f"{what} with peer {self.peer!r}: the link is closed")
+            if self._unusable is not None:
+                raise PeerError(f"{what} with peer {self.peer!r}: {self._unusable}")
+            if self._nb is None:
+                raise CollectiveError(f"{what} with peer {self.peer!r}: fileno() was not called")
+            self._busy += 1
+        try:
+            return op(self._nb)
+        except (_Eof, OSError) as exc:
+            raise self._stream_failed(what, exc) from exc
+        finally:
+            self._leave()
+
+    def _peek(self, nb: socket.socket, view: memoryview) -> int:
+        try:
+            got = nb.recvmsg_into([self._peek_ctrl, view], 0, _PEEK)[0]
+        except BlockingIOError:
+            return NOT_ARRIVED
+        if got == 0:
+            raise _Eof
+        if got < _CTRL.size:
+            return NOT_ARRIVED
+        kind, n = _CTRL.unpack(self._peek_ctrl)
+        if kind == _SHM:
+            return NOT_INLINE
+        if kind != _INLINE or n > len(view):
+            self._unusable = "an earlier message did not fit the receive posted for it"
+            with contextlib.suppress(OSError):  # the sender fails at once instead of hanging
+                self._sock.shutdown(socket.SHUT_RDWR)
+            raise FramingError(
+                f"message from {self.peer!r}: {n} bytes (kind {kind}) for a receive of"
+                f" {len(view)} bytes; the two sides' calls are not paired"
+            )
+        return n if got >= _CTRL.size + n else NOT_ARRIVED
+
+    def _drop(self, nb: socket.socket, view: memoryview, n: int) -> int:
+        got = nb.recvmsg_into([self._peek_ctrl, view[:n]], 0, socket.MSG_DONTWAIT)[0]
+        if got != _CTRL.size + n:  # only after a peek that saw it whole: cannot happen
+            self._unusable = "a message seen whole was not there to take"
+            raise _Eof
+        return n
+
     def stats(self) -> dict[str, str | None]:
         """``transport`` (``"shm"``) and an empty ``transport_reason``."""
         return {"transport": self.transport, "transport_reason": self.transport_reason}
@@ -332,4 +433,6 @@ class ShmLink:
             self._released = True
         self._slots = []
         self._seg.close()
+        if self._nb is not None:
+            self._nb.close()
         self._sock.close()

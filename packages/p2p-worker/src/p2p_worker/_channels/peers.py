@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from p2p_worker._channels.queue import Item
+from p2p_worker._channels.requests import RequestReader
 
 
 class Tokens:
@@ -101,6 +102,7 @@ class Peer:
         "held",
         "name",
         "payloads",
+        "reader",
         "receipts",
         "syncs",
         "tokens",
@@ -112,6 +114,7 @@ class Peer:
         self.gen = 0
         self.group: Any = None  # the link: payloads in, answers (and got items) out
         self.ctl: Any = None  # the control group: the peer's requests, in issue order
+        self.reader: RequestReader | None = None  # takes them off ``ctl`` for the loop
         self.gate: asyncio.Future[None] | None = None  # set once the last request queued up
         self.unacked: dict[int, list[Item]] = {}  # token -> items sent, not acknowledged yet
         # gen -> the unacknowledged items of a link reset while the peer lived: they wait

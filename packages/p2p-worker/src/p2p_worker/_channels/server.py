@@ -5,12 +5,13 @@ Ray creates it, finds it and carries ``hello``, ``cancel``, ``reset_link``, ``st
 gets and ``Channel.qsize`` never make a Ray call. Each peer has two collective groups to
 this worker, named with the peer's link generation:
 
-- the *control group* carries the peer's requests. One receive is always posted on it;
-  each request that arrives is served in turn (it takes its place among the channel's
-  waiters in the order the peer issued it, :meth:`ChannelWorker._serve`), so a
-  consumer's gets are served in the order it made them. A request that completes at
-  once (room for a put, items for a get) while none of the peer's earlier requests
-  waits is answered straight from the callback that received it, without a task. A
+- the *control group* carries the peer's requests, read in order by a
+  :class:`~p2p_worker._channels.requests.RequestReader` (from the event loop itself
+  for a same-node peer, else from the group's receiving thread); each request is served
+  in turn (it takes its place among the channel's waiters in the order the peer issued
+  it, :meth:`ChannelWorker._serve`), so a consumer's gets are served in the order it
+  made them. A request that completes at once (room for a put, items for a get) while
+  none of the peer's earlier requests waits is answered at once, without a task. A
   waiting request is an asyncio future on this actor's loop; completions of collective
   operations arrive on other threads and are handed to the loop with
   ``call_soon_threadsafe``.
@@ -84,6 +85,7 @@ from p2p_worker._channels.queue import (
     item_of,
 )
 from p2p_worker._channels.replies import Replies
+from p2p_worker._channels.requests import RequestReader
 from p2p_worker._info import WorkerInfo
 from p2p_worker._workers._runtime import WorkerRuntime
 from p2p_worker._workers._untraced import untraced_internals
@@ -182,6 +184,9 @@ class ChannelWorker(WorkerBase):
             )
         peer.group = None
         ctl, peer.ctl, peer.gate = peer.ctl, None, None
+        if peer.reader is not None:
+            peer.reader.stop()
+            peer.reader = None
         if ctl is not None:
             ctl.close(timeout=0.0)
         gen = peer.gen
@@ -303,42 +308,25 @@ class ChannelWorker(WorkerBase):
         if exc is not None:
             self._reset(peer, group, exc)
         elif peer.ctl is ctl:
-            self._post_request_recv(peer, group, ctl)
+            peer.reader = RequestReader(
+                self._event_loop(),
+                ctl,
+                lambda request: self._on_request(peer, group, ctl, request),
+                lambda exc: self._request_failed(peer, group, ctl, exc),
+            )
+            peer.reader.start()
 
-    def _post_request_recv(self, peer: Peer, group: Any, ctl: Any) -> None:
-        """Keep one receive posted on ``ctl``; each request is served on the event loop.
+    def _request_failed(self, peer: Peer, group: Any, ctl: Any, exc: BaseException) -> None:
+        """The peer closed its handle, died or went away: its waiting requests end."""
+        if peer.ctl is ctl:
+            logger.debug("channel %r: %s left (%s)", self._spec.name, peer.name, exc)
+            # it acknowledged what it took before it closed
+            self._reset(peer, group, None, hold=False)
 
-        The next receive is posted by the thread that completed the previous one, before
-        the request is handed to the loop: the control group's receiving thread goes on
-        at once instead of sleeping until the loop posts again (a request costs one
-        thread hand-off, not two). Hand-offs from one thread keep their order, so the
-        loop sees the requests in the order they came.
-        """
-        # No timeout: a peer may stay idle for as long as it likes; its death or a reset
-        # (which closes the group) ends the receive.
-        loop = self._event_loop()
-
-        def arrived(work: Any) -> None:
-            if work.exception(0) is None:
-                try:
-                    self._post_request_recv(peer, group, ctl)
-                except Exception as exc:  # closed meanwhile: the loop sees the failure
-                    logger.debug("channel %r: request receive not posted: %s", self._spec.name, exc)
-            loop.call_soon_threadsafe(self._on_request, peer, group, ctl, work)
-
-        ctl.recv(async_op=True, timeout=wire_timeout(None))._add_done_callback(arrived)
-
-    def _on_request(self, peer: Peer, group: Any, ctl: Any, work: Any) -> None:
-        """One request of ``peer`` arrived: post the next receive, then serve it in turn."""
+    def _on_request(self, peer: Peer, group: Any, ctl: Any, request: Any) -> None:
+        """One request of ``peer`` arrived (in the order it sent them): serve it in turn."""
         if peer.ctl is not ctl:
             return  # a reset dropped this control group; its requests answer nothing
-        exc = work.exception(0)
-        if exc is not None:  # the peer closed its handle, died or went away
-            logger.debug("channel %r: %s left (%s)", self._spec.name, peer.name, exc)
-            # its waiting requests end; it acknowledged what it took before it closed
-            self._reset(peer, group, None, hold=False)
-            return
-        request = work.wait(0)  # the next receive is already posted (_post_request_recv)
         if request[0] == ACK:  # the peer has the items of its gets ``tokens``: free their slots
             self._acked(peer, request[1:])
             return
@@ -747,6 +735,9 @@ class ChannelWorker(WorkerBase):
         """Fail every waiting call, close every link and stop the watchdog."""
         self._queue.close()
         for peer in self._peers.values():
+            if peer.reader is not None:
+                peer.reader.stop()
+                peer.reader = None
             for group in (peer.group, peer.ctl):
                 if group is not None:
                     group.close(timeout=0.0)
