@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from p2p_worker._channels.queue import Item
-from p2p_worker._channels.requests import RequestReader
+from p2p_worker._channels.readers import PayloadReader, RequestReader
 
 
 class Tokens:
@@ -101,6 +101,7 @@ class Peer:
         "group",
         "held",
         "name",
+        "payload_reader",
         "payloads",
         "reader",
         "receipts",
@@ -115,6 +116,7 @@ class Peer:
         self.group: Any = None  # the link: payloads in, answers (and got items) out
         self.ctl: Any = None  # the control group: the peer's requests, in issue order
         self.reader: RequestReader | None = None  # takes them off ``ctl`` for the loop
+        self.payload_reader: PayloadReader | None = None  # put payloads off ``group``
         self.gate: asyncio.Future[None] | None = None  # set once the last request queued up
         self.unacked: dict[int, list[Item]] = {}  # token -> items sent, not acknowledged yet
         # gen -> the unacknowledged items of a link reset while the peer lived: they wait
@@ -122,10 +124,18 @@ class Peer:
         self.held: dict[int, dict[int, list[Item]]] = {}
         self.tokens = Tokens()
         self.payloads = Payloads()
-        # (link, [payloads received on it]): counted by the link's receiving thread,
-        # which sends the receipts (see ChannelWorker._on_payload)
+        # (link, [payloads received on it]): counted where they are read (the loop, or
+        # the link's receiving thread), which sends the receipts (ChannelWorker._payload_in)
         self.receipts: tuple[Any, list[int]] = (None, [0])
         self.syncs: list[tuple[int, asyncio.Future[None]]] = []  # (count, woken at count)
+
+    def count_receipt(self, group: Any) -> int:
+        """One more payload arrived on ``group``, read on the loop: how many so far."""
+        if self.receipts[0] is not group:
+            self.receipts = (group, [0])
+        count = self.receipts[1]
+        count[0] += 1
+        return count[0]
 
     @property
     def seen(self) -> int:

@@ -6,7 +6,7 @@ gets and ``Channel.qsize`` never make a Ray call. Each peer has two collective g
 this worker, named with the peer's link generation:
 
 - the *control group* carries the peer's requests, read in order by a
-  :class:`~p2p_worker._channels.requests.RequestReader` (from the event loop itself
+  :class:`~p2p_worker._channels.readers.RequestReader` (from the event loop itself
   for a same-node peer, else from the group's receiving thread); each request is served
   in turn (it takes its place among the channel's waiters in the order the peer issued
   it, :meth:`ChannelWorker._serve`), so a consumer's gets are served in the order it
@@ -52,6 +52,7 @@ from typing import Any
 import ray
 import torch
 
+from p2p_collective import GroupClosedError
 from p2p_worker._channels.keys import DEFAULT_KEY
 from p2p_worker._channels.lifetime import watch_store
 from p2p_worker._channels.peers import Peer, Tokens
@@ -84,8 +85,8 @@ from p2p_worker._channels.queue import (
     Void,
     item_of,
 )
+from p2p_worker._channels.readers import PayloadReader, RequestReader
 from p2p_worker._channels.replies import Replies
-from p2p_worker._channels.requests import RequestReader
 from p2p_worker._info import WorkerInfo
 from p2p_worker._workers._runtime import WorkerRuntime
 from p2p_worker._workers._untraced import untraced_internals
@@ -157,8 +158,15 @@ class ChannelWorker(WorkerBase):
     def _group(self, peer: Peer) -> Any:
         if peer.group is None:
             me = self.worker_address.get_name()
-            peer.group = self.collective.create_collective_group(
+            group = peer.group = self.collective.create_collective_group(
                 [me, peer.name], group_name=link_group_name(self._spec.uid, peer.name, peer.gen)
+            )
+            gen = peer.gen
+            peer.payload_reader = PayloadReader(
+                self._event_loop(),
+                group,
+                wire_timeout(self._spec.transfer_timeout),
+                lambda credit, obj, exc: self._payload_in(peer, group, gen, credit, obj, exc, True),
             )
         return peer.group
 
@@ -183,6 +191,7 @@ class ChannelWorker(WorkerBase):
                 why,
             )
         peer.group = None
+        payloads, peer.payload_reader = peer.payload_reader, None
         ctl, peer.ctl, peer.gate = peer.ctl, None, None
         if peer.reader is not None:
             peer.reader.stop()
@@ -202,6 +211,8 @@ class ChannelWorker(WorkerBase):
         self._counts["resets"] += 1
         group.close(timeout=0.0)
         self._queue.reset_peer(peer.name)
+        if payloads is not None:  # the payloads still expected on the link never come
+            payloads.fail(GroupClosedError(f"{group.name}: the link was reset"))
 
     def _check_held(self, peer: Peer, gen: int, group: Any, until: float) -> None:
         """Put back the items held for ``peer``'s link ``gen`` once it is known dead or late.
@@ -274,11 +285,11 @@ class ChannelWorker(WorkerBase):
         peer.tokens = Tokens()  # a new handle numbers its calls from 0
         group = self._group(peer)
         timeout = wire_timeout(self._spec.transfer_timeout)
-        for work in (
-            group.send_tensor(torch.empty(0, dtype=torch.uint8), async_op=True, timeout=timeout),
-            group.recv_tensor(torch.empty(0, dtype=torch.uint8), async_op=True, timeout=timeout),
-        ):
-            self._when_done(work, self._finish_hello, peer, group)
+        empty = torch.empty(0, dtype=torch.uint8)
+        sent = group.send_tensor(empty, async_op=True, timeout=timeout)
+        self._when_done(sent, self._finish_hello, peer, group)
+        got = group.recv_tensor(empty, async_op=True, timeout=timeout)
+        self._when_done(got, self._link_open, peer, group)
         me = self.worker_address.get_name()
         ctl: Any = self.collective.create_collective_group(
             [me, peer.name], group_name=control_group_name(self._spec.uid, peer.name, peer.gen)
@@ -299,6 +310,20 @@ class ChannelWorker(WorkerBase):
         exc = work.exception(0)
         if exc is not None:
             self._reset(peer, group, exc)
+
+    def _link_open(self, peer: Peer, group: Any, work: Any) -> None:
+        """The link's receiving side is connected: read payloads from the loop if it can.
+
+        Without a descriptor (gloo) one receive is posted per expected payload instead,
+        starting with those announced meanwhile.
+        """
+        self._finish_hello(peer, group, work)
+        reader = peer.payload_reader
+        if peer.group is not group or reader is None or reader.start():
+            return
+        peer.payload_reader = None
+        for credit in reader.pending():
+            self._post_payload_recv(peer, group, credit)
 
     # -- requests over the control group ----------------------------------------------
 
@@ -533,14 +558,12 @@ class ChannelWorker(WorkerBase):
             self._counts["inline"] += 1
             self._queue.arrived(item_of(inline[0]))
         else:
-            work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
-            self._on_payload(work, peer, group, False)
+            self._expect_payload(peer, group, False)
         lent = self._queue.grant_credits(min(credits, self._credit_cap()))
         for _ in range(lent):
             # An idle producer hands its credits back within a fraction of a second, so
-            # the transfer timeout bounds a credit's receive like any other.
-            work = group.recv(async_op=True, timeout=wire_timeout(self._spec.transfer_timeout))
-            self._on_payload(work, peer, group, True)
+            # the transfer timeout bounds a credit's payload like any other.
+            self._expect_payload(peer, group, True)
         return granted(peer.gen, lent)
 
     def _credit_cap(self) -> int:
@@ -548,36 +571,59 @@ class ChannelWorker(WorkerBase):
         maxsize = self._spec.maxsize
         return MAX_CREDITS if maxsize == 0 else min(MAX_CREDITS, maxsize // 4)
 
-    def _on_payload(self, work: Any, peer: Peer, group: Any, credit: bool) -> None:
-        """Handle the payload receive ``work`` posted on ``peer``'s link ``group``.
+    def _expect_payload(self, peer: Peer, group: Any, credit: bool) -> None:
+        """One more payload of ``peer`` is due on ``group`` (a granted put's or a credit's).
 
-        The receiving thread hands the payload to the loop (:meth:`_finish_payload`) and
+        The link's :class:`PayloadReader` takes it from the event loop; without one (a
+        gloo link) a receive is posted for it.
+        """
+        peer.payloads.post(peer.gen)
+        reader = peer.payload_reader
+        if reader is not None:
+            reader.expect(credit)
+        else:
+            self._post_payload_recv(peer, group, credit)
+
+    def _post_payload_recv(self, peer: Peer, group: Any, credit: bool) -> None:
+        """Post the receive of one expected payload on ``peer``'s link ``group``.
+
+        The receiving thread hands the payload to the loop (:meth:`_payload_in`) and
         then, at once, sends the peer its receipt (``Replies.receipt``), sparing the put
         a turn of the loop: the item is queued before any request that follows the
         receipt, since the loop runs what threads hand it in the order they did.
         """
         gen, loop = peer.gen, self._event_loop()
-        peer.payloads.post(gen)
         if peer.receipts[0] is not group:
             peer.receipts = (group, [0])  # payloads received on this link, counted there
         count = peer.receipts[1]
 
         def received(w: Any) -> None:
-            loop.call_soon_threadsafe(self._finish_payload, peer, group, gen, credit, w)
-            if w.exception(0) is None:
+            exc = w.exception(0)
+            obj = None if exc is not None else w.wait(0)
+            loop.call_soon_threadsafe(self._payload_in, peer, group, gen, credit, obj, exc)
+            if exc is None:
                 count[0] += 1  # only this thread (the link's receiving one) counts
                 self._replies.receipt(peer, group, count[0])
 
-        work._add_done_callback(received)
+        timeout = wire_timeout(self._spec.transfer_timeout)
+        group.recv(async_op=True, timeout=timeout)._add_done_callback(received)
 
-    def _finish_payload(self, peer: Peer, group: Any, gen: int, credit: bool, work: Any) -> None:
-        """A payload receive of ``peer``'s link ``gen`` ended: queue its item, or free the slot.
+    def _payload_in(
+        self,
+        peer: Peer,
+        group: Any,
+        gen: int,
+        credit: bool,
+        obj: Any,
+        exc: BaseException | None,
+        receipt: bool = False,
+    ) -> None:
+        """A payload of ``peer``'s link ``gen`` came (``obj``) or failed: queue or free.
 
-        ``credit``: the receive was posted for a lent credit, else for a granted put.
+        ``credit``: it was due for a lent credit, else for a granted put. ``receipt``:
+        send the peer its receipt from here (the payload was read on the loop).
         """
-        exc = work.exception(0)
         peer.payloads.done(gen, exc is None)
-        obj = None if exc is not None else work.wait(0)
         queue = self._queue
         if exc is None and not isinstance(obj, Void):
             self._counts["puts"] += 1
@@ -590,8 +636,10 @@ class ChannelWorker(WorkerBase):
             (queue.credit_returned if credit else queue.arrival_failed)()
         if exc is not None:
             self._reset(peer, group, exc)
-        else:
-            self._seen(peer, group)
+            return
+        if receipt and peer.group is group:
+            self._replies.receipt(peer, group, peer.count_receipt(group))
+        self._seen(peer, group)
 
     def _seen(self, peer: Peer, group: Any) -> None:
         """One more payload of ``peer`` arrived on ``group``: wake the calls waiting for it."""
@@ -738,6 +786,9 @@ class ChannelWorker(WorkerBase):
             if peer.reader is not None:
                 peer.reader.stop()
                 peer.reader = None
+            if peer.payload_reader is not None:
+                peer.payload_reader.stop()
+                peer.payload_reader = None
             for group in (peer.group, peer.ctl):
                 if group is not None:
                     group.close(timeout=0.0)
