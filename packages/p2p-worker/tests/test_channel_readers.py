@@ -11,7 +11,7 @@ import asyncio
 import datetime
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import pytest
@@ -101,25 +101,36 @@ def test_expected_payloads_come_in_order_large_ones_included(
     assert all(_same(obj, want) for (_, obj, _), want in zip(got, sent, strict=True))
 
 
+def _two_expected(
+    rx: CollectiveGroup,
+    timeout: float,
+    act: Callable[[], None],
+    credits: tuple[bool, bool] = (False, True),
+) -> tuple[list[tuple[bool, Any, Any]], float]:
+    """Expect two payloads on ``rx``, run ``act`` (in a thread); what came, and when."""
+
+    async def main() -> tuple[list[tuple[bool, Any, Any]], float]:
+        loop = asyncio.get_running_loop()
+        got: list[tuple[bool, Any, Any]] = []
+        reader = PayloadReader(loop, rx, timeout, lambda *a: got.append(a))
+        assert reader.start()
+        t0 = time.monotonic()
+        for credit in credits:
+            reader.expect(credit)
+        await loop.run_in_executor(None, act)
+        while len(got) < 2 and time.monotonic() - t0 < 10:
+            await asyncio.sleep(0.02)
+        return got, time.monotonic() - t0
+
+    return asyncio.run(main())
+
+
 @pytest.mark.parametrize("pair", [True], indirect=True, ids=["shm"])
 def test_a_late_payload_fails_every_expected_one_after_the_timeout(
     pair: tuple[CollectiveGroup, CollectiveGroup],
 ) -> None:
     tx, rx = pair
-
-    async def main() -> tuple[list[tuple[bool, Any, Any]], float]:
-        loop = asyncio.get_running_loop()
-        got: list[tuple[bool, Any, Any]] = []
-        reader = PayloadReader(loop, rx, 0.5, lambda *a: got.append(a))
-        assert reader.start()
-        t0 = time.monotonic()
-        reader.expect(False)
-        reader.expect(True)
-        while len(got) < 2 and time.monotonic() - t0 < 10:
-            await asyncio.sleep(0.02)
-        return got, time.monotonic() - t0
-
-    got, elapsed = asyncio.run(main())
+    got, elapsed = _two_expected(rx, 0.5, lambda: None)
     assert [(credit, obj) for credit, obj, _ in got] == [(False, None), (True, None)]
     assert all(isinstance(exc, CollectiveTimeoutError) for _, _, exc in got)
     assert "did not arrive within 0.5 s" in str(got[0][2])
@@ -135,22 +146,12 @@ def test_the_sender_closing_fails_the_expected_payloads_at_once(
 ) -> None:
     tx, rx = pair
 
-    async def main() -> tuple[list[tuple[bool, Any, Any]], float]:
-        loop = asyncio.get_running_loop()
-        got: list[tuple[bool, Any, Any]] = []
-        reader = PayloadReader(loop, rx, 60.0, lambda *a: got.append(a))
-        assert reader.start()
-        reader.expect(True)
-        reader.expect(False)
+    def send_one_then_close() -> None:
         tx.send(("one",), timeout=30)
-        await asyncio.sleep(0.2)
-        t0 = time.monotonic()
+        time.sleep(0.2)
         tx.close()
-        while len(got) < 2 and time.monotonic() - t0 < 10:
-            await asyncio.sleep(0.02)
-        return got, time.monotonic() - t0
 
-    got, elapsed = asyncio.run(main())
+    got, elapsed = _two_expected(rx, 60.0, send_one_then_close, credits=(True, False))
     assert got[0] == (True, ("one",), None)
     assert got[1][:2] == (False, None)
     assert isinstance(got[1][2], PeerError)

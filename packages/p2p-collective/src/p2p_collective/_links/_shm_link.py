@@ -280,18 +280,22 @@ class ShmLink:
                 raise _Eof
             view = view[got:]
 
+    def _out_of_step(self, kind: int, n: int, size: int) -> FramingError:
+        """A message that does not fit the receive: hang up (the sender fails at once)."""
+        self._unusable = "an earlier message did not fit the receive posted for it"
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        return FramingError(
+            f"message from {self.peer!r}: {n} bytes (kind {kind}) for a receive of"
+            f" {size} bytes; the two sides' calls are not paired (for instance"
+            " send_tensor() answered by recv())"
+        )
+
     def _recv(self, dst: torch.Tensor, deadline: float | None) -> None:
         self._recv_into(memoryview(self._ctrl), deadline)
         kind, n = _CTRL.unpack(self._ctrl)
         if kind not in (_INLINE, _SHM) or n > dst.numel():
-            self._unusable = "an earlier message did not fit the receive posted for it"
-            with contextlib.suppress(OSError):  # the sender fails at once instead of hanging
-                self._sock.shutdown(socket.SHUT_RDWR)
-            raise FramingError(
-                f"message from {self.peer!r}: {n} bytes (kind {kind}) for a receive of"
-                f" {dst.numel()} bytes; the two sides' calls are not paired (for instance"
-                " send_tensor() answered by recv())"
-            )
+            raise self._out_of_step(kind, n, dst.numel())
         if kind == _INLINE:
             if n:
                 self._recv_into(dst.numpy().data[:n], deadline)
@@ -387,13 +391,7 @@ class ShmLink:
         if kind == _SHM:
             return NOT_INLINE
         if kind != _INLINE or n > len(view):
-            self._unusable = "an earlier message did not fit the receive posted for it"
-            with contextlib.suppress(OSError):  # the sender fails at once instead of hanging
-                self._sock.shutdown(socket.SHUT_RDWR)
-            raise FramingError(
-                f"message from {self.peer!r}: {n} bytes (kind {kind}) for a receive of"
-                f" {len(view)} bytes; the two sides' calls are not paired"
-            )
+            raise self._out_of_step(kind, n, len(view))
         return n if got >= _CTRL.size + n else NOT_ARRIVED
 
     def _drop(self, nb: socket.socket, view: memoryview, n: int) -> int:
