@@ -414,25 +414,28 @@ class CollectiveGroup:
             FramingError: The stream is out of step; the receive direction is broken.
             GroupBrokenError, GroupClosedError: As for :meth:`recv`.
         """
-        link = self._recv.link
-        if link is None or link.fileno() is None:
-            raise CollectiveError(
-                f"p2p[{self.name}]: recv_nowait() needs a link with a descriptor"
-                " (recv_fileno() is None: not connected yet, or a gloo link)"
-            )
+        side = self._recv
+        if side.nowait is None:  # checked once: a link keeps its descriptor
+            link = side.link
+            if link is None or link.fileno() is None:
+                raise CollectiveError(
+                    f"p2p[{self.name}]: recv_nowait() needs a link with a descriptor"
+                    " (recv_fileno() is None: not connected yet, or a gloo link)"
+                )
+            scratch = torch.zeros(HEADER_MAX, dtype=torch.uint8)
+            side.nowait = (scratch, scratch.numpy().data)
         life = self._life
         gone = None if life is None else life.gone
         if gone is not None:
             raise dead_error(self.peer_name, f"p2p[{self.name}]: recv_nowait()", gone)
-        ran, got = self._recv.direction.run_if_idle(self._do_recv_nowait, "recv_nowait()")
+        ran, got = side.direction.run_if_idle(self._do_recv_nowait, "recv_nowait()")
         return got if ran else Unready.EMPTY
 
     def _do_recv_nowait(self, deadline: float | None) -> Any:
         side = self._recv
-        link = side.ensure_link(deadline)
-        if side.nowait is None:
-            scratch = torch.zeros(HEADER_MAX, dtype=torch.uint8)
-            side.nowait = (scratch, scratch.numpy().data)
+        link = side.link
+        assert link is not None  # recv_nowait checked the link and made the buffer
+        assert side.nowait is not None
         buf, view = side.nowait
         n = link.peek_message(view)
         if n == -1:
