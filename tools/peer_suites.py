@@ -151,7 +151,7 @@ KNOWN_FAILURES = {
     "rlinf": {},
 }
 
-PLUGIN = '''"""Fixtures Ray's collective tests expect from Ray's own test utilities (not in the wheel).
+PLUGIN = '''"""Fixtures Ray's collective tests take from Ray's test utilities (not in its wheel).
 
 Written by p2p's tools/peer_suites.py. Everything binds to loopback with a short temp dir.
 """
@@ -222,15 +222,13 @@ class Counts:
 
     @property
     def total(self) -> int:
+        """Every case of the file."""
         return self.passed + self.failed + self.errors + self.skipped
 
 
 def suite_source(suite: Suite, checkout: str | None) -> Path:
     """The folder holding the suite's files: a peer checkout, or the shared copies."""
-    if checkout:
-        src = Path(checkout).resolve() / suite.checkout_dir
-    else:
-        src = SHARED / suite.shared_dir
+    src = Path(checkout).resolve() / suite.checkout_dir if checkout else SHARED / suite.shared_dir
     missing = [f for f in suite.files if not (src / f).is_file()]
     if missing:
         where = "--" + suite.name + "-checkout" if checkout else str(SHARED)
@@ -400,13 +398,11 @@ def report(suite: Suite, per_file: dict[str, Counts], subset: str | None) -> tup
         total.failed += c.failed
         total.errors += c.errors
         total.skipped += c.skipped
-    print(
-        f"  {'total':<34} {total.total:>5} {total.passed:>5} {total.failed:>5} {total.errors:>5} {total.skipped:>5}"
-    )
+    t = total
+    print(f"  {'total':<34} {t.total:>5} {t.passed:>5} {t.failed:>5} {t.errors:>5} {t.skipped:>5}")
     scope = f" (subset {subset!r}: the peer's figure is for every case)" if subset else ""
-    print(
-        f"  {suite.name} itself passes {suite.peer_passes} of {suite.peer_total}; p2p passes {total.passed}{scope}"
-    )
+    peer = f"{suite.name} itself passes {suite.peer_passes} of {suite.peer_total}"
+    print(f"  {peer}; p2p passes {total.passed}{scope}")
     unexpected: list[str] = []
     for name in sorted(per_file):
         for case_id, message in per_file[name].failures:
