@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -86,14 +87,25 @@ def test_cli_down_cleans_up_after_an_owner_that_was_killed(
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
 def test_check_support_names_the_reason_when_not_root(netns_harness: ModuleType) -> None:
+    # User nobody may not be able to read the clone (a 0700 home or mktemp -d folder): it
+    # runs a world-readable copy of the harness, with the interpreter the venv links to.
+    where = Path(tempfile.mkdtemp(prefix="p2p-nobody-"))
+    where.chmod(0o755)
+    copy = where / TOOL.name
+    shutil.copyfile(TOOL, copy)
+    copy.chmod(0o644)
     code = (
         "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('netns_cluster', {str(TOOL)!r})\n"
+        f"spec = importlib.util.spec_from_file_location('netns_cluster', {str(copy)!r})\n"
         "m = importlib.util.module_from_spec(spec); sys.modules['netns_cluster'] = m\n"
         "spec.loader.exec_module(m); print(m.check_support())\n"
     )
-    argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c"]
-    proc = subprocess.run([*argv, code], capture_output=True, text=True, timeout=60, cwd="/")
+    python = os.path.realpath(sys.executable)
+    argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c"]
+    try:
+        proc = subprocess.run([*argv, code], capture_output=True, text=True, timeout=60, cwd="/")
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr
     assert "needs root" in proc.stdout
     assert os.geteuid() == 0  # we, the test process, are root (netns_harness did not skip)
