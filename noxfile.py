@@ -285,6 +285,15 @@ def multinode(session: nox.Session) -> None:
     run("pytest", *paths, env=short_tmp_env())
 
 
+@nox.session(python=False)
+def peers(session: nox.Session) -> None:
+    """Ray's and RLinf's own test files against p2p, only their imports changed."""
+    # tools/peer_suites.py takes the files from ../shared/peer-suites or from peer
+    # checkouts (--ray-checkout, --rlinf-checkout); ci passes --ci (a subset of Ray's).
+    run = shared_stack(session)
+    run("python", str(ROOT / "tools" / "peer_suites.py"), *session.posargs, env=short_tmp_env())
+
+
 @nox.session
 def demo(session: nox.Session) -> None:
     """The README's main job: p2p-bench on an embedded local Ray cluster."""
@@ -321,7 +330,7 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
-    """What .ci/run runs: lint, types, unit, compress-only, integration, multinode, docs."""
+    """What .ci/run runs: lint, types, unit, compress-only, integration, multinode, peers, docs."""
     # Few venvs on disk at a time (see pruned and SHARED_STACK); P2P_NOX_PRUNE_VENVS=0 keeps
     # them for reuse.
     os.environ.setdefault(PRUNE_ENV, "1")
@@ -332,6 +341,7 @@ def ci(session: nox.Session) -> None:
     # tests(package='compress') would only repeat them.
     names += ["tests(package='asyncwork')", "compress_alone", "tests(package='collective')"]
     # These share one venv; docs comes last and removes it.
-    names += ["tests(package='worker')", "integration(device='cpu')", "multinode", "docs"]
+    names += ["tests(package='worker')", "integration(device='cpu')", "multinode", "peers"]
+    names += ["docs"]
     for name in names:
-        session.notify(name)
+        session.notify(name, posargs=["--ci"] if name == "peers" else None)

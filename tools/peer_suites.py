@@ -16,6 +16,7 @@ Usage::
     python tools/peer_suites.py                    # both suites, every case
     python tools/peer_suites.py ray --subset ci    # the first case of each Ray test
     python tools/peer_suites.py rlinf --check      # exit 1 if an unexpected case fails
+    python tools/peer_suites.py --ci               # what `nox -s ci` runs (see CI_SUBSETS)
 
 ``--check`` fails the run when a case fails that is not listed in ``KNOWN_FAILURES`` (the
 cases that fail on the peer itself, or that read a peer-private attribute, each with its
@@ -150,6 +151,12 @@ KNOWN_FAILURES = {
     },
     "rlinf": {},
 }
+
+# What ``--ci`` runs (``nox -s ci``), per suite: RLinf's three files whole, and of Ray's
+# 159 cases the first parametrization of each test function (every function of every
+# file, each once: about a quarter of the cases and of the 12-20 minutes the whole takes
+# on a 2-core machine).
+CI_SUBSETS: dict[str, str | None] = {"ray": "ci", "rlinf": None}
 
 PLUGIN = '''"""Fixtures Ray's collective tests take from Ray's test utilities (not in its wheel).
 
@@ -341,8 +348,9 @@ def run_suite(suite: Suite, args: argparse.Namespace) -> tuple[dict[str, Counts]
         tmp = env.setdefault("P2P_RAY_TMPDIR", "/tmp/p2pray")
         env.setdefault("RAY_TMPDIR", tmp)
         os.makedirs(tmp, exist_ok=True)
-        if args.subset:
-            env["P2P_PEER_SUBSET"] = args.subset
+        subset = subset_of(suite, args)
+        if subset:
+            env["P2P_PEER_SUBSET"] = subset
         else:
             env.pop("P2P_PEER_SUBSET", None)
         targets = [f for f in suite.files if Path(f).name.startswith("test_")]
@@ -386,6 +394,11 @@ def run_suite(suite: Suite, args: argparse.Namespace) -> tuple[dict[str, Counts]
             print(f"   kept {work}")
 
 
+def subset_of(suite: Suite, args: argparse.Namespace) -> str | None:
+    """The subset of ``suite`` this run takes (``--ci`` decides per suite)."""
+    return CI_SUBSETS[suite.name] if args.ci else args.subset
+
+
 def report(suite: Suite, per_file: dict[str, Counts], subset: str | None) -> tuple[int, list[str]]:
     """Print the per-file table; return our passes and the unexpected failures."""
     print(f"\n{suite.name}: per file (ours)")
@@ -425,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
         "--rlinf-checkout", help="a checkout of RLinf/RLinf to take RLinf's files from"
     )
     parser.add_argument("--subset", choices=["ci"], help="ci: the first case of each test function")
+    parser.add_argument(
+        "--ci", action="store_true", help="both suites as CI_SUBSETS says, with --check"
+    )
     parser.add_argument("--files", nargs="*", help="only these test files (stem or name)")
     parser.add_argument("-k", help="pytest -k expression")
     parser.add_argument("--python", default=sys.executable, help="interpreter with p2p installed")
@@ -451,13 +467,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         suite = SUITES[name]
         per_file, changes = run_suite(suite, args)
-        passed, unexpected = report(suite, per_file, args.subset)
+        passed, unexpected = report(suite, per_file, subset_of(suite, args))
         bad += unexpected
         results[name] = {
             "peer_passes": suite.peer_passes,
             "peer_total": suite.peer_total,
             "passed": passed,
-            "subset": args.subset,
+            "subset": subset_of(suite, args),
             "changes": changes,
             "files": {
                 f: {
@@ -473,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     if args.json:
         args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
-    if args.check and bad:
+    if (args.check or args.ci) and bad:
         print(f"\npeer_suites: {len(bad)} case(s) failed that are not known failures")
         return 1
     return 0
