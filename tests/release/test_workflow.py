@@ -164,9 +164,11 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.notified: list[str] = []
+        self.posargs: dict[str, list[str] | None] = {}
 
-    def notify(self, name: str) -> None:
+    def notify(self, name: str, posargs: list[str] | None = None) -> None:
         self.notified.append(name)
+        self.posargs[name] = posargs
 
 
 def test_ci_session_runs_multinode_and_the_compress_only_install(
@@ -180,6 +182,8 @@ def test_ci_session_runs_multinode_and_the_compress_only_install(
     assert set(recorder.notified) <= sessions
     for name in ("lint", "compress_alone", "integration(device='cpu')", "multinode", "docs"):
         assert name in recorder.notified
+    # The peers' own test files, with the runner's CI selection (and its check).
+    assert recorder.posargs["peers"] == ["--ci"]
     for pkg in ("asyncwork", "compress", "collective", "worker"):
         assert f"typecheck(package='{pkg}')" in recorder.notified
     assert recorder.notified[-1] == "docs"  # it removes the shared venv the others use
