@@ -195,3 +195,30 @@ def test_a_frame_that_waited_for_a_late_receiver_is_not_held_again(
     assert got["got"] == [0, 1, 2, 3, 4]
     assert took_send < 0.2, took_send
     assert got["took"] < 0.2, got["took"]
+
+
+@pytest.mark.parametrize("egress", ["link", "process"])
+def test_a_senders_links_share_its_egress_only_under_egress_process(
+    peers: PeerPair, gname: str, egress: str
+) -> None:
+    # One sender, two receivers, 4 MiB each at 100 Mbit/s (0.34 s a link). With a clock
+    # per link the two transfers overlap; with one egress (a NIC) they take twice as long.
+    payload = wt.random_bytes(4 * MiB)
+    cluster = emulated(100, 0)
+    cluster["net_emulation"]["egress"] = egress
+    one = expected_seconds(4 * MiB, 100, 0)
+    took = float("inf")
+    for attempt in range(ATTEMPTS):
+        tag = f"{gname}-{attempt}"
+        t0, got = peers.run(
+            wt.t_star_send, (tag, cluster, payload, 2), wt.t_star_recv, (tag, cluster, 2)
+        )
+        assert all(torch.equal(payload, t) for t in got["got"])
+        took = got["t1"] - t0
+        if egress == "process":
+            assert took >= 0.9 * 2 * one, (took, one)  # never faster than one NIC allows
+            break
+        if took <= 1.3 * one:
+            break
+    if egress == "link":
+        assert took <= 1.3 * one, (took, one)  # the best attempt: both links at once

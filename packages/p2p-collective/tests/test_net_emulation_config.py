@@ -186,3 +186,40 @@ def test_clock_id_names_this_kernel() -> None:
     if sys.platform == "linux":
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             assert cid == "boot:" + f.read().strip()
+
+
+def test_egress_is_parsed_checked_and_round_trips() -> None:
+    cfg = parse_net_emulation({"bandwidth_mbps": 1000, "egress": "process"})
+    assert cfg == NetEmulationConfig(1000.0, 0.0, (), "process")
+    assert cfg is not None
+    assert cfg.to_dict()["egress"] == "process"
+    assert parse_net_emulation(cfg.to_dict()) == cfg
+    assert "egress" not in NetEmulationConfig(1000.0).to_dict()  # the default stays implicit
+    with pytest.raises(ConfigError, match=r"cluster\.net_emulation\.egress.*'link'.*'process'"):
+        parse_net_emulation({"egress": "node"})
+    with pytest.raises(ConfigError, match="egress"):
+        NetEmulationConfig(1000.0, egress="nic")
+
+
+def test_links_of_one_sender_share_its_egress_under_egress_process() -> None:
+    # 8 Mbit/s: 10_000 bytes take 10 ms. Two links of one sender, a frame each, ready at
+    # once: with one egress the second starts when the first has left (arrives at 20 ms);
+    # with a clock per link both arrive at 10 ms.
+    shared = NetEmulationConfig(8.0, 0.0, (), "process")
+    a = LinkPacer.create(shared, "hub-egress-test", "spoke0")
+    b = LinkPacer.create(shared, "hub-egress-test", "spoke1")
+    other = LinkPacer.create(shared, "another-sender", "spoke0")
+    assert a is not None
+    assert b is not None
+    assert other is not None
+    ready = time.monotonic()
+    arrivals = [release(p, [10_000], ready, None)[1] * 1e-9 - ready for p in (a, b, other)]
+    assert arrivals == pytest.approx([0.01, 0.02, 0.01], abs=1e-3)
+    per_link = NetEmulationConfig(8.0, 0.0, ())
+    c = LinkPacer.create(per_link, "hub-egress-test2", "spoke0")
+    d = LinkPacer.create(per_link, "hub-egress-test2", "spoke1")
+    assert c is not None
+    assert d is not None
+    ready = time.monotonic()
+    arrivals = [release(p, [10_000], ready, None)[1] * 1e-9 - ready for p in (c, d)]
+    assert arrivals == pytest.approx([0.01, 0.01], abs=1e-3)

@@ -405,3 +405,44 @@ def t_late_recv(
     g.send("done")
     close(tag)
     return {"got": got, "took": took}
+
+
+def t_star_send(
+    ctx: PeerContext, tag: str, cluster: dict[str, Any], payload: torch.Tensor, n: int
+) -> float:
+    """One sender sends ``payload`` to ``n`` receivers at once; return when it started."""
+    hub = Collective(f"hub/{tag}", ctx.store, config=config_from(cluster), timeout=30)
+    groups = [hub.create_collective_group([f"hub/{tag}", f"spoke{i}/{tag}"]) for i in range(n)]
+    for g in groups:
+        g.send("warm-up", timeout=60)
+    ctx.barrier(tag + "/go")
+    t0 = time.monotonic()
+    works = [g.send(payload, async_op=True, timeout=120) for g in groups]
+    for w in works:
+        w.wait(timeout=120)
+    for g in groups:
+        assert g.recv(timeout=60) == "done"
+    hub.close()
+    return t0
+
+
+def t_star_recv(ctx: PeerContext, tag: str, cluster: dict[str, Any], n: int) -> dict[str, Any]:
+    """``n`` receivers (a Collective each) take one payload each; the last arrival time."""
+    spokes = [
+        Collective(f"spoke{i}/{tag}", ctx.store, config=config_from(cluster), timeout=30)
+        for i in range(n)
+    ]
+    groups = [
+        c.create_collective_group([f"spoke{i}/{tag}", f"hub/{tag}"]) for i, c in enumerate(spokes)
+    ]
+    for g in groups:
+        assert g.recv(timeout=60) == "warm-up"
+    works = [g.recv(async_op=True, timeout=120) for g in groups]
+    ctx.barrier(tag + "/go")
+    got = [w.wait(timeout=120) for w in works]
+    t1 = time.monotonic()
+    for g in groups:
+        g.send("done")
+    for c in spokes:
+        c.close()
+    return {"t1": t1, "got": got}

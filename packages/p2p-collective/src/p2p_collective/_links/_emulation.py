@@ -19,6 +19,14 @@ sender can build up while its real transport was blocked.
 Receiver (:class:`ArrivalGate`): holds each message of such a frame until its emulated
 arrival (header arrival plus the bytes after the header at the link's byte time) before
 the frame is decoded or returned.
+
+Egress (``egress: process``): a real NIC sends one frame at a time, so a process that
+sends to N peers at once shares its bandwidth among them. With ``egress: link`` (the
+default) every directed link has a clock of its own, as if each had its own NIC; with
+``egress: process`` the links of one sender name (one :class:`Collective`, one process in
+a job) share one :class:`Egress` clock: a frame starts when the sender's egress is free,
+whichever link it goes to. Each frame still takes its own link's byte time, so give the
+links of one sender the same bandwidth (the NIC's) for a faithful model.
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ import math
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, GroupClosedError
 from p2p_collective._frames._framing import patch_arrival
@@ -41,7 +50,9 @@ EMULATED_WINDOW_BYTES = 4 * 1024 * 1024
 """Bytes a sender may have in flight on an emulated link before a send blocks (a socket
 buffer's worth); also the most it lets through at once after its sender was held up."""
 
-_SECTION_KEYS = ("enabled", "bandwidth_mbps", "delay_ms", "links")
+_SECTION_KEYS = ("enabled", "bandwidth_mbps", "delay_ms", "links", "egress")
+EGRESS_MODES = ("link", "process")
+"""``net_emulation.egress``: a clock per directed link, or one per sender (see the module)."""
 _LINK_KEYS = ("src", "dst", "bandwidth_mbps", "delay_ms")
 
 
@@ -63,6 +74,13 @@ def _delay(value: object, path: str) -> float:
     if math.isnan(value) or math.isinf(value) or value < 0:
         raise _fail(path, value, allowed)
     return float(value)
+
+
+def _egress(value: object, path: str) -> str:
+    if value not in EGRESS_MODES:
+        raise _fail(path, value, "'link' (a clock per directed link) or 'process' (one per sender)")
+    assert isinstance(value, str)
+    return value
 
 
 def _pattern(value: object, path: str) -> str:
@@ -117,6 +135,8 @@ class NetEmulationConfig:
         delay_ms: Default one-way delay of every directed link, in milliseconds.
         links: Per-link overrides; the first whose ``src`` / ``dst`` patterns match a
             link's sender and receiver names gives that link's bandwidth and delay.
+        egress: ``"link"``: every directed link has its own clock; ``"process"``: the
+            links of one sender share one egress, as a process's links share its NIC.
 
     Example:
         >>> cfg = NetEmulationConfig(1000.0, 0.5, (LinkEmulation("actor:*", "*", 100.0, 5.0),))
@@ -129,10 +149,12 @@ class NetEmulationConfig:
     bandwidth_mbps: float | None = None
     delay_ms: float = 0.0
     links: tuple[LinkEmulation, ...] = ()
+    egress: str = "link"
 
     def __post_init__(self) -> None:
         _bandwidth(self.bandwidth_mbps, "bandwidth_mbps")
         _delay(self.delay_ms, "delay_ms")
+        _egress(self.egress, "egress")
         object.__setattr__(self, "links", tuple(self.links))
         for i, link in enumerate(self.links):
             if not isinstance(link, LinkEmulation):
@@ -154,6 +176,8 @@ class NetEmulationConfig:
         }
         if self.links:
             out["links"] = [link.to_dict() for link in self.links]
+        if self.egress != "link":
+            out["egress"] = self.egress
         return out
 
 
@@ -163,10 +187,11 @@ def parse_net_emulation(
     """Parse the ``net_emulation`` section.
 
     Keys: ``enabled`` (default true), ``bandwidth_mbps`` (default null: unlimited),
-    ``delay_ms`` (default 0) and ``links``, a list of overrides ``{src, dst,
+    ``delay_ms`` (default 0), ``links``, a list of overrides ``{src, dst,
     bandwidth_mbps, delay_ms}`` where ``src`` / ``dst`` are ``fnmatch`` patterns of the
     sender's and receiver's names (default ``"*"``) and an omitted bandwidth or delay
-    inherits the section's. The first matching override wins.
+    inherits the section's (the first matching override wins), and ``egress``
+    (default ``"link"``; ``"process"``: a sender's links share one egress, see the module).
 
     Args:
         section: The section as a plain dict, or None.
@@ -215,7 +240,8 @@ def parse_net_emulation(
                 delay_ms=_delay(entry.get("delay_ms", delay), f"{where}.delay_ms"),
             )
         )
-    return NetEmulationConfig(bandwidth, delay, tuple(links)) if enabled else None
+    egress = _egress(sec.get("egress", "link"), f"{path}.egress")
+    return NetEmulationConfig(bandwidth, delay, tuple(links), egress) if enabled else None
 
 
 def clock_id() -> str:
@@ -274,6 +300,32 @@ def _hold(closed: threading.Event, until: float, deadline: float | None, what: s
     return slept
 
 
+class Egress:
+    """When a sender's emulated egress is next free: the clock its links' pacers share.
+
+    One per sender name and process under ``egress: process`` (:meth:`of`); a pacer of
+    its own under ``egress: link``. Sending threads of several groups schedule on it under
+    its lock.
+    """
+
+    _shared: ClassVar[weakref.WeakValueDictionary[str, Egress]] = weakref.WeakValueDictionary()
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self) -> None:
+        self.free_at = 0.0
+        self.lock = threading.Lock()
+
+    @classmethod
+    def of(cls, sender: str) -> Egress:
+        """The egress shared by every link of ``sender`` in this process."""
+        with cls._shared_lock:
+            egress = cls._shared.get(sender)
+            if egress is None:
+                egress = cls()
+                cls._shared[sender] = egress
+            return egress
+
+
 class LinkPacer:
     """The virtual clock of one emulated directed link, used by its sending thread only.
 
@@ -289,10 +341,16 @@ class LinkPacer:
         name: The link, for error messages.
         window_bytes: Emulated bytes in flight before a send blocks; also bounds the
             credit built up while the real transport was held up.
+        egress: The clock shared with the sender's other links (``egress: process``),
+            or None for a clock of this link's own.
     """
 
     def __init__(
-        self, link: LinkEmulation, name: str, window_bytes: int = EMULATED_WINDOW_BYTES
+        self,
+        link: LinkEmulation,
+        name: str,
+        window_bytes: int = EMULATED_WINDOW_BYTES,
+        egress: Egress | None = None,
     ) -> None:
         self.name = name
         self.bandwidth_mbps = link.bandwidth_mbps
@@ -305,7 +363,7 @@ class LinkPacer:
         self._window_bytes = window_bytes
         self._window_s = window_bytes * self._byte_s
         self._credit_s = self._delay_s + self._window_s
-        self._free_at = 0.0
+        self._egress = egress if egress is not None else Egress()
         self._closed = threading.Event()
         self.slept_seconds = 0.0
 
@@ -317,7 +375,8 @@ class LinkPacer:
         link = config.for_link(src, dst)
         if link.bandwidth_mbps is None and link.delay_ms == 0:
             return None
-        return cls(link, f"{src} -> {dst}")
+        egress = Egress.of(src) if config.egress == "process" else None
+        return cls(link, f"{src} -> {dst}", egress=egress)
 
     def transfer_seconds(self, nbytes: int) -> float:
         """What ``nbytes`` take on this link alone: ``8 * nbytes / bandwidth + delay``."""
@@ -348,12 +407,14 @@ class LinkPacer:
                 (the pacer waits until the deadline first).
             GroupClosedError: :meth:`close` was called.
         """
-        now = time.monotonic()
-        start = max(ready, self._free_at, now - self._credit_s)
-        first = start + sizes[0] * self._byte_s + self._delay_s
-        self._free_at = start + sum(sizes) * self._byte_s
+        egress = self._egress
+        with egress.lock:
+            now = time.monotonic()
+            start = max(ready, egress.free_at, now - self._credit_s)
+            first = start + sizes[0] * self._byte_s + self._delay_s
+            free_at = egress.free_at = start + sum(sizes) * self._byte_s
         slept = _hold(
-            self._closed, self._free_at - self._window_s, deadline, f"emulated link {self.name}"
+            self._closed, free_at - self._window_s, deadline, f"emulated link {self.name}"
         )
         self.slept_seconds += slept
         if header is not None:
@@ -387,12 +448,14 @@ class LinkPacer:
         Raises:
             CollectiveTimeoutError, GroupClosedError: As :meth:`release`.
         """
-        now = time.monotonic()
-        start = max(ready, self._free_at, now - self._credit_s)
-        self._free_at = start + nbytes * self._byte_s
-        end = self._free_at + self._delay_s
+        egress = self._egress
+        with egress.lock:
+            now = time.monotonic()
+            start = max(ready, egress.free_at, now - self._credit_s)
+            free_at = egress.free_at = start + nbytes * self._byte_s
+        end = free_at + self._delay_s
         slept = _hold(
-            self._closed, self._free_at - self._window_s, deadline, f"emulated link {self.name}"
+            self._closed, free_at - self._window_s, deadline, f"emulated link {self.name}"
         )
         self.slept_seconds += slept
         hold = min(max(math.ceil((end - time.monotonic()) * 1e6), 0), (1 << 32) - 1)
