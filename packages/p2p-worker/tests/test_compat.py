@@ -187,3 +187,36 @@ def test_two_members_without_ray_say_what_is_missing() -> None:
     ).stdout
     assert out.startswith("RayCollectiveError"), out
     assert "ray.init()" in out, out
+
+
+def test_read_only_arrays_keep_every_other_check() -> None:
+    # Writing into a read-only array is allowed (as in Ray, with one warning per process,
+    # see tests/integration/test_ray_collective_readonly.py); the other checks stay.
+    col.init_collective_group(1, 0, "gloo", "unit-ro", gloo_timeout=40000)
+    try:
+        assert col.get_group_handle("unit-ro").gloo_timeout == 40000
+        strided = np.zeros((4, 4), dtype=np.float32)[:, 1]
+        strided.flags.writeable = False
+        with pytest.raises(ValueError, match="non-contiguous") as info:
+            col.reducescatter(strided, [np.ones(4, dtype=np.float32)], "unit-ro")
+        assert isinstance(info.value, col.CollectiveArgumentError)
+        objects = np.array([None, None], dtype=object)
+        objects.flags.writeable = False
+        with pytest.raises(ValueError, match="dtype"):
+            col.reducescatter(objects, [np.ones(2, dtype=np.float32)], "unit-ro")
+        # read, not written: neither our warning nor torch's (warnings are errors here)
+        source = np.array([3.0, 4.0], dtype=np.float32)
+        source.flags.writeable = False
+        out = np.zeros(2, dtype=np.float32)
+        col.reducescatter(out, [source], "unit-ro")
+        col.broadcast(source, 0, "unit-ro")
+        col.allreduce(source, "unit-ro")
+        assert out.tolist() == [3.0, 4.0]
+        assert source.tolist() == [3.0, 4.0]
+    finally:
+        col.destroy_collective_group("unit-ro")
+    col.init_collective_group(1, 0, "gloo", "unit-ro", gloo_timeout=0)
+    try:
+        assert col.get_group_handle("unit-ro").gloo_timeout is None  # 0: no limit
+    finally:
+        col.destroy_collective_group("unit-ro")

@@ -8,6 +8,9 @@ here are all of those plus a p2p type (see :mod:`p2p_worker._raycoll._errors`).
 
 from __future__ import annotations
 
+import sys
+import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -17,8 +20,16 @@ from p2p_collective import as_tensor
 from p2p_worker._raycoll._errors import (
     CollectiveArgumentError,
     GroupSpecError,
+    ReadOnlyArrayWarning,
     TensorTypeError,
 )
+
+_TORCH_READ_ONLY = "The given NumPy array is not writable"
+"""The start of torch's own warning at ``torch.from_numpy`` of a read-only array."""
+_OUR_MODULES = ("p2p_worker._raycoll", "p2p_worker.compat")
+
+_warned_lock = threading.Lock()
+_warned = False
 
 
 def _is_int(value: object) -> bool:
@@ -147,13 +158,53 @@ def check_not_self(rank: int, own: int, arg: str) -> None:
 def as_torch(value: Any, where: str, op: str, *, writable: bool = False) -> torch.Tensor:
     """A torch view of a CPU tensor or numpy array (no copy): ``p2p_collective.as_tensor``.
 
+    A read-only numpy array is viewed as it is, as Ray's library does: with
+    ``writable`` (the operation writes its result into it) the result lands in the
+    array all the same, and the first such write in the process issues a
+    :class:`ReadOnlyArrayWarning`. Torch's own warning about a non-writable array is
+    kept quiet here; ours names the hazard instead.
+
     Raises:
         TensorTypeError: Neither a tensor nor an array.
-        CollectiveArgumentError: Not contiguous, not on CPU, of a dtype that cannot
-            travel, or (``writable``) a read-only array.
+        CollectiveArgumentError: Not contiguous, not on CPU, or of a dtype that cannot
+            travel.
     """
     check_tensor(value, where, op)
     try:
+        if isinstance(value, np.ndarray) and not value.flags.writeable:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", _TORCH_READ_ONLY, UserWarning)
+                tensor = as_tensor(value, where, op)
+            if writable:
+                _warn_read_only(where, op)
+            return tensor
         return as_tensor(value, where, op, writable=writable)
     except ValueError as exc:
         raise CollectiveArgumentError(str(exc)) from exc
+
+
+def _warn_read_only(where: str, op: str) -> None:
+    """Issue :class:`ReadOnlyArrayWarning` the first time in this process; else nothing."""
+    global _warned
+    with _warned_lock:
+        if _warned:
+            return
+        _warned = True
+    warnings.warn(
+        f"{op}: {where} is a read-only numpy array, such as the zero-copy view of an"
+        " object in Ray's object store that an actor receives as an argument or from"
+        " ray.get; the result is written into it in place, as ray.util.collective does,"
+        " which changes the object for every other reader of it on this node. Pass a"
+        " copy (np.array(a)) to keep the object unchanged. (Warned once per process.)",
+        ReadOnlyArrayWarning,
+        stacklevel=_caller_level(),
+    )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this layer."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith(_OUR_MODULES):
+        level += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    return level

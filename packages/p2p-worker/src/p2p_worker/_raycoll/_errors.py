@@ -55,3 +55,18 @@ class BackendUnavailableError(CollectiveArgumentError):
 
     Ray raises ``ValueError`` for a backend it has not registered; this is one.
     """
+
+
+class ReadOnlyArrayWarning(UserWarning):
+    """An operation wrote its result into a read-only numpy array, as Ray's library does.
+
+    Issued once per process, at the first such write. A numpy array an actor received
+    through Ray (an argument or ``ray.get``) is a read-only view of the object in Ray's
+    shared-memory object store, shared with every other reader of that object on the
+    node: the result written into it changes what they see. Copy the array first
+    (``np.array(a)``) to keep the object unchanged.
+
+    Example:
+        >>> issubclass(ReadOnlyArrayWarning, UserWarning)
+        True
+    """

@@ -73,6 +73,8 @@ class GroupHandle:
         where: Where the members meet (None for a group of one).
         init_timeout: Seconds the first operation of each group waits for the others
             (None: the operation's own timeout).
+        service_timeout: Seconds :meth:`join` waited at most for the job's rendezvous
+            actor: ``init_collective_group``'s ``gloo_timeout`` (None: no limit).
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class GroupHandle:
         incarnation: int,
         where: Meeting | None,
         init_timeout: float | None = None,
+        service_timeout: float | None = None,
     ) -> None:
         self._world_size = world_size
         self._rank = rank
@@ -91,6 +94,7 @@ class GroupHandle:
         self._incarnation = incarnation
         self._where = where
         self._init_timeout = init_timeout
+        self._service_timeout = service_timeout
         self._lock = threading.Lock()
         self._collective: Collective | None = None
         self._multi: MultiCollectiveGroup | None = None
@@ -108,7 +112,14 @@ class GroupHandle:
             RayCollectiveError: No rendezvous reachable (see :func:`._env.meeting`).
         """
         if world_size == 1:
-            return cls(world_size=1, rank=0, group_name=group_name, incarnation=0, where=None)
+            return cls(
+                world_size=1,
+                rank=0,
+                group_name=group_name,
+                incarnation=0,
+                where=None,
+                service_timeout=service_timeout,
+            )
         where = meeting(service_timeout)
         key = INCARNATION_KEY.format(name=group_name, size=world_size, rank=rank)
         incarnation = int(where.store.add(key, 1))
@@ -123,6 +134,7 @@ class GroupHandle:
             group_name=group_name,
             incarnation=incarnation,
             where=where,
+            service_timeout=service_timeout,
         )
 
     def __repr__(self) -> str:
@@ -146,6 +158,21 @@ class GroupHandle:
     def group_name(self) -> str:
         """The group's name."""
         return self._group_name
+
+    @property
+    def gloo_timeout(self) -> int | None:
+        """The ``gloo_timeout`` this member initialized the group with (milliseconds).
+
+        None when it was 0 (no limit). Where Ray's gloo group answers
+        ``_gloo_context.getTimeout()``, this is the public way to read it back.
+
+        Example:
+            >>> init_collective_group(1, 0, "gloo", "t", gloo_timeout=40000)  # doctest: +SKIP
+            >>> get_group_handle("t").gloo_timeout  # doctest: +SKIP
+            40000
+        """
+        s = self._service_timeout
+        return None if s is None else round(s * 1000)
 
     @classmethod
     def backend(cls) -> str:
@@ -290,7 +317,7 @@ class GroupHandle:
         """Reduce ``tensor`` over the members, in place on every member."""
         with _arguments():
             if self._world_size == 1:
-                as_torch(tensor, "tensor", "allreduce", writable=True)
+                as_torch(tensor, "tensor", "allreduce")  # the result is the tensor as it is
                 return
             two = self._pair_collectives(timeout)
             t = as_torch(tensor, "tensor", "allreduce", writable=True)
@@ -298,7 +325,7 @@ class GroupHandle:
                 check_reducible(t, "tensor", "allreduce")
                 two.allreduce(t, op, timeout)
                 return
-            self._members_group().allreduce(tensor, op=op, timeout=timeout)
+            self._members_group().allreduce(t, op=op, timeout=timeout)
 
     def broadcast(self, tensor: Any, src_rank: int, timeout: float | None) -> None:
         """Copy ``tensor`` of ``src_rank`` into ``tensor`` of every member."""
@@ -311,21 +338,21 @@ class GroupHandle:
             if two is not None and two.takes("broadcast", t):
                 two.broadcast(t, src_rank, timeout)
                 return
-            self._members_group().broadcast_tensor(tensor, src=src_rank, timeout=timeout)
+            self._members_group().broadcast_tensor(t, src=src_rank, timeout=timeout)
 
     def reduce(self, tensor: Any, dst_rank: int, op: str, timeout: float | None) -> None:
         """Reduce ``tensor`` over the members into ``tensor`` of ``dst_rank``."""
         with _arguments():
             if self._world_size == 1:
-                as_torch(tensor, "tensor", "reduce", writable=True)
+                as_torch(tensor, "tensor", "reduce")  # the result is the tensor as it is
                 return
             two = self._pair_collectives(timeout)
+            t = as_torch(tensor, "tensor", "reduce", writable=self._rank == dst_rank)
             if two is not None:
-                t = as_torch(tensor, "tensor", "reduce", writable=self._rank == dst_rank)
                 check_reducible(t, "tensor", "reduce")
                 two.reduce(t, dst_rank, op, timeout)
                 return
-            self._members_group().reduce(tensor, dst=dst_rank, op=op, timeout=timeout)
+            self._members_group().reduce(t, dst=dst_rank, op=op, timeout=timeout)
 
     def allgather(self, tensor_list: list[Any], tensor: Any, timeout: float | None) -> None:
         """Gather every member's ``tensor`` into ``tensor_list`` by rank."""
@@ -336,16 +363,16 @@ class GroupHandle:
                 _copy(out, src, "allgather", "tensor_list[0]")
                 return
             two = self._pair_collectives(timeout)
+            t = as_torch(tensor, "tensor", "allgather")
+            outs = [
+                as_torch(x, f"tensor_list[{i}]", "allgather", writable=True)
+                for i, x in enumerate(tensor_list)
+            ]
             if two is not None:
-                t = as_torch(tensor, "tensor", "allgather")
-                outs = [
-                    as_torch(x, f"tensor_list[{i}]", "allgather", writable=True)
-                    for i, x in enumerate(tensor_list)
-                ]
                 check_like(outs, t, "tensor_list", "allgather")
                 two.allgather(outs, t, timeout)
                 return
-            self._members_group().allgather(tensor, tensor_list, timeout=timeout)
+            self._members_group().allgather(t, outs, timeout=timeout)
 
     def reducescatter(
         self, tensor: Any, tensor_list: list[Any], op: str, timeout: float | None

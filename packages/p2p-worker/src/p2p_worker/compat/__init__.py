@@ -39,6 +39,7 @@ from p2p_worker._raycoll._errors import (
     GroupNotInitializedError,
     GroupSpecError,
     RayCollectiveError,
+    ReadOnlyArrayWarning,
     TensorTypeError,
 )
 from p2p_worker._raycoll._group import GroupHandle
@@ -119,4 +120,5 @@ __all__ = [
     "GroupSpecError",
     "TensorTypeError",
     "BackendUnavailableError",
+    "ReadOnlyArrayWarning",
 ]
