@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ("_spec", "_results", "_report", "_payloads", "_baselines", "_p2p")
+MODULES = ("_spec", "_results", "_report", "_payloads", "_baselines", "_p2p", "_model")
 
 
 @pytest.mark.parametrize("name", MODULES)
