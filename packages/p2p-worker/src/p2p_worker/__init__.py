@@ -45,6 +45,8 @@ from p2p_worker._groups._placement import (
 )
 from p2p_worker._info import NodeInfo, WorkerInfo
 from p2p_worker._job._cluster import Cluster
+from p2p_worker._managers._collective import CollectiveGroupInfo, CollectiveManager
+from p2p_worker._managers._manager import Manager, ManagerProxy
 from p2p_worker._workers._worker import Worker
 
 __version__ = "0.1.0"
@@ -83,5 +85,9 @@ __all__ = [
     "ChannelNotFoundError",
     "ChannelExistsError",
     "ChannelClosedError",
+    "Manager",
+    "ManagerProxy",
+    "CollectiveManager",
+    "CollectiveGroupInfo",
     "__version__",
 ]

@@ -142,6 +142,7 @@ def build_setups(
             "WORLD_SIZE": str(world),
             "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(len(peers)),
+            "NODE_LOCAL_RANK": str(peers.index(p.rank)),
             "NODE_RANK": str(p.node_rank),
             "P2P_WORKER_ADDRESS": address.get_name(),
         }

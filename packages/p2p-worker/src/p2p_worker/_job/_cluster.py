@@ -9,7 +9,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import ray
 
@@ -38,6 +38,8 @@ class RunningGroup(Protocol):
 # since they share the one Ray connection of the process.
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _LOCK = threading.RLock()
+NAMESPACE_ENV = "CLUSTER_NAMESPACE"
+"""Where a Cluster and RLinf-style managers read the Ray namespace from (RLinf's name)."""
 JOB_TOKEN_ENV = "P2P_JOB_TOKEN"
 """Where a Cluster takes the job token from when none is given (p2p-collective reads it too)."""
 
@@ -102,11 +104,26 @@ class Cluster:
         ClusterError: Ray cannot start or be reached, fewer than ``num_nodes`` nodes are
             there after ``timeout``, or the store cannot start.
 
+    The Ray namespace of the job is :attr:`NAMESPACE` (RLinf's class attribute).
+
     Example:
         >>> cluster = Cluster(num_nodes=1)  # doctest: +SKIP
         >>> cluster.num_nodes, cluster.num_gpus  # doctest: +SKIP
         (1, 0)
         >>> cluster.shutdown()  # doctest: +SKIP
+    """
+
+    NAMESPACE: ClassVar[str | None] = None
+    """The job's Ray namespace (RLinf's ``Cluster.NAMESPACE``).
+
+    ``$CLUSTER_NAMESPACE``, when set, overrides it when a Cluster is created (and when a
+    :class:`~p2p_worker.Manager` is). A Cluster that connects this process to Ray
+    connects in this namespace; ``None`` (the default) means Ray's own anonymous
+    namespace of the job, which keeps two jobs on one Ray cluster apart. Once connected,
+    it holds the namespace Ray uses (until that connection is shut down), and every
+    worker gets it, in ``Cluster.NAMESPACE`` and ``$CLUSTER_NAMESPACE``. Unlike RLinf's
+    (default ``"RLinf"``) it is not fixed: a chosen name is shared by every job that
+    chooses it.
     """
 
     def __init__(
@@ -132,13 +149,18 @@ class Cluster:
         self._groups: dict[str, RunningGroup] = {}
         self._closed = False
         with _LOCK:
+            namespace = os.environ.get(NAMESPACE_ENV)
+            if namespace:
+                Cluster.NAMESPACE = namespace
             self._started_ray = start_or_attach(
                 address,
                 num_cpus=num_cpus,
                 num_gpus=num_gpus,
                 object_store_memory=object_store_memory,
+                namespace=Cluster.NAMESPACE,
             )
             try:
+                _learn_namespace()
                 self._embedded = embedded_running()
                 self.nodes: list[NodeInfo] = self._wait_for_nodes(wanted, timeout)
                 driver_ip = next(
@@ -177,6 +199,11 @@ class Cluster:
     @property
     def num_nodes(self) -> int:
         """Number of nodes this cluster uses."""
+        return len(self.nodes)
+
+    @property
+    def _num_nodes(self) -> int:
+        """RLinf's private name for :attr:`num_nodes` (its tests read it)."""
         return len(self.nodes)
 
     @property
@@ -305,6 +332,7 @@ class Cluster:
                     others[0]._started_ray = True
                 else:
                     shutdown_ray()
+                    _forget_namespace()
 
     def __enter__(self) -> Cluster:
         return self
@@ -316,6 +344,28 @@ class Cluster:
         tb: TracebackType | None,
     ) -> None:
         self.shutdown()
+
+
+# (namespace learned from Ray, what Cluster.NAMESPACE was before): restored when the Ray
+# connection it came from is shut down, so a later connection does not reuse it.
+_learned_namespace: tuple[str, str | None] | None = None
+
+
+def _learn_namespace() -> None:
+    """Set ``Cluster.NAMESPACE`` to the namespace Ray uses, remembering what it replaced."""
+    global _learned_namespace
+    actual = str(ray.get_runtime_context().namespace)
+    if actual != Cluster.NAMESPACE:
+        _learned_namespace = (actual, Cluster.NAMESPACE)
+        Cluster.NAMESPACE = actual
+
+
+def _forget_namespace() -> None:
+    """After this process's Ray connection ends: undo what :func:`_learn_namespace` set."""
+    global _learned_namespace
+    if _learned_namespace is not None and _learned_namespace[0] == Cluster.NAMESPACE:
+        Cluster.NAMESPACE = _learned_namespace[1]
+    _learned_namespace = None
 
 
 def _drop_component_placement(config: ConfigSource) -> ConfigSource:

@@ -148,8 +148,12 @@ def start_or_attach(
     num_cpus: float | None = None,
     num_gpus: int | None = None,
     object_store_memory: int | None = None,
+    namespace: str | None = None,
 ) -> bool:
     """Make sure this process is connected to Ray; return True if this call connected it.
+
+    ``namespace`` is the Ray namespace to connect in (``None``: Ray's anonymous one of
+    this job); it does not apply when the process is already connected.
 
     An embedded cluster binds to loopback, with a short temp dir, no dashboard and no
     usage reporting. ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is set before Ray starts;
@@ -165,6 +169,8 @@ def start_or_attach(
         "logging_level": logging.WARNING,
         "include_dashboard": False,
     }
+    if namespace is not None:
+        kwargs["namespace"] = namespace
     paths = driver_code_paths()
     if paths:  # the job's workers start with the driver's code directories importable
         existing = os.environ.get("PYTHONPATH")

@@ -24,6 +24,7 @@ import ray
 import ray.cloudpickle
 
 from p2p_worker._info import WorkerInfo
+from p2p_worker._job._cluster import NAMESPACE_ENV, Cluster
 from p2p_worker._workers._runtime import JobContext, WorkerRuntime, probe_codec, set_current_runtime
 from p2p_worker._workers._timer import collect_durations
 
@@ -136,6 +137,11 @@ def _p2p_setup(self: Any, setup: Setup) -> Reply:
         self._group_name = str(setup.info.address.get_parent_address())
         self._worker_address = setup.info.address
         self._worker_name = setup.info.address.get_name()
+        self._cluster_node_rank = setup.info.node_id
+        gpu = setup.info.gpu_id
+        self._local_accelerator_rank = -1 if gpu is None else gpu
+        self._node_local_rank = int(setup.env.get("NODE_LOCAL_RANK", setup.info.local_rank))
+        _share_namespace()
         self._p2p_info = setup.info
         self._p2p_runtime = runtime
         self._p2p_local_durations = {}
@@ -145,10 +151,18 @@ def _p2p_setup(self: Any, setup: Setup) -> Reply:
         return (False, make_failure(exc), {})
     with collect_durations() as durations:
         try:
+            self._load_user_extensions()
             self._p2p_worker_cls.__init__(self, *setup.args, **setup.kwargs)
         except BaseException as exc:
             return (False, make_failure(exc), dict(durations))
     return (True, None, dict(durations))
+
+
+def _share_namespace() -> None:
+    """Give this worker its job's Ray namespace in ``Cluster.NAMESPACE`` and the environment."""
+    namespace = str(ray.get_runtime_context().namespace)
+    os.environ[NAMESPACE_ENV] = namespace
+    Cluster.NAMESPACE = namespace
 
 
 def _cuda_initialized() -> bool:

@@ -21,6 +21,7 @@ from p2p_worker._groups._options import CollectiveGroupOptions, check_options
 from p2p_worker._info import WorkerInfo
 from p2p_worker._workers._accelerator import AcceleratorAttribute
 from p2p_worker._workers._collectives import CollectivesMixin
+from p2p_worker._workers._extensions import load_user_extensions
 from p2p_worker._workers._runtime import WorkerRuntime
 from p2p_worker._workers._timer import timed, timer
 
@@ -93,6 +94,17 @@ class WorkerBase(CollectivesMixin):
         """
         local: dict[str, float] = self.__dict__.setdefault("_p2p_local_durations", {})
         return timed(tag, local)
+
+    def _load_user_extensions(self) -> None:
+        """Import ``$P2P_EXT_MODULE`` / ``$RLINF_EXT_MODULE`` and call its ``register()``.
+
+        Every launched worker does this once, before its ``__init__`` (RLinf's hook of
+        the same name; see :func:`~p2p_worker._workers._extensions.load_user_extensions`).
+
+        Raises:
+            WorkerError: The module cannot be imported or its ``register()`` raised.
+        """
+        load_user_extensions()
 
     # -- communication -------------------------------------------------------------------
 

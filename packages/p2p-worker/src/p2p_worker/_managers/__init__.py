@@ -1,0 +1,1 @@
+"""RLinf's job-wide managers: named singleton actors reached through a proxy."""
