@@ -148,7 +148,12 @@ class CollectivePeer:
                     buf = torch.empty(1024, 1024)
                     group.recv_tensor(buf, timeout=120)
                     ok["send_tensor"] = same(send_tensor_payload(seed), buf)
-            return {"ok": ok, "tcp_peers": tcp_peers(), "host": collective.host}
+            seen = tcp_peers()
+            # Neither side closes before both have looked at their connections: the peer's
+            # close would turn ours from ESTABLISHED to CLOSE_WAIT (a flake under load).
+            store.set(f"mn_c/looked/{rank}", "1")
+            store.wait([f"mn_c/looked/{1 - rank}"], datetime.timedelta(seconds=120))
+            return {"ok": ok, "tcp_peers": seen, "host": collective.host}
         finally:
             collective.close()
 
