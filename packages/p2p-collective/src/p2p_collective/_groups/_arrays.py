@@ -22,7 +22,11 @@ def as_tensor(
         value: A torch tensor or a numpy array.
         where: The argument's name, for messages (e.g. ``"tensor_list[2]"``).
         op: The operation, for messages (e.g. ``"allreduce"``).
-        writable: The result is written into ``value``: refuse a read-only array.
+        writable: The result is written into ``value``: refuse a read-only array. (The
+            caller holds the array itself, so a read-only one is a mistake here, or
+            memory that must not be written, such as ``bytes`` or a read-only ``mmap``.
+            p2p-worker's ``compat`` module, a drop-in for Ray's library, writes into
+            Ray's read-only object-store views as Ray does, with a warning.)
 
     Returns:
         The tensor view.
