@@ -38,6 +38,7 @@ from p2p_collective._groups._arrays import as_tensor
 from p2p_collective._groups._collective import Collective
 from p2p_collective._groups._group import CollectiveGroup, Unready
 from p2p_collective._groups._multi import MultiCollectiveGroup
+from p2p_collective._groups._multi_channel import MultiChannelProcessGroup
 from p2p_collective._groups._multi_create import create_multi_group, join_ranked_group
 from p2p_collective._groups._multi_ops import check_reducible
 from p2p_collective._links._emulation import EMULATED_WINDOW_BYTES, LinkEmulation
@@ -50,6 +51,7 @@ __all__ = [
     "CollectiveGroup",
     "Unready",
     "MultiCollectiveGroup",
+    "MultiChannelProcessGroup",
     "create_multi_group",
     "join_ranked_group",
     "as_tensor",

@@ -99,6 +99,11 @@ class CollectiveGroup:
         peer_name: The other member's name.
     """
 
+    CPU = "cpu"
+    """RLinf's name for the host device kind (``device=`` of its channel operations)."""
+    ACCEL = "cuda"
+    """RLinf's name for the accelerator device kind (p2p supports CUDA)."""
+
     def __init__(
         self,
         *,
