@@ -191,6 +191,8 @@ def test_namespace_reaches_workers_and_node_ranks(cluster: Cluster) -> None:
     assert [w["node"] for w in where] == [0, 0]
     assert sorted(w["node_local"] for w in where) == [0, 1]
     assert [w["accel"] for w in where] == [-1, -1]
+    group._close()  # RLinf's private name for shutdown()
+    assert not [n for n in ray.util.list_named_actors() if n.startswith("ns-probe")]
 
 
 def test_manager_proxy_shared_by_driver_and_workers(cluster: Cluster) -> None:

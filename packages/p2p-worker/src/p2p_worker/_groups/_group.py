@@ -563,6 +563,10 @@ class WorkerGroup(Generic[W]):
             return
         self._teardown(graceful=True, timeout=30.0 if timeout is None else timeout)
 
+    def _close(self) -> None:
+        """RLinf's private name for :meth:`shutdown` (its test fixtures call it)."""
+        self.shutdown()
+
     def _teardown(self, *, graceful: bool, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         self._closed = True
