@@ -6,7 +6,9 @@ between. A :class:`TensorCodecProvider` hands out codecs (one shared lz4 codec, 
 bounded LIFO stack of zstd contexts); a :class:`TensorBufferPool` bounds and reuses
 buffers; :func:`plan_compression` is the sender's per-tensor decision. Configuration
 is parsed from plain dicts with :func:`parse_tensor_compression` and
-:func:`parse_tensor_buffer_pool`.
+:func:`parse_tensor_buffer_pool`. :func:`encode_delta` / :func:`apply_delta` turn one
+version of a tensor into the next with a small bit-level patch (weight sync), and
+:func:`tensor_checksum` verifies the result.
 
 Example:
     >>> import torch
@@ -55,6 +57,9 @@ from p2p_compress._config import (
     parse_tensor_buffer_pool,
     parse_tensor_compression,
 )
+from p2p_compress._delta._checksum import tensor_checksum
+from p2p_compress._delta._encode import DELTA_PREFERENCES, apply_delta, encode_delta
+from p2p_compress._delta._patch import DELTA_CODECS, DELTA_ITEMSIZES, DELTA_KINDS, DeltaPatch
 from p2p_compress._errors import CompressionError, CompressionTimeoutError
 from p2p_compress._plan import (
     RAW_REASONS,
@@ -115,6 +120,15 @@ __all__ = [
     "default_codec_provider",
     "make_synthetic_tensor",
     "SYNTHETIC_KINDS",
+    # weight deltas
+    "DeltaPatch",
+    "encode_delta",
+    "apply_delta",
+    "tensor_checksum",
+    "DELTA_KINDS",
+    "DELTA_CODECS",
+    "DELTA_ITEMSIZES",
+    "DELTA_PREFERENCES",
     # command-line helpers
     "parse_size",
     "SIZE_RULE",
