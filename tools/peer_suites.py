@@ -134,6 +134,8 @@ FIXTURE_EDITS = {
     ),
 }
 
+_RLINF_MCPG = "test_comm.py::TestMultiChannelProcessGroupFailures::"
+
 # Cases expected to fail on p2p, with the reason. ``--check`` fails on any other failure.
 KNOWN_FAILURES = {
     "ray": {
@@ -149,7 +151,19 @@ KNOWN_FAILURES = {
             "gloo context; see docs/concepts/ray-collective.rst"
         ),
     },
-    "rlinf": {},
+    "rlinf": {
+        _RLINF_MCPG + "test_recv_propagates_process_group_failure": (
+            "builds MultiChannelProcessGroup with object.__new__ and plants fake torch process "
+            "groups in RLinf's private _recv_gloo_process_groups; p2p's channels are p2p pair "
+            "groups (sizes checked, peer death seen), not lists of torch process groups. The "
+            "behaviour it checks (a failure is logged once and raised unchanged) is p2p's "
+            "too: packages/p2p-collective/tests/test_multi_channel.py"
+        ),
+        _RLINF_MCPG + "test_recv_propagates_synchronous_wait_failure": (
+            "as test_recv_propagates_process_group_failure: plants a fake torch process group "
+            "in RLinf's private _recv_gloo_process_groups"
+        ),
+    },
 }
 
 # What ``--ci`` runs (``nox -s ci``), per suite: RLinf's three files whole, and of Ray's
