@@ -220,3 +220,21 @@ def test_read_only_arrays_keep_every_other_check() -> None:
         assert col.get_group_handle("unit-ro").gloo_timeout is None  # 0: no limit
     finally:
         col.destroy_collective_group("unit-ro")
+
+
+def test_an_error_filter_on_the_warning_refuses_read_only_arrays() -> None:
+    # pytest turns warnings into errors here: every write into a read-only array then
+    # raises the warning before anything is written, and the group stays usable.
+    col.init_collective_group(1, 0, "gloo", "unit-ro-error")
+    try:
+        frozen = np.zeros(2, dtype=np.float32)
+        frozen.flags.writeable = False
+        for _ in range(2):
+            with pytest.raises(col.ReadOnlyArrayWarning, match="read-only numpy array"):
+                col.reducescatter(frozen, [np.ones(2, dtype=np.float32)], "unit-ro-error")
+        assert frozen.tolist() == [0.0, 0.0]
+        out = np.zeros(2, dtype=np.float32)
+        col.reducescatter(out, [np.ones(2, dtype=np.float32)], "unit-ro-error")
+        assert out.tolist() == [1.0, 1.0]
+    finally:
+        col.destroy_collective_group("unit-ro-error")

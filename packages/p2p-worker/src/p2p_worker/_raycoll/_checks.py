@@ -172,6 +172,8 @@ def as_torch(value: Any, where: str, op: str, *, writable: bool = False) -> torc
     check_tensor(value, where, op)
     try:
         if isinstance(value, np.ndarray) and not value.flags.writeable:
+            # torch warns once per process (TORCH_WARN_ONCE); the filter is global while
+            # the block runs, and only ever hides that one message
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", _TORCH_READ_ONLY, UserWarning)
                 tensor = as_tensor(value, where, op)
@@ -184,12 +186,21 @@ def as_torch(value: Any, where: str, op: str, *, writable: bool = False) -> torc
 
 
 def _warn_read_only(where: str, op: str) -> None:
-    """Issue :class:`ReadOnlyArrayWarning` the first time in this process; else nothing."""
+    """Issue :class:`ReadOnlyArrayWarning` the first time in this process; else nothing.
+
+    Counted once the warning returned: under a filter that turns it into an error, every
+    such write raises it (before anything is written), so that filter makes the layer
+    refuse read-only arrays as p2p-collective does.
+    """
     global _warned
     with _warned_lock:
         if _warned:
             return
+        _warn(where, op)
         _warned = True
+
+
+def _warn(where: str, op: str) -> None:
     warnings.warn(
         f"{op}: {where} is a read-only numpy array, such as the zero-copy view of an"
         " object in Ray's object store that an actor receives as an argument or from"
