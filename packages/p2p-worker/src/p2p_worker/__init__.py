@@ -47,6 +47,9 @@ from p2p_worker._info import NodeInfo, WorkerInfo
 from p2p_worker._job._cluster import Cluster
 from p2p_worker._managers._collective import CollectiveGroupInfo, CollectiveManager
 from p2p_worker._managers._manager import Manager, ManagerProxy
+from p2p_worker._weights._errors import WeightSyncError
+from p2p_worker._weights._source import PushReport, WeightSender
+from p2p_worker._weights._target import WeightReceiver
 from p2p_worker._workers._worker import Worker
 
 __version__ = "0.1.0"
@@ -89,5 +92,9 @@ __all__ = [
     "ManagerProxy",
     "CollectiveManager",
     "CollectiveGroupInfo",
+    "WeightSender",
+    "WeightReceiver",
+    "PushReport",
+    "WeightSyncError",
     "__version__",
 ]

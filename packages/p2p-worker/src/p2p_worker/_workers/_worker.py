@@ -10,6 +10,7 @@ from p2p_worker._channels.handle import (
     Channel,
 )
 from p2p_worker._channels.service import ChannelService
+from p2p_worker._weights._api import WeightSyncMixin
 from p2p_worker._workers._worker_base import WorkerBase
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 W = TypeVar("W", bound="Worker")
 
 
-class Worker(WorkerBase):
+class Worker(WeightSyncMixin, WorkerBase):
     """Base class of a remote worker: one Ray actor process of a :class:`WorkerGroup`.
 
     Subclass it, then launch a group with ``MyWorker.create_group(...).launch(cluster)``.

@@ -1,0 +1,38 @@
+"""Per-bucket checksums and bit-level deltas, both from p2p-compress.
+
+The checksum is ``p2p_compress.tensor_checksum`` (64 bits over the bucket's raw bytes,
+whatever its dtype); the delta is ``p2p_compress.encode_delta`` / ``apply_delta`` (a
+sparse, XOR or full patch of the bits, whichever is smallest, then zstd or lz4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import p2p_compress
+
+
+def checksum(buf: torch.Tensor) -> int:
+    """Checksum of a 1-D contiguous CPU tensor's bytes (its bits, whatever its dtype)."""
+    return int(p2p_compress.tensor_checksum(buf))
+
+
+def encode_delta(
+    new: torch.Tensor, base: torch.Tensor, codec: str, level: int
+) -> tuple[dict[str, Any], torch.Tensor, int]:
+    """The patch that turns ``base`` into ``new``: ``(meta, payload, wire_nbytes)``."""
+    patch = p2p_compress.encode_delta(new, base, codec=codec, level=level)
+    return dict(patch.meta()), patch.payload, int(patch.wire_nbytes)
+
+
+def apply_delta(meta: dict[str, Any], payload: torch.Tensor, target: torch.Tensor) -> None:
+    """Apply a patch in place: ``target`` holds the base on entry, the new bits on exit.
+
+    Raises:
+        p2p_compress.CompressionError: The patch does not fit ``target`` or is corrupt
+            (``target`` is left untouched).
+    """
+    patch = p2p_compress.DeltaPatch.from_meta(meta, payload)
+    p2p_compress.apply_delta(patch, target)

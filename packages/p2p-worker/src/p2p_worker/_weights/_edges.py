@@ -1,0 +1,160 @@
+"""The links of a weight sync: a dedicated pair group per edge, and an outbox per child.
+
+Weight sync never shares a pair group with a worker's own ``send``/``recv``: each edge
+uses the group keyed ``weights.<sync>.<a>+<b>``, so user messages between the same two
+workers cannot interleave with buckets. A group that a failure broke is closed and made
+again at its next use (both sides do so: the peer sees the close and breaks its side).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from p2p_collective import Collective, CollectiveGroup, CollectiveTimeoutError, PeerError
+
+_GONE_POLL = 0.2  # seconds between looks for a restarted peer
+
+
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (never negative); None for no deadline."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def deadline_after(timeout: float | None) -> float | None:
+    """The monotonic deadline ``timeout`` seconds from now (None: none)."""
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def check_timeout(value: object, arg: str) -> float | None:
+    """Return ``value`` as seconds (or None), else raise naming ``arg``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{arg}: got {value!r}; allowed: seconds >= 0 or None (no limit)")
+    return float(value)
+
+
+class Edges:
+    """The pair groups of one sync from this worker, one per peer, made on first use."""
+
+    def __init__(self, collective: Collective, me: str, sync: str) -> None:
+        self._coll = collective
+        self._me = me
+        self._sync = sync
+
+    def group(self, peer: str) -> CollectiveGroup:
+        """The usable group toward ``peer`` (a broken or closed one is made again)."""
+        key = f"weights.{self._sync}." + "+".join(sorted((self._me, peer)))
+        group = self._coll.create_pair_group([self._me, peer], group_name=key)
+        if not group.peer_gone:
+            stats = group.stats()
+            if stats["send"]["broken"] or stats["recv"]["broken"]:
+                group.close(timeout=0.0)
+                group = self._coll.create_pair_group([self._me, peer], group_name=key)
+        return group
+
+    def live_group(self, peer: str, deadline: float | None) -> CollectiveGroup:
+        """The group toward ``peer``, waiting until ``deadline`` for a dead peer to return.
+
+        Raises:
+            PeerError: The peer is dead and no new life of it appeared in time.
+        """
+        while True:
+            group = self.group(peer)
+            if not group.peer_gone:
+                return group
+            left = remaining(deadline)
+            if left is not None and left <= 0:
+                raise PeerError(f"weight sync: {peer} is dead and did not come back in time")
+            time.sleep(_GONE_POLL if left is None else min(_GONE_POLL, left))
+
+    def drop(self, peer: str) -> None:
+        """Close the group toward ``peer`` after a failure (the next use makes a new one)."""
+        key = f"weights.{self._sync}." + "+".join(sorted((self._me, peer)))
+        group = self._coll.groups.get(key)
+        if group is not None and not group.peer_gone:
+            group.close(timeout=0.0)
+
+
+Payload = Callable[[], "torch.Tensor | None"]
+
+
+def ready(tensor: torch.Tensor | None) -> Payload | None:
+    """The payload function of a tensor at hand (None: no payload)."""
+    if tensor is None:
+        return None
+
+    def give() -> torch.Tensor:
+        return tensor
+
+    return give
+
+
+class Outbox:
+    """Sends to one child in bucket order on a thread of its own.
+
+    Each job is a header object and a function giving the payload (it may wait, for
+    instance for the bucket to be applied here first); ``release`` runs once the job is
+    sent or dropped. After the first failure every later job is dropped.
+    """
+
+    def __init__(
+        self,
+        group: CollectiveGroup,
+        child: str,
+        deadline: float | None,
+        on_fail: Callable[[str, BaseException], None],
+    ) -> None:
+        self.child = child
+        self.error: BaseException | None = None
+        self.sent_bytes = 0
+        self._group = group
+        self._deadline = deadline
+        self._on_fail = on_fail
+        self._jobs: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(
+            target=self._run, name=f"p2p-weights-to-{child}", daemon=True
+        )
+        self._thread.start()
+
+    def put(self, header: Any, payload: Payload | None, release: Callable[[], None]) -> None:
+        """Queue one message (header, then the payload if any)."""
+        self._jobs.put((header, payload, release))
+
+    def finish(self) -> None:
+        """Wait until every queued job is sent or dropped (the deadline bounds the sends)."""
+        self._jobs.put(None)
+        left = remaining(self._deadline)
+        self._thread.join(None if left is None else left + 5.0)
+        if self._thread.is_alive() and self.error is None:
+            self.error = CollectiveTimeoutError(
+                f"weight sync: sending to {self.child} did not finish in time"
+            )
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            header, payload, release = job
+            try:
+                if self.error is None:
+                    self._send(header, payload)
+            except BaseException as exc:  # every failure is reported once
+                self.error = exc
+                self._on_fail(self.child, exc)
+            finally:
+                release()
+
+    def _send(self, header: Any, payload: Payload | None) -> None:
+        tensor = None if payload is None else payload()
+        self._group.send(header, timeout=remaining(self._deadline))
+        if tensor is not None:
+            self._group.send_tensor(tensor, timeout=remaining(self._deadline))
+            self.sent_bytes += tensor.numel() * tensor.element_size()

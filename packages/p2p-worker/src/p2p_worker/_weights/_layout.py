@@ -1,0 +1,225 @@
+"""The bucket layout of a state dict: the target's keys, shapes and dtypes cut into buckets.
+
+A target describes its own tensors (key order, shape, dtype; tied tensors once) as
+:class:`Entry` s; source and target then cut the same entries into the same flat
+buckets, so that a bucket is one contiguous run of values of one dtype that both sides
+agree on without sending any per-tensor metadata. A tensor larger than a bucket is split
+over several buckets, so no buffer is ever larger than ``bucket_bytes``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+DEFAULT_BUCKET_BYTES = 32 << 20
+"""Default bucket size: 32 MiB of the targets' dtype."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor a target receives: its key, shape and dtype (the target's own)."""
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: str  # str(torch.dtype), e.g. "torch.bfloat16"
+
+    @property
+    def numel(self) -> int:
+        """Number of values."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of ``count`` values of entry ``entry`` from ``start``, at ``offset`` in its bucket."""
+
+    entry: int
+    start: int
+    count: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One flat buffer of one dtype: its segments in order."""
+
+    index: int
+    dtype: torch.dtype
+    numel: int
+    segments: tuple[Segment, ...]
+    frozen: bool
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the bucket's buffer in bytes."""
+        return self.numel * _itemsize(self.dtype)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype of ``str(dtype)`` (``"torch.bfloat16"``)."""
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype: {name!r} is not a torch dtype")
+    return dtype
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The entries of a target cut into buckets of at most ``bucket_bytes``.
+
+    Attributes:
+        entries: The tensors, in the target's key order (tied duplicates left out).
+        buckets: The buckets; a new one opens per dtype (and frozen-ness) as the previous
+            one of that kind fills up.
+        bucket_bytes: The bucket size used.
+        digest: A hash of all of the above: equal digests mean equal buckets.
+    """
+
+    entries: tuple[Entry, ...]
+    buckets: tuple[Bucket, ...]
+    bucket_bytes: int
+    digest: str
+
+    @classmethod
+    def build(
+        cls, entries: Sequence[Entry], bucket_bytes: int, frozen: Iterable[str] = ()
+    ) -> Layout:
+        """Cut ``entries`` into buckets (frozen entries into buckets of their own).
+
+        Raises:
+            ValueError: ``bucket_bytes`` is below 1 KiB.
+        """
+        check_bucket_bytes(bucket_bytes)
+        frozen_keys = set(frozen)
+        open_: dict[tuple[str, bool], list[Any]] = {}  # kind -> [index, numel, segments]
+        done: list[tuple[int, torch.dtype, int, tuple[Segment, ...], bool]] = []
+        counter = 0
+        for i, e in enumerate(entries):
+            dtype = dtype_of(e.dtype)
+            cap = max(1, bucket_bytes // _itemsize(dtype))
+            kind = (e.dtype, e.key in frozen_keys)
+            start, left = 0, e.numel
+            while left > 0:
+                cur = open_.get(kind)
+                if cur is None:
+                    cur = open_[kind] = [counter, 0, []]
+                    counter += 1
+                take = min(left, cap - cur[1])
+                cur[2].append(Segment(i, start, take, cur[1]))
+                cur[1] += take
+                start += take
+                left -= take
+                if cur[1] == cap:
+                    done.append((cur[0], dtype, cur[1], tuple(cur[2]), kind[1]))
+                    del open_[kind]
+        for (name, fro), cur in open_.items():
+            done.append((cur[0], dtype_of(name), cur[1], tuple(cur[2]), fro))
+        done.sort(key=lambda b: b[0])
+        buckets = tuple(Bucket(i, d, n, s, f) for i, d, n, s, f in done)
+        text = repr((tuple(entries), bucket_bytes, sorted(frozen_keys)))
+        digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+        return cls(tuple(entries), buckets, bucket_bytes, digest)
+
+
+def check_bucket_bytes(value: object) -> int:
+    """Return ``value`` if it is a valid bucket size, else raise naming it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"bucket_bytes: expected an int, got {type(value).__name__}")
+    if value < 1024:
+        raise ValueError(f"bucket_bytes: got {value}; allowed: at least 1024 bytes")
+    return value
+
+
+# -- the tensors of a state dict or module --------------------------------------------------
+
+
+def named_tensors(obj: object, arg: str) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """The tensors of a module (parameters and persistent buffers) or a state dict.
+
+    Returns:
+        ``(tensors, frozen)``: key -> detached tensor (sharing storage) in the object's own
+        order, and the keys of parameters that do not require grad (a module only).
+
+    Raises:
+        TypeError: ``obj`` is neither an ``nn.Module`` nor a mapping of str to tensors.
+    """
+    frozen: set[str] = set()
+    if isinstance(obj, torch.nn.Module):
+        raw = obj.state_dict(keep_vars=True)
+        for key, value in raw.items():
+            if isinstance(value, torch.nn.Parameter) and not value.requires_grad:
+                frozen.add(key)
+    elif isinstance(obj, Mapping):
+        raw = dict(obj)
+    else:
+        raise TypeError(
+            f"{arg}: expected a torch.nn.Module or a dict of str to torch.Tensor, got"
+            f" {type(obj).__name__}"
+        )
+    out: dict[str, torch.Tensor] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{arg}: keys must be str, got {key!r} ({type(key).__name__})")
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{arg}[{key!r}]: expected a torch.Tensor, got {type(value).__name__}")
+        out[key] = value.detach()
+    return out, frozen
+
+
+def target_entries(tensors: Mapping[str, torch.Tensor], arg: str) -> tuple[list[Entry], list[str]]:
+    """A target's entries in its key order; tied tensors (same storage and view) once.
+
+    Returns:
+        ``(entries, keys)``: the entries and, for each, the target's key.
+
+    Raises:
+        ValueError: A tensor is not contiguous (it is written in place as a flat view).
+    """
+    seen: dict[tuple[Any, ...], str] = {}
+    entries: list[Entry] = []
+    keys: list[str] = []
+    for key, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(
+                f"{arg}[{key!r}]: the tensor is not contiguous; weight sync writes targets in"
+                " place as flat views (call .contiguous() on the target's tensors first)"
+            )
+        ident = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+        if t.numel() and ident in seen:
+            continue  # a tied tensor: the first key carries it
+        seen[ident] = key
+        entries.append(Entry(key, tuple(t.shape), str(t.dtype)))
+        keys.append(key)
+    return entries, keys
+
+
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D view of a tensor (contiguous targets) or a flattened copy (others)."""
+    return t.reshape(-1)
+
+
+def gather(bucket: Bucket, tensors: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """Copy (casting) the bucket's segments of ``tensors`` into ``out`` (1-D, bucket dtype)."""
+    for s in bucket.segments:
+        src = flat(tensors[s.entry])[s.start : s.start + s.count]
+        out[s.offset : s.offset + s.count].copy_(src)
+    return out
+
+
+def scatter(bucket: Bucket, buf: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Write the bucket buffer ``buf`` into the target's own tensors, in place."""
+    for s in bucket.segments:
+        dst = tensors[s.entry].view(-1)[s.start : s.start + s.count]
+        dst.copy_(buf[s.offset : s.offset + s.count])

@@ -1,0 +1,453 @@
+"""The source side of a weight sync: push a version of a model to every target.
+
+One :class:`WeightSender` per worker and sync. Each :meth:`~WeightSender.push` waits for
+every target's hello (what it holds), plans the relay, then prepares bucket after bucket
+(cast to the targets' dtype, checksum, unchanged / delta / full) while the previous one
+is on the wire to the first target, and finally collects every target's result. A
+target whose parent in the relay died asks the source for the rest; the source sends it
+full buckets from its own copy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from p2p_asyncwork import AsyncWork
+from p2p_worker._weights import _messages as m
+from p2p_worker._weights._codec import checksum, encode_delta
+from p2p_worker._weights._edges import (
+    Edges,
+    Outbox,
+    check_timeout,
+    deadline_after,
+    ready,
+    remaining,
+)
+from p2p_worker._weights._errors import WeightSyncError
+from p2p_worker._weights._layout import (
+    DEFAULT_BUCKET_BYTES,
+    Bucket,
+    Entry,
+    Layout,
+    check_bucket_bytes,
+    gather,
+    named_tensors,
+)
+from p2p_worker._weights._pipeline import Slots, run_async
+from p2p_worker._weights._target import new_generation
+from p2p_worker._weights._topology import Tree, build_tree, check_fanout
+
+DEFAULT_PUSH_TIMEOUT = 600.0
+DEFAULT_JOIN_TIMEOUT = 60.0
+INFLIGHT = 3  # buckets the source prepares ahead of the wire
+_POLL = 0.01
+
+
+@dataclass
+class PushReport:
+    """What a push did.
+
+    Attributes:
+        version: The version pushed.
+        targets: Target name -> the version it confirmed holding (None: torn or unknown).
+        failed: Target name -> why it did not confirm ``version``.
+        buckets: Number of buckets.
+        modes: How the first target got the buckets: ``{"full": n, "delta": n, "same": n}``.
+        sent_bytes: Payload bytes the source put on the wire (resends to orphans included).
+        full_bytes: Bytes of one full copy in the targets' dtypes.
+        base_bytes: Bytes of the delta base the source keeps (0 without one).
+        seconds: Wall time of the push.
+        order: The relay order of the targets (the first one hears from the source).
+    """
+
+    version: int
+    targets: dict[str, int | None] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    buckets: int = 0
+    modes: dict[str, int] = field(default_factory=dict)
+    sent_bytes: int = 0
+    full_bytes: int = 0
+    base_bytes: int = 0
+    seconds: float = 0.0
+    order: tuple[str, ...] = ()
+
+
+class WeightSender:
+    """Pushes versions of a model to a set of targets, relayed, verified and in place.
+
+    Made by :meth:`p2p_worker.Worker.push_weights` (one per sync name), or directly.
+
+    Args:
+        collective: This worker's ``p2p_collective.Collective``.
+        me: This worker's address name.
+        targets: ``targets(deadline) -> list of target address names``.
+        sync: The sync's name, the same on both sides.
+        bucket_bytes: Bucket size in bytes of the targets' dtype.
+        fanout: Children per target in the relay (1: a chain).
+        delta: Keep a delta base (one copy of the model in the targets' dtypes) so that
+            unchanged buckets are not sent and changed ones travel as bit-level deltas
+            where p2p-compress offers them and they are smaller.
+        codec: The delta's entropy codec (``"zstd"`` or ``"lz4"``).
+        level: The codec's level.
+    """
+
+    def __init__(
+        self,
+        collective: Any,
+        me: str,
+        targets: Callable[[float | None], list[str]],
+        sync: str,
+        *,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        fanout: int = 1,
+        delta: bool = True,
+        codec: str = "zstd",
+        level: int = 1,
+    ) -> None:
+        self.sync = sync
+        self._me = me
+        self._targets = targets
+        self._edges = Edges(collective, me, sync)
+        self.configure(bucket_bytes=bucket_bytes, fanout=fanout, delta=delta)
+        self.codec = codec
+        self.level = level
+        self._life = new_generation()
+        self._count = 0
+        self._base: list[torch.Tensor | None] = []  # the last pushed bits, per bucket
+        self._crcs: list[int] = []
+        self._base_gen: str | None = None
+        self._base_digest: str | None = None
+
+    def configure(
+        self,
+        *,
+        bucket_bytes: int | None = None,
+        fanout: int | None = None,
+        delta: bool | None = None,
+    ) -> None:
+        """Change settings for the next pushes (a new bucket size means full copies once).
+
+        Raises:
+            TypeError, ValueError: A setting is out of range (nothing changes).
+        """
+        b = check_bucket_bytes(bucket_bytes) if bucket_bytes is not None else None
+        f = check_fanout(fanout) if fanout is not None else None
+        if delta is not None and not isinstance(delta, bool):
+            raise TypeError(f"delta: expected a bool, got {type(delta).__name__}")
+        if b is not None:
+            self.bucket_bytes = b
+        if f is not None:
+            self.fanout = f
+        if delta is not None:
+            self.delta = delta
+
+    @property
+    def base_bytes(self) -> int:
+        """Bytes of the delta base held now (one copy of the model in the targets' dtypes)."""
+        return sum(b.numel() * b.element_size() for b in self._base if b is not None)
+
+    def push(
+        self,
+        model: object,
+        version: int,
+        *,
+        async_op: bool = False,
+        timeout: float | None = DEFAULT_PUSH_TIMEOUT,
+        join_timeout: float | None = DEFAULT_JOIN_TIMEOUT,
+    ) -> PushReport | AsyncWork[PushReport]:
+        """Push ``model`` as ``version`` to every target (see :meth:`Worker.push_weights`)."""
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise TypeError(f"version: expected an int, got {type(version).__name__}")
+        tensors, frozen = named_tensors(model, "model")
+        limit = check_timeout(timeout, "timeout")
+        join = check_timeout(join_timeout, "join_timeout")
+
+        def run() -> PushReport:
+            deadline = deadline_after(limit)
+            join_deadline = deadline_after(join)
+            if deadline is not None and (join_deadline is None or join_deadline > deadline):
+                join_deadline = deadline
+            return self._push(tensors, frozen, version, deadline, join_deadline)
+
+        if async_op:
+            return run_async(run, f"p2p-weights-push-{self.sync}")
+        return run()
+
+    # -- one push ------------------------------------------------------------------------
+
+    def _push(
+        self,
+        tensors: dict[str, torch.Tensor],
+        frozen: set[str],
+        version: int,
+        deadline: float | None,
+        join_deadline: float | None,
+    ) -> PushReport:
+        t0 = time.monotonic()
+        report = PushReport(version)
+        names = self._targets(join_deadline)
+        hellos = self._hellos(names, join_deadline, report.failed)
+        if not hellos:
+            raise self._error(report, "no target said hello")
+        ref = next(iter(hellos.values()))
+        entries = [Entry(k, tuple(s), d) for k, s, d in ref.entries]
+        for name, h in list(hellos.items()):
+            if h.entries != ref.entries:
+                why = f"its tensors differ from {ref.name}'s (keys, shapes or dtypes)"
+                self._abort(name, why, report.failed)
+                del hellos[name]
+        problem = _check_source(entries, tensors, ref.name)
+        if problem is not None:
+            for name in hellos:
+                self._abort(name, problem, None)
+            raise ValueError(f"model: {problem}")
+        layout = Layout.build(entries, self.bucket_bytes, frozen & {e.key for e in entries})
+        if self._base_digest != layout.digest:
+            self._base = [None] * len(layout.buckets)
+            self._crcs = [0] * len(layout.buckets)
+            self._base_gen = None
+            self._base_digest = layout.digest
+        stale = {name: self._stale(h, layout) for name, h in hellos.items()}
+        tree = build_tree(
+            self._me, [(n, h.node, len(stale[n])) for n, h in hellos.items()], self.fanout
+        )
+        self._count += 1
+        gen = f"{self._life}:{self._count}"
+        plan = m.Plan(
+            version,
+            gen,
+            self.bucket_bytes,
+            tuple(sorted(frozen & {e.key for e in entries})),
+            tree.order,
+            dict(tree.parent),
+            stale,
+        )
+        live = []
+        for name in tree.order:
+            try:
+                self._edges.group(name).send(m.to_wire(plan), timeout=remaining(deadline))
+                live.append(name)
+            except Exception as exc:
+                self._edges.drop(name)
+                report.failed[name] = f"the plan did not reach it: {exc}"
+        report.order = tree.order
+        report.buckets = len(layout.buckets)
+        report.full_bytes = sum(b.nbytes for b in layout.buckets)
+        src = [tensors[e.key] for e in entries]
+        self._stream(layout, src, tree, stale, gen, deadline, report)
+        self._results(live, layout, src, deadline, report)
+        report.base_bytes = self.base_bytes
+        report.seconds = time.monotonic() - t0
+        if report.failed:
+            raise self._error(report, "")
+        return report
+
+    def _hellos(
+        self, names: list[str], join_deadline: float | None, failed: dict[str, str]
+    ) -> dict[str, m.Hello]:
+        """Every target's hello, in ``names`` order; the missing ones go to ``failed``."""
+        works: dict[str, Any] = dict.fromkeys(names)
+        got: dict[str, m.Hello] = {}
+        while works:
+            for name, work in list(works.items()):
+                if work is None:
+                    group = self._edges.group(name)
+                    if not group.peer_gone:  # a dead target may come back until the deadline
+                        works[name] = group.recv(async_op=True, timeout=remaining(join_deadline))
+                    continue
+                if not work.done():
+                    continue
+                try:
+                    got[name] = m.from_wire(work.wait(), (m.Hello,), name, "hello")
+                    del works[name]
+                except Exception as exc:
+                    group = self._edges.group(name)
+                    left = remaining(join_deadline)
+                    if group.peer_gone and (left is None or left > 0):
+                        works[name] = None  # died: wait for a new life of it
+                    else:
+                        self._edges.drop(name)
+                        failed[name] = f"no hello: {exc}"
+                        del works[name]
+            left = remaining(join_deadline)
+            if works and left is not None and left <= 0:
+                for name in works:
+                    failed[name] = "no hello before join_timeout (dead, or not pulling)"
+                break
+            if works:
+                time.sleep(_POLL)
+        return {n: got[n] for n in names if n in got}
+
+    def _stale(self, hello: m.Hello, layout: Layout) -> tuple[int, ...]:
+        """The buckets whose delta base ``hello``'s target does not hold."""
+        every = tuple(range(len(layout.buckets)))
+        if self._base_gen is None or hello.digest != layout.digest:
+            return every
+        if len(hello.gens) != len(layout.buckets):
+            return every
+        return tuple(i for i, g in enumerate(hello.gens) if g != self._base_gen)
+
+    def _abort(self, name: str, why: str, failed: dict[str, str] | None) -> None:
+        if failed is not None:
+            failed[name] = why
+        try:
+            self._edges.group(name).send(m.to_wire(m.Abort(why)), timeout=10.0)
+        except Exception:
+            self._edges.drop(name)
+
+    def _stream(
+        self,
+        layout: Layout,
+        src: list[torch.Tensor],
+        tree: Tree,
+        stale: dict[str, tuple[int, ...]],
+        gen: str,
+        deadline: float | None,
+        report: PushReport,
+    ) -> None:
+        """Prepare each bucket while the previous one is on the wire to the first target."""
+        first = tree.order[0] if tree.order else None
+        box = None
+        if first is not None and first not in report.failed:
+            box = Outbox(self._edges.group(first), first, deadline, self._lost)
+        first_stale = set(stale.get(first, ())) if first is not None else set()
+        slots = Slots(INFLIGHT)
+        self._base_gen, held_gen = None, self._base_gen  # partial bases are never used
+        for bucket in layout.buckets:
+            i = bucket.index
+            base = self._base[i]
+            held = i not in first_stale and held_gen is not None
+            release = slots.take(1 if box is not None else 0, deadline, f"bucket {i}")
+            if bucket.frozen and base is not None and held:
+                head, payload = m.Header(i, m.SAME, self._crcs[i], None, 0), None
+            else:
+                new = gather(bucket, src, torch.empty(bucket.numel, dtype=bucket.dtype))
+                crc = checksum(new)
+                head, payload = self._encode(i, new, base, crc, held, bucket.nbytes)
+                self._base[i] = new if self.delta else None
+                self._crcs[i] = crc
+            report.modes[head.mode] = report.modes.get(head.mode, 0) + 1
+            if box is not None:
+                box.put(m.to_wire(head), ready(payload), release)
+        self._base_gen = gen if self.delta else None
+        if box is not None:
+            box.finish()
+            report.sent_bytes += box.sent_bytes
+            if box.error is not None and first is not None:
+                report.failed.setdefault(first, f"sending to it failed: {box.error}")
+
+    def _encode(
+        self,
+        index: int,
+        new: torch.Tensor,
+        base: torch.Tensor | None,
+        crc: int,
+        held: bool,
+        nbytes: int,
+    ) -> tuple[m.Header, torch.Tensor | None]:
+        """How bucket ``index`` travels to a target that holds (``held``) its base or not."""
+        if base is not None and held:
+            if torch.equal(new.view(torch.uint8), base.view(torch.uint8)):
+                return m.Header(index, m.SAME, crc, None, 0), None
+            if self.delta:
+                meta, payload, wire = encode_delta(new, base, self.codec, self.level)
+                if wire < nbytes:
+                    return m.Header(index, m.DELTA, crc, meta, payload.numel()), payload
+        return m.Header(index, m.FULL, crc, None, nbytes), new
+
+    def _lost(self, child: str, exc: BaseException) -> None:
+        self._edges.drop(child)
+
+    def _results(
+        self,
+        live: list[str],
+        layout: Layout,
+        src: list[torch.Tensor],
+        deadline: float | None,
+        report: PushReport,
+    ) -> None:
+        """Every target's result; a resume request gets the rest of the buckets in full."""
+        works: dict[str, Any] = {}
+        resends: list[Outbox] = []
+        for name in live:
+            works[name] = self._edges.group(name).recv(async_op=True, timeout=remaining(deadline))
+        while works:
+            for name, work in list(works.items()):
+                if not work.done():
+                    continue
+                try:
+                    got = m.from_wire(work.wait(), (m.Result, m.Resume), name, "result")
+                except Exception as exc:
+                    self._edges.drop(name)
+                    report.failed.setdefault(name, f"no result: {exc}")
+                    report.targets[name] = None
+                    del works[name]
+                    continue
+                if isinstance(got, m.Resume):
+                    resends.append(self._resend(name, got.index, layout, src, deadline))
+                    group = self._edges.group(name)
+                    works[name] = group.recv(async_op=True, timeout=remaining(deadline))
+                    continue
+                report.targets[name] = got.version
+                if got.error is not None or got.version != report.version:
+                    report.failed[name] = got.error or f"holds version {got.version}"
+                else:
+                    report.failed.pop(name, None)
+                del works[name]
+            if works:
+                time.sleep(_POLL)
+        for box in resends:
+            box.finish()
+            report.sent_bytes += box.sent_bytes
+
+    def _resend(
+        self,
+        name: str,
+        start: int,
+        layout: Layout,
+        src: list[torch.Tensor],
+        deadline: float | None,
+    ) -> Outbox:
+        """Full buckets from ``start`` on to a target whose parent died."""
+        box = Outbox(self._edges.group(name), name, deadline, self._lost)
+        for bucket in layout.buckets[start:]:
+            i = bucket.index
+            head = m.Header(i, m.FULL, self._crcs[i], None, bucket.nbytes)
+
+            def payload(b: Bucket = bucket) -> torch.Tensor:
+                kept = self._base[b.index]
+                if kept is not None:
+                    return kept
+                return gather(b, src, torch.empty(b.numel, dtype=b.dtype))
+
+            box.put(m.to_wire(head), payload, lambda: None)
+        return box
+
+    def _error(self, report: PushReport, why: str) -> WeightSyncError:
+        lines = [f"{n}: {r}" for n, r in sorted(report.failed.items())]
+        err = WeightSyncError(
+            f"weight sync {self.sync!r}: version {report.version} did not reach"
+            f" {len(report.failed)} target(s){': ' + why if why else ''}: " + "; ".join(lines),
+            version=report.version,
+            failed=report.failed,
+        )
+        err.report = report  # type: ignore[attr-defined]
+        return err
+
+
+def _check_source(
+    entries: list[Entry], tensors: dict[str, torch.Tensor], target: str
+) -> str | None:
+    """Why the source cannot fill the targets' entries, or None."""
+    for e in entries:
+        t = tensors.get(e.key)
+        if t is None:
+            return f"the targets hold {e.key!r} (seen on {target}) but the source has no such key"
+        if t.numel() != e.numel:
+            return f"{e.key!r} has shape {tuple(t.shape)} on the source but {e.shape} on {target}"
+    return None

@@ -1,0 +1,188 @@
+"""Weight sync between real workers on a local Ray cluster: relay, casts, checks, versions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from p2p_worker import Cluster, PackedPlacementStrategy, WeightSyncError, Worker
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+BUCKET = 8 << 10  # 8 KiB buckets: the small model spans a dozen of them
+
+
+class Tiny(torch.nn.Module):
+    """Tied embedding and head, a frozen parameter, an int buffer, a norm kept in fp32."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(256, 64)
+        self.block = torch.nn.Linear(64, 128)
+        self.out = torch.nn.Linear(128, 64)
+        self.norm = torch.nn.LayerNorm(64)
+        self.head = torch.nn.Linear(64, 256, bias=False)
+        self.head.weight = self.embed.weight  # tied
+        self.rope = torch.nn.Parameter(torch.randn(500), requires_grad=False)  # frozen
+        self.register_buffer("steps", torch.zeros(7, dtype=torch.int64))
+        self.to(dtype)
+        self.norm.float()
+        self.steps = self.steps.long()
+
+
+class Trainer(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Tiny(torch.float32)  # fp32 masters
+
+    def step(self, seed: int, touch: list[str]) -> None:
+        """Change the named tensors (int buffers count up)."""
+        g = torch.Generator().manual_seed(seed)
+        sd = self.model.state_dict()
+        with torch.no_grad():
+            for key in touch:
+                t = sd[key]
+                if t.is_floating_point():
+                    t.add_(torch.randn(t.shape, generator=g) * 0.01)
+                else:
+                    t.add_(1)
+
+    def push(self, version: int, targets: Any, **kwargs: Any) -> dict[str, Any]:
+        report = self.push_weights(self.model, version, targets, **kwargs)
+        return {
+            "targets": report.targets,
+            "modes": report.modes,
+            "order": report.order,
+            "sent": report.sent_bytes,
+            "full": report.full_bytes,
+            "base": report.base_bytes,
+        }
+
+    def push_failing(self, version: int) -> dict[str, Any]:
+        try:
+            self.push_weights(self.model, version, timeout=60)
+        except WeightSyncError as exc:
+            return {"failed": exc.failed, "version": exc.version, "text": str(exc)}
+        return {"failed": {}}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self.model.state_dict().items()}
+
+
+class Rollout(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Tiny(torch.bfloat16)  # the targets' dtype decides (norm stays fp32)
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.zero_()
+
+    def pull(self, use_async: bool = False) -> dict[str, Any]:
+        ptrs = {k: v.data_ptr() for k, v in self.model.state_dict().items()}
+        if use_async:
+            version = self.pull_weights(self.model, "wtrainer", 0, async_op=True).wait(120)
+        else:
+            version = self.pull_weights(self.model, "wtrainer", 0, timeout=120)
+        in_place = ptrs == {k: v.data_ptr() for k, v in self.model.state_dict().items()}
+        return {"version": version, "in_place": in_place, "held": self.weight_version()}
+
+    def pull_failing(self) -> dict[str, Any]:
+        try:
+            return {"version": self.pull_weights(self.model, "wtrainer", 0, timeout=60)}
+        except WeightSyncError as exc:
+            return {"torn": exc.torn, "text": str(exc), "held": self.weight_version()}
+
+    def corrupt(self, key: str) -> None:
+        with torch.no_grad():
+            self.model.state_dict()[key].view(-1)[0] += 1
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self.model.state_dict().items()}
+
+
+def assert_same(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor]) -> None:
+    assert list(dst) == list(src)
+    for key, t in dst.items():
+        want = src[key].to(t.dtype)
+        assert t.dtype == (torch.int64 if key == "steps" else t.dtype)
+        assert torch.equal(t.view(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)), key
+
+
+def sync(trainer: Any, rollout: Any, version: int, **kwargs: Any) -> tuple[dict[str, Any], Any]:
+    pulls = rollout.pull(kwargs.pop("use_async", False))
+    pushed = trainer.push(version, kwargs.pop("targets", None), **kwargs).wait(180)[0]
+    return pushed, pulls.wait(180)
+
+
+def test_push_to_three_targets_in_place_cast_and_versioned(cluster: Cluster) -> None:
+    trainer = Trainer.create_group().launch(
+        cluster, PackedPlacementStrategy(1, cpus_per_worker=0), name="wtrainer"
+    )
+    rollout = Rollout.create_group().launch(
+        cluster, PackedPlacementStrategy(3, cpus_per_worker=0), name="wrollout"
+    )
+    # version 1: everything new, so every bucket travels in full, down a chain
+    pushed, pulled = sync(trainer, rollout, 1, targets="wrollout", bucket_bytes=BUCKET)
+    assert [p["version"] for p in pulled] == [1, 1, 1]
+    assert all(p["in_place"] and p["held"] == 1 for p in pulled)
+    assert pushed["targets"] == {f"wrollout:{r}": 1 for r in range(3)}
+    assert set(pushed["modes"]) == {"full"}
+    assert pushed["modes"]["full"] > 8
+    assert pushed["sent"] == pushed["full"]  # the source sent every byte once
+    assert pushed["order"] == ("wrollout:0", "wrollout:1", "wrollout:2")
+    src = trainer.state().wait(60)[0]
+    for dst in rollout.state().wait(60):
+        assert_same(src, dst)
+        assert dst["embed.weight"].dtype == torch.bfloat16
+        assert dst["norm.weight"].dtype == torch.float32
+    # version 2: two tensors change; unchanged buckets do not travel, changed ones as deltas
+    trainer.step(2, ["block.weight", "steps"]).wait(60)
+    pushed, pulled = sync(trainer, rollout, 2, use_async=True)
+    assert [p["version"] for p in pulled] == [2, 2, 2]
+    assert pushed["modes"]["same"] > 0
+    assert pushed["modes"]["delta"] > 0
+    assert pushed["sent"] < pushed["full"] // 2
+    assert pushed["base"] == pushed["full"]  # the delta base: one copy in the targets' dtypes
+    src = trainer.state().wait(60)[0]
+    for dst in rollout.state().wait(60):
+        assert_same(src, dst)
+        assert dst["steps"].tolist() == [1] * 7  # int buffers exact
+    # version 3: nothing changed; the version still advances, no payload travels
+    pushed, pulled = sync(trainer, rollout, 3)
+    assert [p["version"] for p in pulled] == [3, 3, 3]
+    assert set(pushed["modes"]) == {"same"}
+    assert pushed["sent"] == 0
+
+
+def test_tree_checksum_mismatch_is_loud_and_the_next_push_repairs(cluster: Cluster) -> None:
+    trainer = Trainer.create_group().launch(
+        cluster, PackedPlacementStrategy(1, cpus_per_worker=0), name="wtrainer"
+    )
+    rollout = Rollout.create_group().launch(
+        cluster, PackedPlacementStrategy(3, cpus_per_worker=0), name="wrollout"
+    )
+    _, pulled = sync(trainer, rollout, 1, targets="wrollout", bucket_bytes=BUCKET, fanout=2)
+    assert [p["version"] for p in pulled] == [1, 1, 1]
+    # a target's own weights change behind the sync's back: the next sync must notice
+    rollout.execute_on(1).corrupt("block.weight").wait(60)
+    pulls = rollout.pull_failing()
+    failed = trainer.push_failing(2).wait(120)[0]
+    got = pulls.wait(120)
+    assert got[0] == {"version": 2}
+    assert got[2] == {"version": 2}
+    assert got[1]["torn"] is True
+    assert got[1]["held"] is None
+    for word in ("wrollout:1", "version 2", "checksum", "torn"):
+        assert word in got[1]["text"]
+    assert list(failed["failed"]) == ["wrollout:1"]
+    assert failed["version"] == 2
+    # the next push repairs the torn target
+    trainer.step(3, ["out.weight"]).wait(60)
+    _, pulled = sync(trainer, rollout, 3)
+    assert [p["version"] for p in pulled] == [3, 3, 3]
+    src = trainer.state().wait(60)[0]
+    for dst in rollout.state().wait(60):
+        assert_same(src, dst)
