@@ -10,7 +10,12 @@ import pytest
 import torch
 from conftest import make_store
 
-from p2p_collective import CollectiveGroup, MultiChannelProcessGroup
+from p2p_collective import (
+    Collective,
+    CollectiveGroup,
+    CollectiveTimeoutError,
+    MultiChannelProcessGroup,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -74,3 +79,16 @@ def test_bad_arguments_are_refused_and_leave_it_usable() -> None:
 def test_device_constants_are_rlinfs() -> None:
     assert CollectiveGroup.CPU == "cpu"
     assert CollectiveGroup.ACCEL == "cuda"
+
+
+def test_init_times_out_when_the_peer_never_comes() -> None:
+    store = make_store()
+    coll = Collective("alone", store, timeout=5.0)
+    pg = MultiChannelProcessGroup(cur_rank=0, num_channels=1)
+    try:
+        for _ in range(2):  # a failed init may be called again
+            with pytest.raises(CollectiveTimeoutError, match="member 1 did not arrive"):
+                pg.init(world_size=2, group_name="lonely", collective=coll, timeout=0.5)
+            assert not pg.is_initialized
+    finally:
+        coll.close()

@@ -155,32 +155,43 @@ class MultiChannelProcessGroup:
             )
         if not isinstance(group_name, str) or not group_name:
             raise ValueError(f"group_name: got {group_name!r}; allowed: a non-empty str")
+        owned = collective is None
         if collective is None:
             assert init_method is not None
             collective = _own_collective(init_method, world, rank, group_name, host, timeout)
-            self._owns_collective = True
-        store = collective._store
-        store.set(f"{_KEY}/{group_name}/{rank}", collective.name)
-        pairs: list[CollectiveGroup] = []
-        if world == 2:
-            peer_key = f"{_KEY}/{group_name}/{self._peer_rank}"
-            try:
-                store.wait([peer_key], _delta(timeout))
-            except Exception as exc:
-                raise CollectiveTimeoutError(
-                    f"group {group_name!r}: member {self._peer_rank} did not arrive within "
-                    f"{timeout} s: {exc}"
-                ) from exc
-            peer = bytes(store.get(peer_key)).decode()
-            pairs = [
-                collective.create_pair_group([collective.name, peer], f"{group_name}/ch{i}")
-                for i in range(self._num_channels)
-            ]
-        self._collective = collective
+        try:
+            pairs = self._meet(collective, group_name, rank, world, timeout)
+        except BaseException:
+            if owned:  # a failed init leaves nothing behind; it may be called again
+                collective.close()
+            raise
+        self._collective, self._owns_collective = collective, owned
         self._group_name, self._world_size = group_name, world
         self._pairs = pairs
         self._bcast = [None] * self._num_channels
         self._is_initialized = True
+
+    def _meet(
+        self, collective: Collective, group_name: str, rank: int, world: int, timeout: float | None
+    ) -> list[CollectiveGroup]:
+        """Publish this member's address; for two members, build a pair group per channel."""
+        store = collective._store
+        store.set(f"{_KEY}/{group_name}/{rank}", collective.name)
+        if world != 2:
+            return []
+        peer_key = f"{_KEY}/{group_name}/{self._peer_rank}"
+        try:
+            store.wait([peer_key], _delta(timeout))
+        except Exception as exc:
+            raise CollectiveTimeoutError(
+                f"group {group_name!r}: member {self._peer_rank} did not arrive within "
+                f"{timeout} s: {exc}"
+            ) from exc
+        peer = bytes(store.get(peer_key)).decode()
+        return [
+            collective.create_pair_group([collective.name, peer], f"{group_name}/ch{i}")
+            for i in range(self._num_channels)
+        ]
 
     # -- operations ----------------------------------------------------------------------
 
