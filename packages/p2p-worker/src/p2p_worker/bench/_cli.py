@@ -301,7 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["--quick", "--out", "/tmp/p2p-bench-out"])  # doctest: +SKIP
         0
     """
-    options = resolve_options(sys.argv[1:] if argv is None else argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["weights"]:  # p2p-bench weights: the RL weight sync (its own options)
+        from p2p_worker.bench._weights import main as weights_main
+
+        return weights_main(args[1:])
+    options = resolve_options(args)
     missing = missing_bench_extra()
     if missing:
         print(

@@ -1,0 +1,435 @@
+"""``p2p-bench weights``: the RL weight sync, trainer to N rollout workers, every method.
+
+For each link (loopback; an emulated 1 Gbit/s NIC, where a process's links share one
+egress) and learning rate, and each number of targets, a trainer group of one and a
+rollout group of N are launched; the trainer takes real AdamW steps (fp32 masters, bf16
+copy) and after every step each method moves the new version to every rollout worker,
+which checks what it holds against the trainer's checksum (``exact``). Ray's and gloo's
+methods have no emulated link, so they run on loopback only. One record per cell
+(method, targets, link, lr) holds the median over the measured steps (the steps after
+``--warmup``, where the changed fraction has settled).
+
+Methods: ``sends`` (N full ``Worker.send`` s, RLinf's way), ``ray-object-store``
+(``ray.put`` once, N ``ray.get``), ``gloo-broadcast`` (torch.distributed),
+``ray-collective-broadcast`` (``ray.util.collective``, gloo) and
+``ray-direct-transport`` (an actor method with ``tensor_transport="gloo"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import socket
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from p2p_worker import Cluster, NodePlacementStrategy
+from p2p_worker.bench._model import SHAPES
+from p2p_worker.bench._weights_actors import (
+    RdtSource,
+    RdtTarget,
+    WeightsSource,
+    WeightsTarget,
+)
+
+JSON_NAME = "p2p-bench-weights.json"
+MARKDOWN_NAME = "p2p-bench-weights.md"
+PLOT_NAME = "p2p-bench-weights.png"
+LINKS = {"loopback": None, "1gbit": 1000.0}
+"""Link name -> emulated bandwidth in Mbit/s (None: the real loopback link)."""
+BASELINES = (
+    "sends",
+    "ray-object-store",
+    "gloo-broadcast",
+    "ray-collective-broadcast",
+    "ray-direct-transport",
+)
+LOOPBACK_ONLY = frozenset(BASELINES) - {"sends"}
+"""Methods that do not go through p2p's links, so link emulation cannot shape them."""
+_cells = itertools.count()
+
+
+@dataclass
+class WeightsOptions:
+    """What one run measures."""
+
+    model: str = "qwen2.5-0.5b"
+    targets: list[int] = field(default_factory=lambda: [1, 3, 7])
+    links: list[str] = field(default_factory=lambda: ["loopback", "1gbit"])
+    lrs: list[float] = field(default_factory=lambda: [1e-6, 1e-5])
+    steps: int = 8
+    warmup: int = 5
+    methods: list[str] = field(default_factory=lambda: list(BASELINES))
+    timeout: float = 600.0
+    seed: int = 0
+    out: Path = Path("p2p-bench-out")
+    address: str | None = None
+
+
+QUICK = {
+    "model": "small",
+    "targets": [1, 3],
+    "steps": 4,
+    "warmup": 2,
+    "methods": ["sends"],
+}
+"""``--quick``: the small model, 1 and 3 targets, both links, a few steps."""
+
+
+@dataclass
+class Record:
+    """One cell: a method moving each version to ``targets`` rollout workers on ``link``."""
+
+    method: str
+    targets: int
+    link: str
+    lr: float
+    seconds: float
+    wire_bytes: int
+    full_bytes: int
+    changed: float
+    exact: bool
+    steps: int
+    seconds_each: list[float]
+
+    @property
+    def gbps(self) -> float:
+        """Effective GB/s: the model's bytes delivered to every target, per second."""
+        return self.full_bytes * self.targets / self.seconds / 1e9 if self.seconds else 0.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def job_config(link: str) -> dict[str, Any]:
+    """The job's configuration for ``link`` (a shared NIC egress when emulated)."""
+    cluster: dict[str, Any] = {"collective": {"init_timeout": 120.0}}
+    mbps = LINKS[link]
+    if mbps is not None:
+        cluster["net_emulation"] = {"bandwidth_mbps": mbps, "egress": "process"}
+    return {"cluster": cluster}
+
+
+class _Cell:
+    """The groups of one (link, lr, targets) block and the methods that run on them."""
+
+    def __init__(self, opts: WeightsOptions, link: str, lr: float, targets: int) -> None:
+        self.opts = opts
+        self.link = link
+        self.targets = targets
+        self.cluster = Cluster(config=job_config(link), address=opts.address or "local")
+        n = next(_cells)
+        self.names = (f"p2p_wbench_src_{n}", f"p2p_wbench_dst_{n}")
+        place = NodePlacementStrategy([0], cpus_per_worker=0)
+        self.src = WeightsSource.create_group(opts.model, lr, opts.seed).launch(
+            self.cluster, place, name=self.names[0], timeout=opts.timeout
+        )
+        self.dst = WeightsTarget.create_group(opts.model).launch(
+            self.cluster,
+            NodePlacementStrategy([0] * targets, cpus_per_worker=0),
+            name=self.names[1],
+            timeout=opts.timeout,
+        )
+        self._gloo_port = _free_port()
+        self._rdt: tuple[Any, list[Any]] | None = None
+        self._rdt_group: Any = None
+
+    def step(self) -> dict[str, Any]:
+        facts: dict[str, Any] = self.src.call("step").wait(timeout=self.opts.timeout)[0]
+        return facts
+
+    def run(self, method: str, full_bytes: int) -> tuple[float, int, list[int]]:
+        """Move the current version with ``method``: ``(seconds, wire bytes, checksums)``."""
+        timeout = self.opts.timeout
+        n = self.targets
+        t0 = time.perf_counter()
+        if method == "sends":
+            recv = self.dst.call("recv_one", self.names[0], timeout)
+            self.src.call("send_all", self.names[1], n, timeout).wait(timeout=timeout)
+            sums = recv.wait(timeout=timeout)
+            wire = full_bytes * n
+        elif method == "ray-object-store":
+            refs = self.src.call("put_object").wait(timeout=timeout)[0]
+            sums = self.dst.call("get_object", refs).wait(timeout=timeout)
+            wire = full_bytes * n
+        elif method == "gloo-broadcast":
+            args = ("127.0.0.1", self._gloo_port, n + 1, timeout)
+            recv = self.dst.call("gloo_broadcast", *args)
+            self.src.call("gloo_broadcast", *args).wait(timeout=timeout)
+            sums = recv.wait(timeout=timeout)
+            wire = full_bytes * n
+        elif method == "ray-collective-broadcast":
+            recv = self.dst.call("ray_collective_broadcast", n + 1)
+            self.src.call("ray_collective_broadcast", n + 1).wait(timeout=timeout)
+            sums = recv.wait(timeout=timeout)
+            wire = full_bytes * n
+        elif method == "ray-direct-transport":
+            src, dsts = self._rdt_actors()
+            ref = src.weights.remote()
+            sums = ray.get([d.take.remote(ref) for d in dsts], timeout=timeout)
+            wire = full_bytes * n
+        else:
+            raise ValueError(f"method: got {method!r}; allowed: {', '.join(BASELINES)}")
+        return time.perf_counter() - t0, wire, [int(s) for s in sums]
+
+    def _rdt_actors(self) -> tuple[Any, list[Any]]:
+        if self._rdt is None:
+            from ray.experimental.collective import create_collective_group
+
+            src = RdtSource.remote()  # type: ignore[attr-defined]
+            dsts = [RdtTarget.remote(self.opts.model) for _ in range(self.targets)]  # type: ignore[attr-defined]
+            self._rdt_group = create_collective_group([src, *dsts], backend="torch_gloo")
+            self._rdt = (src, dsts)
+        src, dsts = self._rdt
+        refs = self.src.call("put_object").wait(timeout=self.opts.timeout)[0]
+        ray.get(src.load.remote(refs), timeout=self.opts.timeout)  # not timed
+        return src, dsts
+
+    def close(self) -> None:
+        if self._rdt is not None:
+            from ray.experimental.collective import destroy_collective_group
+
+            src, dsts = self._rdt
+            destroy_collective_group(self._rdt_group)
+            for actor in (src, *dsts):
+                ray.kill(actor)
+        self.cluster.shutdown()
+
+
+def run_weights(
+    opts: WeightsOptions, say: Callable[[str], None] = print
+) -> tuple[list[Record], list[dict[str, Any]]]:
+    """Measure every cell; return the records and the per-version facts (changed, loss)."""
+    records: list[Record] = []
+    versions: list[dict[str, Any]] = []
+    base = Cluster(address=opts.address or "local", timeout=opts.timeout)
+    try:
+        for link in opts.links:
+            methods = [m for m in opts.methods if link == "loopback" or m not in LOOPBACK_ONLY]
+            for lr in opts.lrs:
+                for n in opts.targets:
+                    say(f"[{link} lr={lr:g} targets={n}] launching trainer and {n} rollout workers")
+                    cell = _Cell(opts, link, lr, n)
+                    times: dict[str, list[float]] = {m: [] for m in methods}
+                    wires: dict[str, list[int]] = {m: [] for m in methods}
+                    exact = dict.fromkeys(methods, True)
+                    changed: list[float] = []
+                    full = 0
+                    try:
+                        for step in range(1, opts.steps + 1):
+                            facts = cell.step()
+                            full = int(facts["full_bytes"])
+                            versions.append({"link": link, "lr": lr, "targets": n, **facts})
+                            measured = step > opts.warmup
+                            if measured:
+                                changed.append(float(facts["changed"]))
+                            for method in methods:
+                                secs, wire, sums = cell.run(method, full)
+                                ok = all(s == facts["checksum"] for s in sums)
+                                exact[method] = exact[method] and ok
+                                if measured:
+                                    times[method].append(secs)
+                                    wires[method].append(wire)
+                                say(
+                                    f"  step {step} {method:<26} {secs:8.3f} s"
+                                    f"  changed {facts['changed']:.2%}  exact {ok}"
+                                    + ("" if measured else "  (warm-up)")
+                                )
+                    finally:
+                        cell.close()
+                    for method in methods:
+                        if not times[method]:
+                            continue
+                        records.append(
+                            Record(
+                                method=method,
+                                targets=n,
+                                link=link,
+                                lr=lr,
+                                seconds=statistics.median(times[method]),
+                                wire_bytes=int(statistics.median(wires[method])),
+                                full_bytes=full,
+                                changed=statistics.mean(changed) if changed else 0.0,
+                                exact=exact[method],
+                                steps=len(times[method]),
+                                seconds_each=times[method],
+                            )
+                        )
+    finally:
+        base.shutdown()
+    return records, versions
+
+
+def render_markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
+    """The report: one table per (link, lr), methods by targets, and the ratios to sends."""
+    lines = ["# p2p-bench weights", ""]
+    lines += [" · ".join(f"{k}: {v}" for k, v in meta.items()), ""]
+    if (Path(meta.get("out", ".")) / PLOT_NAME).exists():
+        lines += [f"![weight sync]({PLOT_NAME})", ""]
+    keys = sorted({(r.link, r.lr) for r in records})
+    for link, lr in keys:
+        cells = [r for r in records if r.link == link and r.lr == lr]
+        targets = sorted({r.targets for r in cells})
+        lines += [f"## {link}, lr {lr:g}", ""]
+        head = "| method | " + " | ".join(f"{n} target(s)" for n in targets) + " | exact |"
+        lines += [head, "|---" * (len(targets) + 2) + "|"]
+        for method in dict.fromkeys(r.method for r in cells):
+            row = [f"| {method} "]
+            ok = True
+            for n in targets:
+                r = next((c for c in cells if c.method == method and c.targets == n), None)
+                if r is None:
+                    row.append("| - ")
+                    continue
+                ok = ok and r.exact
+                sends = next((c for c in cells if c.method == "sends" and c.targets == n), None)
+                ratio = ""
+                if sends is not None and r is not sends:
+                    ratio = f", {sends.seconds / r.seconds:.2f}x the speed of sends"
+                wire = r.wire_bytes / r.full_bytes
+                row.append(
+                    f"| {r.seconds:.3f} s ({r.gbps:.2f} GB/s, wire {wire:.2f}x model{ratio}) "
+                )
+            row.append(f"| {ok} |")
+            lines.append("".join(row))
+        changed = [r.changed for r in cells]
+        lines += [
+            "",
+            f"Changed fraction of bf16 values per step: {statistics.mean(changed):.2%}",
+            "",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(records: Sequence[Record], path: Path) -> bool:
+    """Seconds per sync against the number of targets, one panel per (link, lr)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    keys = sorted({(r.link, r.lr) for r in records})
+    if not keys:
+        return False
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+    for ax, (link, lr) in zip(axes[0], keys, strict=True):
+        cells = [r for r in records if r.link == link and r.lr == lr]
+        for method in dict.fromkeys(r.method for r in cells):
+            pts = sorted((r.targets, r.seconds) for r in cells if r.method == method)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+        ax.set_title(f"{link}, lr {lr:g}")
+        ax.set_xlabel("rollout workers")
+        ax.set_ylabel("seconds per sync (lower is better)")
+        ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``p2p-bench weights``."""
+    p = argparse.ArgumentParser(
+        prog="p2p-bench weights",
+        description="RL weight sync from a trainer to N rollout workers, every method.",
+    )
+    p.add_argument("--quick", action="store_true", help="small model, 1 and 3 targets, few steps")
+    p.add_argument("--model", choices=sorted(SHAPES), help="model shapes (default qwen2.5-0.5b)")
+    p.add_argument("--targets", help="comma-separated numbers of rollout workers (default 1,3,7)")
+    p.add_argument("--links", help="comma-separated: loopback,1gbit")
+    p.add_argument("--lrs", help="comma-separated learning rates (default 1e-6,1e-5)")
+    p.add_argument("--steps", type=int, help="training steps per cell (default 8)")
+    p.add_argument("--warmup", type=int, help="steps not measured (default 5)")
+    p.add_argument("--methods", help=f"comma-separated, of: {', '.join(BASELINES)}")
+    p.add_argument("--out", default="p2p-bench-out", help="output folder")
+    p.add_argument("--address", help="Ray address (default: an embedded local cluster)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per operation")
+    return p
+
+
+def options_from(argv: Sequence[str]) -> WeightsOptions:
+    """Parse the command line into options (``--quick`` first, explicit flags on top)."""
+    args = build_parser().parse_args(list(argv))
+    opts = WeightsOptions(out=Path(args.out), address=args.address, timeout=args.timeout)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(opts, key, list(value) if isinstance(value, list) else value)
+    if args.model:
+        opts.model = args.model
+    if args.targets:
+        opts.targets = _ints(args.targets, "--targets")
+    if args.links:
+        opts.links = _choices(args.links, LINKS, "--links")
+    if args.lrs:
+        opts.lrs = [float(x) for x in args.lrs.split(",")]
+    if args.steps is not None:
+        opts.steps = args.steps
+    if args.warmup is not None:
+        opts.warmup = args.warmup
+    if args.methods:
+        opts.methods = _choices(args.methods, BASELINES, "--methods")
+    if opts.steps <= opts.warmup:
+        raise SystemExit(f"--steps ({opts.steps}) must exceed --warmup ({opts.warmup})")
+    return opts
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"{flag}: got {text!r}; allowed: comma-separated ints >= 1") from None
+    if any(v < 1 for v in values):
+        raise SystemExit(f"{flag}: got {text!r}; allowed: comma-separated ints >= 1")
+    return values
+
+
+def _choices(text: str, allowed: Any, flag: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise SystemExit(f"{flag}: got {text!r}; allowed: {', '.join(allowed)}")
+    return values
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``p2p-bench weights``; write JSON, Markdown and PNG; return the exit code."""
+    opts = options_from(argv)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    records, versions = run_weights(opts)
+    meta = {
+        "command": "p2p-bench weights",
+        "model": opts.model,
+        "parameters": SHAPES[opts.model].parameter_count(),
+        "steps": opts.steps,
+        "warmup": opts.warmup,
+        "wall_s": round(time.time() - started, 1),
+        "out": str(opts.out),
+    }
+    payload = {
+        "meta": meta,
+        "records": [{**asdict(r), "gbps": r.gbps} for r in records],
+        "versions": versions,
+    }
+    (opts.out / JSON_NAME).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    plot(records, opts.out / PLOT_NAME)
+    (opts.out / MARKDOWN_NAME).write_text(render_markdown(records, meta), encoding="utf-8")
+    print(render_markdown(records, meta))
+    bad = [r for r in records if not r.exact]
+    for r in bad:
+        print(f"NOT EXACT: {r.method} to {r.targets} target(s) on {r.link}, lr {r.lr:g}")
+    return 1 if bad else 0

@@ -1,0 +1,211 @@
+"""The processes of ``p2p-bench weights``: a trainer, its rollout workers, Ray's baselines.
+
+:class:`WeightsSource` is the trainer: fp32 master weights taking real AdamW steps
+(:class:`~p2p_worker.bench._model.WeightSteps`), the bf16 copy of the current version
+held for the methods that send a whole state dict. :class:`WeightsTarget` is a rollout
+worker holding its own bf16 copy of the model, which every method writes in place. Both
+are p2p :class:`~p2p_worker.Worker` s, so the same two groups run every method: N full
+``Worker.send`` s (RLinf's way), ``ray.put`` once and N ``ray.get``, a torch.distributed
+gloo broadcast and a ``ray.util.collective`` broadcast. Ray Direct Transport needs an
+actor method declared with ``@ray.method(tensor_transport=...)``, which a Worker's
+methods are not, so it runs between two plain actors of its own
+(:class:`RdtSource`, :class:`RdtTarget`) that take the trainer's version from the object
+store first (not timed).
+
+After each transfer a target returns the checksum of everything it holds; the driver
+compares it with the trainer's (``exact``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+import torch
+
+from p2p_worker import Worker
+from p2p_worker.bench._model import SHAPES, Decoder, WeightSteps, changed_fraction
+
+RAY_COLLECTIVE_GROUP = "p2p_wbench_col"
+
+
+def state_checksum(state: Mapping[str, torch.Tensor]) -> int:
+    """CRC-32 over every tensor's bytes, in key order."""
+    crc = 0
+    for key in sorted(state):
+        t = state[key].detach().contiguous().reshape(-1)
+        crc = zlib.crc32(key.encode(), crc)
+        if t.numel():
+            crc = zlib.crc32(t.view(torch.uint8).numpy(), crc)  # type: ignore[arg-type]
+    return crc
+
+
+def empty_state(shape_name: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Zeroed tensors of the model's parameters (a tied one once), as a rollout worker holds."""
+    with torch.device("meta"):  # shapes only: no memory for the model itself
+        model = Decoder(SHAPES[shape_name])
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    return {name: torch.zeros(shape, dtype=dtype) for name, shape in shapes.items()}
+
+
+def _copy_into(own: dict[str, torch.Tensor], got: Mapping[str, torch.Tensor]) -> None:
+    if sorted(own) != sorted(got):
+        raise ValueError(f"state dict keys differ: {sorted(set(own) ^ set(got))[:5]}")
+    for key, t in own.items():
+        t.copy_(got[key])
+
+
+def _gloo_group(addr: str, port: int, rank: int, world: int, timeout: float) -> Any:
+    """A torch.distributed gloo group of this benchmark (the default group, made once)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            addr, port, world, is_master=rank == 0, timeout=datetime.timedelta(seconds=timeout)
+        )
+        dist.init_process_group(
+            "gloo",
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+    return dist
+
+
+class WeightsSource(Worker):
+    """The trainer: fp32 masters, real AdamW steps, the bf16 copy of the current version.
+
+    Args:
+        shape_name: A key of :data:`~p2p_worker.bench._model.SHAPES`.
+        lr: AdamW learning rate.
+        seed: Seed of the weights and the data.
+    """
+
+    def __init__(self, shape_name: str, lr: float, seed: int) -> None:
+        super().__init__()
+        self.trainer = WeightSteps(SHAPES[shape_name], lr=lr, seed=seed)
+        self.current = self.trainer.weights()
+        self.version = 0
+
+    def step(self) -> dict[str, Any]:
+        """One training step; the new version's facts."""
+        previous = self.current
+        t0 = time.perf_counter()
+        self.current = self.trainer.step()
+        self.version += 1
+        return {
+            "version": self.version,
+            "train_seconds": time.perf_counter() - t0,
+            "changed": changed_fraction(previous, self.current),
+            "checksum": state_checksum(self.current),
+            "full_bytes": sum(t.numel() * t.element_size() for t in self.current.values()),
+            "loss": self.trainer.last_loss,
+        }
+
+    def send_all(self, dst_group: str, targets: int, timeout: float) -> None:
+        """N full sends: the whole state dict to each target, all posted at once."""
+        works = [self.send(self.current, dst_group, rank, async_op=True) for rank in range(targets)]
+        for work in works:
+            work.wait(timeout=timeout)
+
+    def put_object(self) -> list[Any]:
+        """``ray.put`` of the state dict once; the reference travels inside a list."""
+        return [ray.put(self.current)]
+
+    def gloo_broadcast(self, addr: str, port: int, world: int, timeout: float) -> None:
+        """torch.distributed gloo broadcast of every tensor from rank 0 (this worker)."""
+        dist = _gloo_group(addr, port, 0, world, timeout)
+        for key in sorted(self.current):
+            dist.broadcast(self.current[key], src=0)
+
+    def ray_collective_broadcast(self, world: int) -> None:
+        """``ray.util.collective`` broadcast of every tensor from rank 0 (this worker)."""
+        import ray.util.collective as col
+
+        if not col.is_group_initialized(RAY_COLLECTIVE_GROUP):  # type: ignore[no-untyped-call]
+            col.init_collective_group(world, 0, "gloo", RAY_COLLECTIVE_GROUP)  # type: ignore[arg-type]
+        for key in sorted(self.current):
+            col.broadcast(self.current[key], 0, RAY_COLLECTIVE_GROUP)
+
+
+class WeightsTarget(Worker):
+    """A rollout worker: its own bf16 copy of the model, written in place by every method.
+
+    Args:
+        shape_name: A key of :data:`~p2p_worker.bench._model.SHAPES`.
+    """
+
+    def __init__(self, shape_name: str) -> None:
+        super().__init__()
+        self.weights = empty_state(shape_name)
+
+    def checksum(self) -> int:
+        """The checksum of what this worker holds."""
+        return state_checksum(self.weights)
+
+    def recv_one(self, src_group: str, timeout: float) -> int:
+        """Take one full state dict from the trainer (the N-sends method)."""
+        got = self.recv(src_group, 0, timeout=timeout)
+        _copy_into(self.weights, got)
+        return self.checksum()
+
+    def get_object(self, refs: list[Any]) -> int:
+        """``ray.get`` the trainer's state dict and copy it in."""
+        _copy_into(self.weights, ray.get(refs[0]))
+        return self.checksum()
+
+    def gloo_broadcast(self, addr: str, port: int, world: int, timeout: float) -> int:
+        """Receive every tensor of the gloo broadcast into this worker's own tensors."""
+        dist = _gloo_group(addr, port, self._rank + 1, world, timeout)
+        for key in sorted(self.weights):
+            dist.broadcast(self.weights[key], src=0)
+        return self.checksum()
+
+    def ray_collective_broadcast(self, world: int) -> int:
+        """Receive every tensor of the ``ray.util.collective`` broadcast in place."""
+        import ray.util.collective as col
+
+        if not col.is_group_initialized(RAY_COLLECTIVE_GROUP):  # type: ignore[no-untyped-call]
+            rank = self._rank + 1
+            col.init_collective_group(world, rank, "gloo", RAY_COLLECTIVE_GROUP)  # type: ignore[arg-type]
+        for key in sorted(self.weights):
+            col.broadcast(self.weights[key], 0, RAY_COLLECTIVE_GROUP)
+        return self.checksum()
+
+
+@ray.remote(num_cpus=0)
+class RdtSource:
+    """Ray Direct Transport's sender: an actor method that returns the state dict over gloo."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, torch.Tensor] = {}
+
+    def load(self, refs: list[Any]) -> int:
+        """Take the trainer's version from the object store (not timed)."""
+        self.current = {k: v.clone() for k, v in ray.get(refs[0]).items()}
+        return state_checksum(self.current)
+
+    @ray.method(tensor_transport="gloo")
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The state dict, moved to the caller by Ray Direct Transport."""
+        return self.current
+
+
+# A receiver needs Ray's transfer thread too, which only a method declared with a tensor
+# transport or this option starts (without it the transfer waits out Ray's 60 s timeout).
+@ray.remote(num_cpus=0, enable_tensor_transport=True)  # type: ignore[call-overload]
+class RdtTarget:
+    """Ray Direct Transport's receiver: copies what arrives into its own tensors."""
+
+    def __init__(self, shape_name: str) -> None:
+        self.weights = empty_state(shape_name)
+
+    def take(self, state: dict[str, torch.Tensor]) -> int:
+        """Copy the state dict Ray handed over into this actor's tensors; the checksum."""
+        _copy_into(self.weights, state)
+        return state_checksum(self.weights)
