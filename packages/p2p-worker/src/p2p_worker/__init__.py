@@ -28,6 +28,8 @@ from p2p_worker._channels import (
     ChannelFull,
     ChannelNotFoundError,
     ChannelWork,
+    ChannelWorker,
+    LocalChannel,
     connect_channel,
     create_channel,
 )
@@ -80,6 +82,8 @@ __all__ = [
     "PlacementError",
     "Channel",
     "ChannelWork",
+    "ChannelWorker",
+    "LocalChannel",
     "create_channel",
     "connect_channel",
     "ChannelError",

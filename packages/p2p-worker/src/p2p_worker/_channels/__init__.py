@@ -4,6 +4,7 @@ A folder above :class:`~p2p_worker.Worker`: nothing here is imported by the work
 base, and ``Worker`` reaches channels only through :class:`ChannelService`.
 
 - :mod:`~p2p_worker._channels.handle`: :class:`Channel`, the public handle;
+  :mod:`~p2p_worker._channels.local`: :class:`LocalChannel`, RLinf's in-process one;
 - :mod:`~p2p_worker._channels.client`: one process's link to a channel worker,
   :mod:`~p2p_worker._channels.connect`: finding and connecting it,
   :mod:`~p2p_worker._channels.acks`: acknowledgements riding on requests, and
@@ -29,6 +30,8 @@ from p2p_worker._channels.errors import (
     ChannelNotFoundError,
 )
 from p2p_worker._channels.handle import Channel
+from p2p_worker._channels.local import LocalChannel
+from p2p_worker._channels.server import ChannelWorker
 from p2p_worker._channels.service import ChannelService
 from p2p_worker._channels.work import ChannelWork
 
@@ -42,6 +45,8 @@ __all__ = [
     "ChannelNotFoundError",
     "ChannelService",
     "ChannelWork",
+    "ChannelWorker",
+    "LocalChannel",
     "connect_channel",
     "create_channel",
 ]

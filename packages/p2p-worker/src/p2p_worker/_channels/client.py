@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, cast
 
 import ray
-import torch
 
 from p2p_asyncwork import AsyncWork, WorkCancelledError
-from p2p_collective import PeerGoneError
 from p2p_worker._channels.acks import FLUSHER, AckBatch
 from p2p_worker._channels.errors import (
     ChannelClosedError,
@@ -36,6 +33,7 @@ from p2p_worker._channels.errors import (
     ChannelFull,
 )
 from p2p_worker._channels.failure import Unconfirmed, fail_ops_soon
+from p2p_worker._channels.handshake import open_groups
 from p2p_worker._channels.linger import Linger
 from p2p_worker._channels.order import IssueOrder
 from p2p_worker._channels.prefetch import Prefetched
@@ -46,9 +44,7 @@ from p2p_worker._channels.proto import (
     RECEIPT,
     RESET,
     Hello,
-    control_group_name,
     decode,
-    link_group_name,
     wire_timeout,
 )
 from p2p_worker._channels.queue import Void
@@ -57,9 +53,6 @@ from p2p_worker._channels.work import CONTROL_GRACE, ChannelWork, Op, wait_withi
 CREDITS = 8  # put credits a put asks for (the channel worker may lend fewer)
 CREDIT_LINGER = 0.05  # seconds without a put after which unused credits are handed back
 NO_CREDIT: Any = object()  # credit_put's answer when the put must ask the channel worker
-_REBORN_WAIT = 10.0
-"""Seconds a new link waits for a re-created channel worker to replace its dead namesake."""
-_REBORN_PAUSE = 0.1
 ACK_TIMEOUT = 5.0  # seconds an acknowledgement may take to leave (and close waits for it)
 
 
@@ -75,6 +68,10 @@ class ChannelLink:
         self.hello = hello
         self.peer = endpoint.address.get_name()
         self._lock = threading.RLock()
+        # Sends on the control group (requests, acknowledgements, give-backs), so they
+        # leave in the order they were made; taken before ``_lock``, never by the link's
+        # receiving thread (which must always be free to take answers in).
+        self._send_lock = threading.RLock()
         self._gen = hello.gen
         self._group: Any = None
         self._ctl: Any = None  # the control group: requests, in token order
@@ -95,7 +92,7 @@ class ChannelLink:
         self._got: dict[int, list[Any]] = {}
         self._acks = AckBatch()  # acknowledgements waiting for the next request
         # items a blocking get took ahead (see _channels.prefetch)
-        self.prefetched = Prefetched(self._lock, self.give_back_prefetched)
+        self.prefetched = Prefetched(_Locks(self._send_lock, self._lock), self.give_back_prefetched)
         self._prefetching: dict[int, Any] = {}  # token -> key of a prefetching get in flight
         self.closed = False
         # Put credits: slots the channel worker lent this process on link generation
@@ -113,44 +110,16 @@ class ChannelLink:
 
     # -- the payload link ---------------------------------------------------------------
 
-    def _make_group(self, gen: int) -> Any:
-        name = link_group_name(self.hello.uid, self.peer, gen)
-        return self.endpoint.collective().create_collective_group(
-            [self.endpoint.address, self.hello.address], group_name=name
-        )
-
     def open(self, timeout: float | None) -> None:
-        """Connect both directions of the first link (the channel worker does the same).
+        """Connect the link and control group of the current generation; post a receive.
 
-        The channel worker just answered ``hello``, so it lives. A ``PeerGoneError``
-        here is the ended life of an earlier worker of a channel of the same name (at
-        the same address) that this process knew, seen before the new worker announced
-        itself: the link is tried again, for up to :data:`_REBORN_WAIT` seconds.
+        Raises:
+            ChannelError: They could not be connected (see ``handshake.open_groups``).
         """
-        empty = torch.empty(0, dtype=torch.uint8)
-        limit = _REBORN_WAIT if timeout is None else min(timeout, _REBORN_WAIT)
-        reborn_until = time.monotonic() + limit
-        while True:
-            group = self._group = self._make_group(self._gen)
-            ctl = self._ctl = self.endpoint.collective().create_collective_group(
-                [self.endpoint.address, self.hello.address],
-                group_name=control_group_name(self.hello.uid, self.peer, self._gen),
-            )
-            try:
-                group.recv_tensor(empty, timeout=timeout)
-                group.send_tensor(empty, timeout=timeout)
-                ctl.send_tensor(empty, timeout=timeout)
-                self._read(group)
-                return
-            except Exception as exc:
-                group.close(timeout=0.0)
-                ctl.close(timeout=0.0)
-                if isinstance(exc, PeerGoneError) and time.monotonic() < reborn_until:
-                    time.sleep(_REBORN_PAUSE)
-                    continue
-                raise ChannelError(
-                    f"channel {self.hello.name!r}: could not connect to its channel worker: {exc}"
-                ) from exc
+        self._group, self._ctl = open_groups(
+            self.endpoint, self.hello, self.peer, self._gen, timeout
+        )
+        self._read(self._group)
 
     def _group_for(self, gen: int) -> Any:
         """The link of generation ``gen`` (holding ``_lock``); None if not ours or closed.
@@ -304,14 +273,15 @@ class ChannelLink:
 
     def flush_acks(self) -> None:
         """Send the acknowledgements that no request took along (the ack flusher's call)."""
-        with self._lock:
-            group, failed = self._group, self._send_acks()
+        with self._send_lock:
+            with self._lock:
+                group, msg, ctl = self._group, self._acks.alone(), self._ctl
+            failed = self._send_acks(msg, ctl)
         if failed is not None:
             self._break(group, failed)
 
-    def _send_acks(self) -> BaseException | None:
-        """Send the pending acknowledgements now (holding ``_lock``); what failed, if any."""
-        msg, ctl = self._acks.alone(), self._ctl
+    def _send_acks(self, msg: tuple[Any, ...] | None, ctl: Any) -> BaseException | None:
+        """Send acknowledgements ``msg`` (holding ``_send_lock``); what failed, if any."""
         if msg is None or ctl is None:
             return None
         try:  # a plain send in this thread: the control group's sends are ours alone
@@ -423,40 +393,52 @@ class ChannelLink:
         (a blocking call: the answer is awaited and, when it is next in line, its
         transfer done in the caller's thread, sparing two thread hand-offs).
         """
-        with self._lock:
-            if self.closed:
-                raise ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
-            if self._broken is not None:
-                self._reconnect()
-            token = self._token
-            self._token += reserve  # a prefetching get numbers its items (_channels.prefetch)
-            fut: Future[Any] = Future()
-            self._pending[token] = fut
-            ctl, group = self._ctl, self._group
-            failed: BaseException | None = None
-            try:  # sent holding the lock: requests leave in token order
-                # A plain send in this thread, no hand-off: the control group's sends are
-                # made holding this lock, so the collective runs it inline.
-                req = request(token)
-                if reserve > 1:
-                    self._prefetching[token] = req[7]  # the get's key
-                msg = self._with_acks(req)
-                ctl.send(msg, timeout=wire_timeout(self.hello.transfer_timeout))
-            except (TypeError, ValueError) as exc:  # refused before anything was sent
+        failed: BaseException | None = None
+        refused: BaseException | None = None
+        # Requests leave in token order: numbered and sent holding the send lock. The
+        # send itself is made without ``_lock``: the link's receiving thread takes
+        # ``_lock`` for every answer, and while a burst of requests fills the control
+        # group's buffer the channel worker may be waiting to hand this process answers.
+        with self._send_lock:
+            with self._lock:
+                if self.closed:
+                    raise ChannelClosedError(f"channel {self.hello.name!r}: this handle was closed")
+                if self._broken is not None:
+                    self._reconnect()
+                token = self._token
+                self._token += reserve  # a prefetching get numbers its items (_channels.prefetch)
+                fut: Future[Any] = Future()
+                self._pending[token] = fut
+                ctl, group = self._ctl, self._group
+                msg: tuple[Any, ...] | None = None
+                try:
+                    req = request(token)
+                    if reserve > 1:
+                        self._prefetching[token] = req[7]  # the get's key
+                    msg = self._with_acks(req)
+                except (TypeError, ValueError) as exc:  # refused before anything was sent
+                    refused = exc
+                seq = self._seq[kind]
+                self._seq[kind] += 1
+            if msg is not None:
+                try:  # a plain send in this thread: the collective runs it inline
+                    ctl.send(msg, timeout=wire_timeout(self.hello.transfer_timeout))
+                except (TypeError, ValueError) as exc:  # refused before anything was sent
+                    refused = exc
+                except Exception as exc:
+                    # The control group failed: the op stays pending and fails with the
+                    # others of this link, as ChannelClosedError when the channel worker
+                    # is gone (asked of Ray), else ChannelError.
+                    failed = exc
+        if refused is not None:
+            with self._lock:
                 self._pending.pop(token, None)
                 self._prefetching.pop(token, None)
-                err = ChannelError(
-                    f"channel {self.hello.name!r}: the request could not be sent ({exc})"
-                )
-                err.__cause__ = exc
-                fut.set_exception(err)
-            except Exception as exc:
-                # The control group failed: the op stays pending and fails with the
-                # others of this link, as ChannelClosedError when the channel worker is
-                # gone (asked of Ray), else ChannelError.
-                failed = exc
-            seq = self._seq[kind]
-            self._seq[kind] += 1
+            err = ChannelError(
+                f"channel {self.hello.name!r}: the request could not be sent ({refused})"
+            )
+            err.__cause__ = refused
+            fut.set_exception(err)
         if failed is not None:
             self._break(group, failed)
         work = ChannelWork(fut, lambda wait, timeout: self._withdraw(token, wait, timeout))
@@ -667,7 +649,7 @@ class ChannelLink:
 
     def give_back_prefetched(self) -> None:
         """Send the live link's unused prefetched items back to the head; acks ride along."""
-        with self._lock:
+        with self._send_lock, self._lock:
             group, ctl = self._group, self._ctl
             tokens = self.prefetched.drain(group) if self.prefetched and group is not None else []
             if not tokens or ctl is None:
@@ -769,11 +751,11 @@ class ChannelLink:
 
     def close(self) -> None:
         """Stop using the link (unused credits go back); pending operations fail. Idempotent."""
-        with self._order["put"], self._lock:
+        with self._order["put"], self._send_lock, self._lock:
             if not self.closed:
                 self._return_credits(wait=True)
                 self.give_back_prefetched()  # unused prefetched items go back to the head
-                self._send_acks()  # what it took is acknowledged before it leaves
+                self._send_acks(self._acks.alone(), self._ctl)  # acknowledged before it leaves
             self.closed = True
             self._credit_linger.stop()
             self.prefetched.stop()
@@ -791,3 +773,21 @@ class ChannelLink:
                 g.close(timeout=0.0)
         if unconfirmed:  # sent, their receipts cannot come now: ask what arrived
             fail_ops_soon(self.actor, self.peer, self.hello.name, closed, report, {}, unconfirmed)
+
+
+class _Locks:
+    """Two reentrant locks taken in order and released in reverse (a reusable ``with``)."""
+
+    __slots__ = ("_first", "_second")
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self._first = first
+        self._second = second
+
+    def __enter__(self) -> None:
+        self._first.acquire()
+        self._second.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._second.release()
+        self._first.release()

@@ -7,6 +7,7 @@ from typing import Any
 
 import ray
 
+from p2p_worker._address import WorkerAddress
 from p2p_worker._channels.client import ChannelLink
 from p2p_worker._channels.errors import ChannelClosedError, ChannelNotFoundError
 from p2p_worker._channels.proto import CHANNEL_NAMESPACE, actor_name
@@ -26,12 +27,25 @@ def lookup_actor(job: Any, name: str, timeout: float | None) -> Any:
         try:
             return ray.get_actor(full, namespace=CHANNEL_NAMESPACE)
         except ValueError as exc:
+            launched = _launched_actor(name)
+            if launched is not None:
+                return launched
             if deadline is not None and time.monotonic() >= deadline:
                 raise ChannelNotFoundError(
                     f"no channel named {name!r} in this job (waited {timeout} s); create it "
                     f"with create_channel({name!r}) first"
                 ) from exc
         time.sleep(_LOOKUP_PAUSE)
+
+
+def _launched_actor(name: str) -> Any:
+    """Rank 0 of a ChannelWorker group launched under ``name`` (RLinf's way), or None."""
+    try:
+        actor = ray.get_actor(WorkerAddress(name, (0,)).get_name())
+        actor.hello  # noqa: B018 - a handle of another worker class has no such method
+    except (ValueError, AttributeError):
+        return None
+    return actor
 
 
 def connect_link(endpoint: Any, name: str, timeout: float | None) -> ChannelLink:

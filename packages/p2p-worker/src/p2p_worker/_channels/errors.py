@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import queue
 
 from p2p_worker._errors import WorkerError
@@ -22,25 +23,27 @@ class ChannelError(WorkerError):
     """
 
 
-class ChannelFull(ChannelError, queue.Full):
+class ChannelFull(ChannelError, queue.Full, asyncio.QueueFull):
     """The channel had no room: ``put_nowait`` on a full channel, or ``put`` timed out.
 
-    Also a :class:`queue.Full`, so code written for :mod:`queue` catches it.
+    Also a :class:`queue.Full` and an :class:`asyncio.QueueFull` (what RLinf's
+    ``put_nowait`` raises), so code written for either catches it.
 
     Example:
-        >>> issubclass(ChannelFull, queue.Full)
-        True
+        >>> issubclass(ChannelFull, queue.Full), issubclass(ChannelFull, asyncio.QueueFull)
+        (True, True)
     """
 
 
-class ChannelEmpty(ChannelError, queue.Empty):
+class ChannelEmpty(ChannelError, queue.Empty, asyncio.QueueEmpty):
     """The channel had no item: ``get_nowait`` on an empty channel, or ``get`` timed out.
 
-    Also a :class:`queue.Empty`, so code written for :mod:`queue` catches it.
+    Also a :class:`queue.Empty` and an :class:`asyncio.QueueEmpty` (what RLinf's
+    ``get_nowait`` raises), so code written for either catches it.
 
     Example:
-        >>> issubclass(ChannelEmpty, queue.Empty)
-        True
+        >>> issubclass(ChannelEmpty, queue.Empty), issubclass(ChannelEmpty, asyncio.QueueEmpty)
+        (True, True)
     """
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 import ray
 
@@ -17,14 +17,23 @@ from p2p_worker._channels.endpoint import (
     forget_handle,
     remember_handle,
 )
-from p2p_worker._channels.errors import ChannelClosedError
+from p2p_worker._channels.errors import ChannelClosedError, ChannelError
 from p2p_worker._channels.inline import PutRequest
 from p2p_worker._channels.keys import DEFAULT_KEY, check_key, check_weight, wrap
-from p2p_worker._channels.proto import GET, MAX_BATCH, PREFETCH, QSIZE, check_channel_name
+from p2p_worker._channels.local import LocalChannel
+from p2p_worker._channels.proto import (
+    DEFAULT_TRANSFER_TIMEOUT as DEFAULT_TRANSFER_TIMEOUT,  # re-exported
+)
+from p2p_worker._channels.proto import (
+    GET,
+    MAX_BATCH,
+    PREFETCH,
+    QSIZE,
+    check_channel_name,
+)
 from p2p_worker._channels.spawn import resolve_names, spawn_channel_worker
 from p2p_worker._channels.work import ChannelWork, check_timeout, refuse_waiting_in_callback
 
-DEFAULT_TRANSFER_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 30.0
 DEFAULT_QUERY_TIMEOUT = 60.0
 
@@ -98,6 +107,38 @@ class Channel:
         state = "closed" if link.closed else f"maxsize={link.hello.maxsize}"
         return f"<Channel {self.name!r} {state}>"
 
+    @overload
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        maxsize: int = 0,
+        distributed: bool = False,
+        node_rank: int = 0,
+        local: Literal[False] = False,
+        disable_distributed_log: bool = True,
+        *,
+        cluster: Any = None,
+        transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
+        timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+    ) -> Channel: ...
+
+    @overload
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        maxsize: int = 0,
+        distributed: bool = False,
+        node_rank: int = 0,
+        *,
+        local: Literal[True],
+        disable_distributed_log: bool = True,
+        cluster: Any = None,
+        transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
+        timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+    ) -> LocalChannel: ...
+
     @classmethod
     def create(
         cls,
@@ -111,26 +152,27 @@ class Channel:
         cluster: Any = None,
         transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
         timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
-    ) -> Channel:
+    ) -> Channel | LocalChannel:
         """Create channel ``name`` (RLinf's ``Channel.create``), or connect if it exists.
 
         In a worker the channel belongs to the worker's job; in the driver to its one
         open :class:`~p2p_worker.Cluster` (or ``cluster``). As in RLinf, a name already
-        in use connects to that channel instead of failing.
+        in use connects to that channel instead of failing. With ``local=True`` it is a
+        :class:`~p2p_worker.LocalChannel` instead: held in this process, no worker.
 
         Args:
             name: Channel name (letters, digits, ``_ . -``).
             maxsize: Most items held at once, over all keys (0: no bound).
             distributed: RLinf's one-worker-per-node channel; accepted on one node only.
             node_rank: Node whose channel worker holds the items.
-            local: RLinf's in-process channel; not supported (must be False).
+            local: RLinf's in-process channel: return a :class:`LocalChannel`.
             disable_distributed_log: RLinf's flag; accepted, no effect.
             cluster: The driver's Cluster, when it has several open.
             transfer_timeout: Seconds one payload transfer may take (None: no limit).
             timeout: Seconds to wait for the channel worker to start and connect.
 
         Returns:
-            This process's :class:`Channel` handle.
+            This process's :class:`Channel` handle (a :class:`LocalChannel` if ``local``).
 
         Raises:
             ValueError: As ``Worker.create_channel``.
@@ -143,6 +185,9 @@ class Channel:
         from p2p_worker._channels.errors import ChannelExistsError
 
         del disable_distributed_log
+        if local is True:  # RLinf's in-process channel: no job, no channel worker
+            check_channel_name(name)
+            return LocalChannel(maxsize)
         endpoint = current_endpoint(cluster)
         chosen, node = resolve_names(
             name, None, node_rank, None, distributed, local, len(endpoint.job.nodes)
@@ -530,6 +575,38 @@ class Channel:
         check_key(key)
         st = self.stats(timeout=timeout)
         return bool(st["maxsize"] > 0 and st["held"] >= st["maxsize"])
+
+    def peek_all(
+        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+    ) -> list[Any]:
+        """The items queued under ``key``, oldest first, without taking them (RLinf's).
+
+        A snapshot for debugging: copies of the items (each crosses Ray once), this
+        process's own puts included, and first the items this process's gets took ahead
+        (they come out first); not those other consumers hold. ``str(channel)`` shows
+        the default key's.
+
+        Raises:
+            ChannelClosedError: The channel worker is gone or did not answer in time.
+
+        Example:
+            >>> channel.put("a"); channel.put("b")  # doctest: +SKIP
+            >>> channel.peek_all()  # doctest: +SKIP
+            ['a', 'b']
+        """
+        check_key(key)
+        link = self._link()
+        with link._lock:  # what the next gets of this process hand out first
+            held = [item for k, item in link.orphans if k == key]
+            held += [entry[3] for entry in link.prefetched.entries if entry[0] == key]
+        return held + list(self._query("peek_all", timeout, key))
+
+    def __str__(self) -> str:
+        """The default key's queued items (RLinf's ``str(channel)``); the repr if unreachable."""
+        try:
+            return str(self.peek_all())
+        except ChannelError as exc:
+            return f"{self!r} (items unavailable: {exc})"
 
     def stats(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> dict[str, Any]:
         """Counters of the channel worker.

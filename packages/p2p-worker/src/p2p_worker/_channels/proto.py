@@ -10,6 +10,7 @@ from p2p_worker._address import WorkerAddress
 from p2p_worker._workers._runtime import JobContext
 
 CHANNEL_NAMESPACE = "p2p_channels"
+DEFAULT_TRANSFER_TIMEOUT = 60.0  # seconds one payload transfer may take, by default
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 

@@ -53,7 +53,7 @@ import ray
 import torch
 
 from p2p_collective import GroupClosedError
-from p2p_worker._channels.keys import DEFAULT_KEY
+from p2p_worker._channels.launched import launched_spec
 from p2p_worker._channels.lifetime import watch_store
 from p2p_worker._channels.peers import Peer, Tokens
 from p2p_worker._channels.prefetch import SoleConsumer
@@ -87,6 +87,7 @@ from p2p_worker._channels.queue import (
 )
 from p2p_worker._channels.readers import PayloadReader, RequestReader
 from p2p_worker._channels.replies import Replies
+from p2p_worker._channels.views import ChannelViews
 from p2p_worker._info import WorkerInfo
 from p2p_worker._workers._runtime import WorkerRuntime
 from p2p_worker._workers._untraced import untraced_internals
@@ -102,33 +103,53 @@ ARRIVED_POLL = 0.01  # seconds between its looks
 
 
 @untraced_internals
-class ChannelWorker(WorkerBase):
+class ChannelWorker(ChannelViews, WorkerBase):
     """The worker that holds one channel's items; one Ray actor per channel.
 
-    Created by ``create_channel``; never instantiate it yourself. It runs as a detached
-    Ray actor on the requested node, so it outlives the worker that created it, and it
-    exits by itself when the job's rendezvous store goes away (the driver's
-    ``Cluster`` shut down or died) or when the channel is destroyed.
+    ``create_channel`` starts one as a detached Ray actor on the requested node, so it
+    outlives the worker that created it; it exits by itself when the job's rendezvous
+    store goes away (the driver's ``Cluster`` shut down or died) or when the channel is
+    destroyed. RLinf's way works too: ``ChannelWorker.create_group(maxsize=...)
+    .launch(cluster, placement, name=...)`` launches it as a worker group of one, and
+    the channel is then that group's name (``Channel.connect(name)``). A group of
+    several (RLinf's distributed channel, one channel worker per node) is refused.
 
     Args:
-        spec: The channel's name, identity, bound and job context.
+        maxsize: Most items the channel holds at once, over all keys (int >= 0; 0: no
+            bound). ``create_channel`` passes the whole spec (name, identity, bound and
+            job context) instead.
+
+    Raises:
+        TypeError, ValueError: ``maxsize`` is not an int >= 0, or the group has more
+            than one worker.
+        WorkerError: Constructed with a ``maxsize`` outside a launched group.
+
+    Example:
+        >>> group = ChannelWorker.create_group(maxsize=8).launch(  # doctest: +SKIP
+        ...     cluster, NodePlacementStrategy([0]), name="rollouts"
+        ... )
+        >>> channel = Channel.connect("rollouts")  # doctest: +SKIP
     """
 
-    def __init__(self, spec: ChannelSpec) -> None:
+    def __init__(self, maxsize: ChannelSpec | int = 0) -> None:
         super().__init__()
-        node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        address = channel_address(spec.name)
+        if isinstance(maxsize, ChannelSpec):
+            spec = maxsize
+            node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+            address = channel_address(spec.name)
+            self._p2p_runtime = WorkerRuntime(spec.job, address, node_ip)
+            self._p2p_info = WorkerInfo(
+                address=address,
+                rank=0,
+                node_id=spec.node_rank,
+                gpu_id=None,
+                node_ip=node_ip,
+                ray_node_id=ray.get_runtime_context().get_node_id(),
+                pid=os.getpid(),
+            )
+        else:
+            spec = launched_spec(self, maxsize)
         self._spec = spec
-        self._p2p_runtime = WorkerRuntime(spec.job, address, node_ip)
-        self._p2p_info = WorkerInfo(
-            address=address,
-            rank=0,
-            node_id=spec.node_rank,
-            gpu_id=None,
-            node_ip=node_ip,
-            ray_node_id=ray.get_runtime_context().get_node_id(),
-            pid=os.getpid(),
-        )
         self._queue = ChannelQueue(spec.maxsize)
         self._replies = Replies(
             self._queue,
@@ -146,6 +167,20 @@ class ChannelWorker(WorkerBase):
         threading.Thread(
             target=watch_store, args=(spec.job, self._stop), name="p2p-channel-watch", daemon=True
         ).start()
+
+    @classmethod
+    def create_group(cls, maxsize: int = 0) -> Any:
+        """Describe a group of one channel worker (RLinf's); ``launch`` it to start it.
+
+        Args:
+            maxsize: Most items the channel holds at once (0: no bound).
+
+        Returns:
+            An unlaunched ``WorkerGroup``; the channel takes the name it is launched with.
+        """
+        from p2p_worker._groups._group import WorkerGroup
+
+        return WorkerGroup(cls, (), {"maxsize": maxsize})
 
     # -- links --------------------------------------------------------------------------
 
@@ -741,43 +776,6 @@ class ChannelWorker(WorkerBase):
         peer = self._peers.get(peer_name)
         if peer is not None and peer.gen == gen and peer.group is not None:
             self._reset(peer, peer.group, RuntimeError("the peer reported a failed transfer"))
-
-    async def qsize(
-        self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0), key: Any = DEFAULT_KEY
-    ) -> int:
-        """Items under ``key``, after the caller's puts.
-
-        The default key also counts arriving items (granted, payload on its way, key not
-        known yet).
-        """
-        await self._sync(peer_name, *sync)
-        return self._count(key)
-
-    def _count(self, key: Any) -> int:
-        """Items under ``key``; the default key also counts arriving items (key unknown yet)."""
-        arriving = self._queue.arriving if key == DEFAULT_KEY else 0
-        return self._queue.queued_for(key) + arriving
-
-    async def state(
-        self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0)
-    ) -> dict[str, Any]:
-        """Counters of the channel (see ``Channel.stats``), after the caller's puts."""
-        await self._sync(peer_name, *sync)
-        st = self._queue.state()
-        return {
-            "name": self._spec.name,
-            "maxsize": st.maxsize,
-            "held": st.held,
-            "queued": st.queued,
-            "arriving": st.arriving,
-            "waiting_putters": st.waiting_putters,
-            "waiting_getters": st.waiting_getters,
-            "credits": st.credits,
-            "keys": {repr(k): len(q) for k, q in self._queue.queues.items() if q},
-            "closed": st.closed,
-            "peers": {p.name: p.gen for p in self._peers.values()},
-            **self._counts,
-        }
 
     async def destroy(self) -> None:
         """Fail every waiting call, close every link and stop the watchdog."""
