@@ -163,6 +163,25 @@ KNOWN_FAILURES = {
             "as test_recv_propagates_process_group_failure: plants a fake torch process group "
             "in RLinf's private _recv_gloo_process_groups"
         ),
+        "test_channel.py::TestChannel::test_distributed_channel_creation": (
+            "RLinf's distributed channel (one channel worker per node, keys routed by rank "
+            "0's ensure_key_replica), built through its private Channel() / _initialize / "
+            "_channel_actors_by_rank: p2p has no channel over several channel workers (a "
+            "ChannelWorker group of more than one is refused); see docs/migration-rlinf.rst. "
+            "The same cases' regular-channel twins pass"
+        ),
+        "test_channel.py::TestChannel::test_channel_worker_routing": (
+            "as test_distributed_channel_creation: RLinf's distributed channel"
+        ),
+        "test_channel.py::TestChannel::test_channel_worker_isolation": (
+            "as test_distributed_channel_creation: RLinf's distributed channel"
+        ),
+        "test_channel.py::TestChannel::test_channel_worker_rank_assignment": (
+            "as test_distributed_channel_creation: RLinf's distributed channel"
+        ),
+        "test_channel.py::TestChannel::test_channel_worker_selection": (
+            "as test_distributed_channel_creation: RLinf's distributed channel"
+        ),
     },
 }
 
