@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from p2p_worker.bench._weights import (
-    BASELINES,
+    METHODS,
     QUICK,
     Record,
     job_config,
@@ -54,7 +54,7 @@ def test_quick_and_explicit_options() -> None:
         ]
     )
     assert (opts.targets, opts.links, opts.methods, opts.steps) == ([2, 4], ["1gbit"], ["sends"], 3)
-    assert set(options_from([]).methods) == set(BASELINES)
+    assert set(options_from([]).methods) == set(METHODS)
 
 
 @pytest.mark.parametrize(

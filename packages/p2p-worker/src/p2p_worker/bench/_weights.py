@@ -9,7 +9,9 @@ methods have no emulated link, so they run on loopback only. One record per cell
 (method, targets, link, lr) holds the median over the measured steps (the steps after
 ``--warmup``, where the changed fraction has settled).
 
-Methods: ``sends`` (N full ``Worker.send`` s, RLinf's way), ``ray-object-store``
+Methods: ``p2p-delta`` and ``p2p-full`` (p2p's ``push_weights`` / ``pull_weights``:
+a relay through the targets, with and without bit-level deltas), ``sends`` (N full
+``Worker.send`` s, RLinf's way), ``ray-object-store``
 (``ray.put`` once, N ``ray.get``), ``gloo-broadcast`` (torch.distributed),
 ``ray-collective-broadcast`` (``ray.util.collective``, gloo) and
 ``ray-direct-transport`` (an actor method with ``tensor_transport="gloo"``).
@@ -44,6 +46,8 @@ MARKDOWN_NAME = "p2p-bench-weights.md"
 PLOT_NAME = "p2p-bench-weights.png"
 LINKS = {"loopback": None, "1gbit": 1000.0}
 """Link name -> emulated bandwidth in Mbit/s (None: the real loopback link)."""
+P2P_METHODS = ("p2p-delta", "p2p-full")
+"""p2p's weight sync; the delta sync runs first in a step (targets hold the previous version)."""
 BASELINES = (
     "sends",
     "ray-object-store",
@@ -51,6 +55,7 @@ BASELINES = (
     "ray-collective-broadcast",
     "ray-direct-transport",
 )
+METHODS = P2P_METHODS + BASELINES
 LOOPBACK_ONLY = frozenset(BASELINES) - {"sends"}
 """Methods that do not go through p2p's links, so link emulation cannot shape them."""
 _cells = itertools.count()
@@ -66,7 +71,7 @@ class WeightsOptions:
     lrs: list[float] = field(default_factory=lambda: [1e-6, 1e-5])
     steps: int = 8
     warmup: int = 5
-    methods: list[str] = field(default_factory=lambda: list(BASELINES))
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
     timeout: float = 600.0
     seed: int = 0
     out: Path = Path("p2p-bench-out")
@@ -78,7 +83,7 @@ QUICK = {
     "targets": [1, 3],
     "steps": 4,
     "warmup": 2,
-    "methods": ["sends"],
+    "methods": ["p2p-delta", "p2p-full", "sends"],
 }
 """``--quick``: the small model, 1 and 3 targets, both links, a few steps."""
 
@@ -153,7 +158,13 @@ class _Cell:
         timeout = self.opts.timeout
         n = self.targets
         t0 = time.perf_counter()
-        if method == "sends":
+        if method in P2P_METHODS:
+            sync = method.removeprefix("p2p-")
+            recv = self.dst.call("pull_p2p", self.names[0], sync, timeout)
+            push = self.src.call("push_p2p", self.names[1], sync, sync == "delta", timeout)
+            wire = int(push.wait(timeout=timeout)[0]["sent_bytes"])
+            sums = recv.wait(timeout=timeout)
+        elif method == "sends":
             recv = self.dst.call("recv_one", self.names[0], timeout)
             self.src.call("send_all", self.names[1], n, timeout).wait(timeout=timeout)
             sums = recv.wait(timeout=timeout)
@@ -179,7 +190,7 @@ class _Cell:
             sums = ray.get([d.take.remote(ref) for d in dsts], timeout=timeout)
             wire = full_bytes * n
         else:
-            raise ValueError(f"method: got {method!r}; allowed: {', '.join(BASELINES)}")
+            raise ValueError(f"method: got {method!r}; allowed: {', '.join(METHODS)}")
         return time.perf_counter() - t0, wire, [int(s) for s in sums]
 
     def _rdt_actors(self) -> tuple[Any, list[Any]]:
@@ -215,7 +226,11 @@ def run_weights(
     base = Cluster(address=opts.address or "local", timeout=opts.timeout)
     try:
         for link in opts.links:
-            methods = [m for m in opts.methods if link == "loopback" or m not in LOOPBACK_ONLY]
+            methods = [
+                m
+                for m in METHODS  # in this order: p2p-delta first
+                if m in opts.methods and (link == "loopback" or m not in LOOPBACK_ONLY)
+            ]
             for lr in opts.lrs:
                 for n in opts.targets:
                     say(f"[{link} lr={lr:g} targets={n}] launching trainer and {n} rollout workers")
@@ -354,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lrs", help="comma-separated learning rates (default 1e-6,1e-5)")
     p.add_argument("--steps", type=int, help="training steps per cell (default 8)")
     p.add_argument("--warmup", type=int, help="steps not measured (default 5)")
-    p.add_argument("--methods", help=f"comma-separated, of: {', '.join(BASELINES)}")
+    p.add_argument("--methods", help=f"comma-separated, of: {', '.join(METHODS)}")
     p.add_argument("--out", default="p2p-bench-out", help="output folder")
     p.add_argument("--address", help="Ray address (default: an embedded local cluster)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per operation")
@@ -381,7 +396,7 @@ def options_from(argv: Sequence[str]) -> WeightsOptions:
     if args.warmup is not None:
         opts.warmup = args.warmup
     if args.methods:
-        opts.methods = _choices(args.methods, BASELINES, "--methods")
+        opts.methods = _choices(args.methods, METHODS, "--methods")
     if opts.steps <= opts.warmup:
         raise SystemExit(f"--steps ({opts.steps}) must exceed --warmup ({opts.warmup})")
     return opts

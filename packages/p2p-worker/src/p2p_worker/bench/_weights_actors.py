@@ -27,7 +27,7 @@ from typing import Any
 import ray
 import torch
 
-from p2p_worker import Worker
+from p2p_worker import PushReport, Worker
 from p2p_worker.bench._model import SHAPES, Decoder, WeightSteps, changed_fraction
 
 RAY_COLLECTIVE_GROUP = "p2p_wbench_col"
@@ -113,6 +113,21 @@ class WeightsSource(Worker):
         for work in works:
             work.wait(timeout=timeout)
 
+    def push_p2p(self, dst_group: str, sync: str, delta: bool, timeout: float) -> dict[str, Any]:
+        """p2p's weight sync: push the fp32 masters as this version (cast per bucket)."""
+        report = self.push_weights(
+            self.trainer.model, self.version, dst_group, sync=sync, delta=delta, timeout=timeout
+        )
+        assert isinstance(report, PushReport)  # async_op=False
+        if report.failed:
+            raise RuntimeError(f"push of version {self.version} failed: {report.failed}")
+        return {
+            "sent_bytes": report.sent_bytes,
+            "modes": dict(report.modes),
+            "base_bytes": report.base_bytes,
+            "seconds": report.seconds,
+        }
+
     def put_object(self) -> list[Any]:
         """``ray.put`` of the state dict once; the reference travels inside a list."""
         return [ray.put(self.current)]
@@ -143,6 +158,7 @@ class WeightsTarget(Worker):
     def __init__(self, shape_name: str) -> None:
         super().__init__()
         self.weights = empty_state(shape_name)
+        self.version = 0
 
     def checksum(self) -> int:
         """The checksum of what this worker holds."""
@@ -152,6 +168,13 @@ class WeightsTarget(Worker):
         """Take one full state dict from the trainer (the N-sends method)."""
         got = self.recv(src_group, 0, timeout=timeout)
         _copy_into(self.weights, got)
+        return self.checksum()
+
+    def pull_p2p(self, src_group: str, sync: str, timeout: float) -> int:
+        """p2p's weight sync: pull the next version into this worker's own tensors."""
+        version = self.pull_weights(self.weights, src_group, 0, sync=sync, timeout=timeout)
+        assert isinstance(version, int)  # async_op=False
+        self.version = version
         return self.checksum()
 
     def get_object(self, refs: list[Any]) -> int:
