@@ -39,6 +39,11 @@ class ManagerProxy:
         manager_cls: The :class:`Manager` subclass the actor runs.
         actor: The Ray actor handle.
         timeout: Seconds each call may take (``None``: no limit).
+
+    Example:
+        >>> proxy = CollectiveManager.get_proxy(timeout=10.0)  # doctest: +SKIP
+        >>> proxy.get_master_port_info("pair")  # runs in the manager actor  # doctest: +SKIP
+        29555
     """
 
     def __init__(self, manager_cls: type[Manager], actor: Any, timeout: float | None) -> None:
