@@ -316,3 +316,44 @@ def test_lz4_and_raw_codecs_stay_what_they_say() -> None:
     assert lz4.codec == "lz4"
     assert zstd.codec == "zstd"
     assert zstd.wire_nbytes < lz4.wire_nbytes < raw.wire_nbytes
+
+
+def test_slices_of_a_bucket_work_in_place() -> None:
+    """Tensors that are views into one flat bucket (at odd offsets) encode and apply."""
+    gen = torch.Generator().manual_seed(9)
+    bucket_old = random_bits(torch.bfloat16, 30_001, gen)
+    bucket_new = changed_copy(bucket_old, 0.05, True, gen)
+    target = bucket_old.clone()
+    for start, stop in ((1, 10_000), (10_000, 10_003), (10_003, 30_001)):
+        for prefer in DELTA_PREFERENCES:
+            patch = encode_delta(bucket_new[start:stop], bucket_old[start:stop], prefer=prefer)
+            view = target[start:stop]
+            view.copy_(bucket_old[start:stop])
+            apply_delta(patch, view)
+            assert bits(view) == bits(bucket_new[start:stop])
+    assert bits(target[:1]) == bits(bucket_old[:1])  # nothing outside the views moved
+    assert tensor_checksum(target[1:]) == tensor_checksum(bucket_new[1:])
+
+
+def test_changes_crowded_in_a_later_chunk_switch_to_a_dense_kind() -> None:
+    """Few changes in the first 100K elements, most after: the scan gives up sparse."""
+    gen = torch.Generator().manual_seed(12)
+    base = random_bits(torch.float16, 700_000, gen)
+    new = base.clone()
+    new[:100_000] = changed_copy(base[:100_000], 0.01, True, gen)
+    new[100_000:] = changed_copy(base[100_000:], 0.95, True, gen)
+    for codec in DELTA_CODECS:
+        for prefer in ("smallest", "fast"):
+            patch = encode_delta(new, base, codec=codec, prefer=prefer)
+            assert patch.kind == ("full" if codec == "raw" else "xor")
+            assert patch.changed == true_changed(new, base)
+            target = base.clone()
+            apply_delta(patch, target)
+            assert bits(target) == bits(new)
+    spread = changed_copy(base, 0.02, True, gen)  # a few changes in every chunk
+    patch = encode_delta(spread, base)
+    assert patch.kind == "sparse"
+    assert patch.changed == true_changed(spread, base)
+    target = base.clone()
+    apply_delta(patch, target)
+    assert bits(target) == bits(spread)

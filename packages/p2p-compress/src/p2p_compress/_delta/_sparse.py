@@ -33,8 +33,11 @@ def big_width(numel: int) -> int:
 
 def gaps_of(idx: np.ndarray) -> np.ndarray:
     """``g_i = p_i - p_{i-1} - 1`` for sorted positions (int64)."""
-    gaps = np.diff(idx, prepend=-1)
-    gaps -= 1
+    gaps = np.empty_like(idx)
+    if idx.size:
+        gaps[0] = idx[0]
+        np.subtract(idx[1:], idx[:-1], out=gaps[1:])
+        gaps[1:] -= 1
     return gaps
 
 
@@ -43,21 +46,64 @@ def body_size(itemsize: int, changed: int, nbig: int, numel: int) -> int:
     return (itemsize + 1) * changed + big_width(numel) * nbig
 
 
-def write_body(
-    new: np.ndarray,
-    base: np.ndarray,
-    idx: np.ndarray,
-    gaps: np.ndarray,
-    body: torch.Tensor,
-) -> None:
-    """Fill ``body`` (exactly :func:`body_size` bytes) from the changed positions."""
-    c = int(idx.size)
+SCAN_CHUNK = 1 << 18
+"""Elements compared per step of :func:`scan` (a cache-sized piece of both tensors)."""
+
+
+def scan(
+    new: np.ndarray, base: np.ndarray, most: int
+) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
+    """Count the changed elements; collect their positions and differences while few.
+
+    Works a cache-sized chunk at a time: compare, find the changes, gather them, so
+    each chunk is read from memory once and no tensor-sized mask is made.
+
+    Args:
+        new: the new bits (flat unsigned view).
+        base: the base bits, same size and type.
+        most: collect while at most this many changed (-1: only count).
+
+    Returns:
+        The changed count, and (positions as int64, ``new - base`` at them, wrapping)
+        when that count is at most ``most``, else None.
+    """
+    n = int(new.size)
+    mask = np.empty(min(n, SCAN_CHUNK), dtype=np.bool_)
+    found: list[tuple[np.ndarray, np.ndarray]] | None = [] if most >= 0 else None
+    c = 0
+    for start in range(0, n, SCAN_CHUNK):
+        a = new[start : start + SCAN_CHUNK]
+        b = base[start : start + SCAN_CHUNK]
+        m = mask[: a.size]
+        np.not_equal(a, b, out=m)
+        if found is None:
+            c += int(np.count_nonzero(m))
+            continue
+        idx = np.flatnonzero(m)
+        c += int(idx.size)
+        if c > most:
+            found = None
+            continue
+        diff = a[idx]
+        diff -= b[idx]  # wraps: unsigned arithmetic
+        idx += start
+        found.append((idx, diff))
+    if found is None:
+        return c, None
+    if len(found) == 1:
+        return c, found[0]
+    if not found:
+        return c, (np.empty(0, dtype=np.int64), np.empty(0, dtype=new.dtype))
+    return c, (np.concatenate([i for i, _ in found]), np.concatenate([d for _, d in found]))
+
+
+def write_body(diff: np.ndarray, gaps: np.ndarray, body: torch.Tensor) -> None:
+    """Fill ``body`` (exactly :func:`body_size` bytes) from the changes and their gaps."""
+    c = int(diff.size)
     if c == 0:
         return
-    s = new.itemsize
+    s = diff.itemsize
     out = body.numpy()
-    diff = np.take(new, idx)
-    diff -= np.take(base, idx)  # wraps: unsigned arithmetic
     signed = diff.view(I_TYPES[s])
     code = np.left_shift(signed, 1)
     code ^= signed >> (8 * s - 1)
@@ -126,6 +172,6 @@ def apply_body(body: torch.Tensor, changed: int, target: np.ndarray) -> None:
         code.view(np.uint8).reshape(c, s)[...] = data[: s * c].reshape(s, c).T
     diff = code >> 1
     diff ^= np.negative(code & 1)  # zigzag back: unsigned wrap
-    vals = np.take(target, pos)
+    vals = target[pos]
     vals += diff
-    np.put(target, pos, vals)
+    target[pos] = vals

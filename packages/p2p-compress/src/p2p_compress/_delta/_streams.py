@@ -106,12 +106,12 @@ def seal(
             if wrote < size:
                 payload = torch.empty(HEADER_SIZE + wrote, dtype=torch.uint8)
                 head = pack_header(kind, codec_name, itemsize, flags, numel, changed, size)
-                payload[:HEADER_SIZE] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+                payload.numpy()[:HEADER_SIZE] = np.frombuffer(head, dtype=np.uint8)
                 payload[HEADER_SIZE:].copy_(out[:wrote])
                 return codec_name, payload
     payload = torch.empty(HEADER_SIZE + size, dtype=torch.uint8)
     head = pack_header(kind, "raw", itemsize, flags, numel, changed, size)
-    payload[:HEADER_SIZE] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+    payload.numpy()[:HEADER_SIZE] = np.frombuffer(head, dtype=np.uint8)
     payload[HEADER_SIZE:].copy_(body)
     return "raw", payload
 
