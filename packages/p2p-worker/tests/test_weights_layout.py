@@ -1,0 +1,124 @@
+"""Weight sync's pure parts: buckets, tied tensors, the relay tree, messages, errors."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from p2p_collective import FramingError
+from p2p_worker import WeightSyncError
+from p2p_worker._weights import _messages as m
+from p2p_worker._weights._layout import (
+    Entry,
+    Layout,
+    gather,
+    named_tensors,
+    scatter,
+    target_entries,
+)
+from p2p_worker._weights._topology import build_tree
+
+
+def test_buckets_split_large_tensors_keep_dtypes_apart_and_cover_every_value() -> None:
+    entries = [
+        Entry("a", (3000,), "torch.bfloat16"),  # 6000 bytes: spans two 4 KiB buckets
+        Entry("n", (10,), "torch.float32"),
+        Entry("b", (100,), "torch.bfloat16"),
+        Entry("f", (50,), "torch.bfloat16"),
+    ]
+    layout = Layout.build(entries, 4096, frozen={"f"})
+    assert all(b.nbytes <= 4096 for b in layout.buckets)
+    seen: dict[int, int] = {}
+    for b in layout.buckets:
+        assert len({entries[s.entry].dtype for s in b.segments}) == 1
+        assert b.frozen == all(entries[s.entry].key == "f" for s in b.segments)
+        assert sum(s.count for s in b.segments) == b.numel
+        for s in b.segments:
+            seen[s.entry] = seen.get(s.entry, 0) + s.count
+    assert seen == {0: 3000, 1: 10, 2: 100, 3: 50}
+    assert Layout.build(entries, 4096, {"f"}).digest == layout.digest
+    assert Layout.build(entries, 8192, {"f"}).digest != layout.digest
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        Layout.build(entries, 10)
+
+
+def test_gather_casts_and_scatter_writes_in_place() -> None:
+    src = {"w": torch.randn(40, 30), "v": torch.randn(7)}  # fp32 masters
+    dst = {
+        "w": torch.zeros(40, 30, dtype=torch.bfloat16),
+        "v": torch.zeros(7, dtype=torch.bfloat16),
+    }
+    entries, keys = target_entries(dst, "model")
+    layout = Layout.build(entries, 1024)
+    own = [dst[k] for k in keys]
+    ptr = dst["w"].data_ptr()
+    for b in layout.buckets:
+        buf = gather(b, [src[k] for k in keys], torch.empty(b.numel, dtype=b.dtype))
+        scatter(b, buf, own)
+    assert dst["w"].data_ptr() == ptr
+    assert torch.equal(dst["w"], src["w"].to(torch.bfloat16))
+    assert torch.equal(dst["v"], src["v"].to(torch.bfloat16))
+
+
+def test_tied_tensors_travel_once_and_frozen_parameters_are_named() -> None:
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.embed.weight
+            self.pos = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
+            self.register_buffer("count", torch.zeros(2, dtype=torch.int64))
+
+    tensors, frozen = named_tensors(Tied(), "model")
+    assert list(tensors) == ["pos", "count", "embed.weight", "head.weight"]
+    assert frozen == {"pos"}
+    entries, keys = target_entries(tensors, "model")
+    assert keys == ["pos", "count", "embed.weight"]  # the head is the embedding
+    assert entries[1] == Entry("count", (2,), "torch.int64")
+
+
+def test_bad_models_are_refused_by_name() -> None:
+    with pytest.raises(TypeError, match="model"):
+        named_tensors([torch.zeros(2)], "model")
+    with pytest.raises(TypeError, match=r"model\['x'\]"):
+        named_tensors({"x": 3}, "model")
+    with pytest.raises(ValueError, match=r"model\['t'\].*contiguous"):
+        target_entries({"t": torch.zeros(4, 4).t()}, "model")
+
+
+def test_relay_is_a_chain_or_tree_ordered_by_node_then_staleness() -> None:
+    targets = [("r:3", 1, 0), ("r:0", 0, 5), ("r:1", 0, 0), ("r:2", 1, 0)]
+    chain = build_tree("t:0", targets, 1)
+    assert chain.order == ("r:1", "r:0", "r:2", "r:3")
+    assert [chain.parent[n] for n in chain.order] == ["t:0", "r:1", "r:0", "r:2"]
+    assert chain.ancestors("r:3") == ["r:2", "r:0", "r:1", "t:0"]
+    tree = build_tree("t:0", targets, 2)
+    assert tree.children("r:1") == ["r:0", "r:2"]
+    assert tree.children("r:0") == ["r:3"]
+    assert tree.children("t:0") == ["r:1"]  # the source sends every byte once
+    with pytest.raises(ValueError, match="fanout"):
+        build_tree("t:0", targets, 0)
+
+
+def test_messages_travel_as_builtin_tuples_and_a_stray_one_is_a_framing_error() -> None:
+    head = m.Header(3, m.DELTA, 123, {"kind": "sparse"}, 40)
+    wire = m.to_wire(head)
+    assert isinstance(wire, tuple)
+    assert wire[0] == "Header"
+    assert m.from_wire(wire, (m.Header, m.Abort), "p", "bucket 3") == head
+    with pytest.raises(FramingError, match="expected Plan from p"):
+        m.from_wire(wire, (m.Plan,), "p", "plan")
+    with pytest.raises(FramingError):
+        m.from_wire({"not": "a message"}, (m.Header,), "p", "bucket")
+
+
+def test_weight_sync_error_pickles_with_its_fields() -> None:
+    err = WeightSyncError("x failed", version=4, failed={"r:1": "checksum"}, torn=True)
+    err.__cause__ = RuntimeError("cause")
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.version, again.failed, again.torn) == (4, {"r:1": "checksum"}, True)
+    assert isinstance(again, RuntimeError)
+    assert str(again.__cause__) == "cause"
