@@ -186,3 +186,47 @@ def test_tree_checksum_mismatch_is_loud_and_the_next_push_repairs(cluster: Clust
     src = trainer.state().wait(60)[0]
     for dst in rollout.state().wait(60):
         assert_same(src, dst)
+
+
+class ShardTrainer(Worker):
+    """One of two trainer workers, each holding every other key of the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        full = Tiny(torch.float32).state_dict()
+        self.part = {k: v.clone() for k, v in list(full.items())[self._rank :: 2]}
+
+    def push(self, version: int) -> dict[str, int | None]:
+        report = self.push_weights(
+            self.part, version, "wrollout", partial=True, bucket_bytes=BUCKET
+        )
+        return report.targets
+
+    def part_state(self) -> dict[str, torch.Tensor]:
+        return self.part
+
+
+class ShardRollout(Rollout):
+    def pull_shards(self) -> int:
+        return self.pull_weights(self.model, "wshard", [0, 1], timeout=120)
+
+
+def test_sharded_source_fills_the_union_in_parallel(cluster: Cluster) -> None:
+    shards = ShardTrainer.create_group().launch(
+        cluster, PackedPlacementStrategy(2, cpus_per_worker=0), name="wshard"
+    )
+    rollout = ShardRollout.create_group().launch(
+        cluster, PackedPlacementStrategy(2, cpus_per_worker=0), name="wrollout"
+    )
+    for version in (1, 2):
+        pulls = rollout.pull_shards()
+        pushed = shards.push(version).wait(180)
+        assert pulls.wait(180) == [version, version]
+        assert pushed == [{"wrollout:0": version, "wrollout:1": version}] * 2
+    union: dict[str, torch.Tensor] = {}
+    for part in shards.part_state().wait(60):
+        union.update(part)
+    for dst in rollout.state().wait(60):
+        for key, t in dst.items():
+            want = union[key].to(t.dtype)
+            assert torch.equal(t.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))

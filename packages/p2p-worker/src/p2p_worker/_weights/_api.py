@@ -10,6 +10,7 @@ from p2p_collective import Collective
 from p2p_worker._address import WorkerAddress, member_address, parse_group_name
 from p2p_worker._errors import WorkerError
 from p2p_worker._weights._edges import remaining
+from p2p_worker._weights._shards import ShardedReceiver
 from p2p_worker._weights._source import (
     DEFAULT_JOIN_TIMEOUT,
     DEFAULT_PUSH_TIMEOUT,
@@ -77,6 +78,7 @@ class WeightSyncMixin:
         bucket_bytes: int | None = None,
         fanout: int | None = None,
         delta: bool | None = None,
+        partial: bool | None = None,
     ) -> PushReport | AsyncWork[PushReport]:
         """Push ``model`` as ``version`` to every target of the sync, in one call.
 
@@ -106,6 +108,10 @@ class WeightSyncMixin:
             fanout: Children per target in the relay (default 1, a chain); kept.
             delta: Keep a delta base, one copy of the model in the targets' dtypes
                 (default True); kept.
+            partial: This worker is one shard of a sharded trainer: it sends the
+                targets' keys it holds, the other shards the rest (default False:
+                every key of the targets must be in ``model``); kept. The targets pull
+                with ``src_rank`` listing every shard.
 
         Returns:
             A :class:`PushReport` (or a handle to it).
@@ -141,7 +147,7 @@ class WeightSyncMixin:
                 syncs[("push", name)] = sender
             else:
                 sender._targets = resolve
-        sender.configure(bucket_bytes=bucket_bytes, fanout=fanout, delta=delta)
+        sender.configure(bucket_bytes=bucket_bytes, fanout=fanout, delta=delta, partial=partial)
         result: PushReport | AsyncWork[PushReport] = sender.push(
             model, version, async_op=async_op, timeout=timeout, join_timeout=join_timeout
         )
@@ -151,7 +157,7 @@ class WeightSyncMixin:
         self,
         model: Any,
         src_group_name: str,
-        src_rank: int = 0,
+        src_rank: int | list[int] = 0,
         *,
         sync: str = "weights",
         async_op: bool = False,
@@ -166,7 +172,9 @@ class WeightSyncMixin:
         Args:
             model: An ``nn.Module`` or a dict of contiguous tensors.
             src_group_name: The source's group name.
-            src_rank: The source's rank.
+            src_rank: The source's rank, or a list of ranks: the shards of a sharded
+                source (each pushing with ``partial=True``), pulled in parallel; their
+                union must fill every key exactly once.
             sync: Name of the sync (as the source's).
             async_op: Return an ``AsyncWork[int]`` at once.
             timeout: Seconds for the whole pull, waiting for the push included.
@@ -186,26 +194,49 @@ class WeightSyncMixin:
             >>> version = self.pull_weights(self.model, "trainer", 0)  # doctest: +SKIP
         """
         name = _sync_name(sync)
-        source = member_address(src_group_name, src_rank, "src_group_name", "src_rank")
-        if source == self.worker_address:
-            raise ValueError(f"src_group_name, src_rank: {source} is this worker itself")
+        ranks = src_rank if isinstance(src_rank, list) else [src_rank]
+        if not ranks:
+            raise ValueError("src_rank: got an empty list; allowed: a rank or a list of ranks")
+        sources = [member_address(src_group_name, r, "src_group_name", "src_rank") for r in ranks]
+        for source in sources:
+            if source == self.worker_address:
+                raise ValueError(f"src_group_name, src_rank: {source} is this worker itself")
+        wanted = tuple(s.get_name() for s in sources)
         syncs = self._p2p_weight_syncs()
         receiver = syncs.get(("pull", name))
-        if receiver is None or receiver.source != source.get_name():
+        held = () if receiver is None else receiver.source
+        if receiver is None or wanted != (held if isinstance(held, tuple) else (held,)):
             self._p2p_publish_size()
-            receiver = WeightReceiver(
-                self.collective,
-                self.worker_address.get_name(),
-                self.worker_info.node_id,
-                source.get_name(),
-                name,
-            )
+            parts = [
+                WeightReceiver(
+                    self.collective,
+                    self.worker_address.get_name(),
+                    self.worker_info.node_id,
+                    source,
+                    name,
+                )
+                for source in wanted
+            ]
+            receiver = parts[0] if isinstance(src_rank, int) else ShardedReceiver(parts)
             syncs[("pull", name)] = receiver
         result: int | AsyncWork[int] = receiver.pull(model, async_op=async_op, timeout=timeout)
         return result
 
-    def weight_receiver(self, sync: str = "weights") -> WeightReceiver | None:
+    def weight_sender(self, sync: str = "weights") -> WeightSender | None:
+        """This worker's :class:`WeightSender` of sync ``sync`` (None before its first push).
+
+        Example:
+            >>> self.weight_sender().base_bytes  # doctest: +SKIP
+            1048576
+        """
+        found: WeightSender | None = self._p2p_weight_syncs().get(("push", _sync_name(sync)))
+        return found
+
+    def weight_receiver(self, sync: str = "weights") -> WeightReceiver | ShardedReceiver | None:
         """This worker's :class:`WeightReceiver` of sync ``sync`` (None before its first pull).
+
+        A worker pulling from a sharded source gets a ``ShardedReceiver`` over one
+        receiver per shard.
 
         Its ``progress`` tells how many buckets the running pull has applied.
 
@@ -213,7 +244,9 @@ class WeightSyncMixin:
             >>> self.weight_receiver().progress  # doctest: +SKIP
             (12, 40)
         """
-        found: WeightReceiver | None = self._p2p_weight_syncs().get(("pull", _sync_name(sync)))
+        found: WeightReceiver | ShardedReceiver | None = self._p2p_weight_syncs().get(
+            ("pull", _sync_name(sync))
+        )
         return found
 
     def weight_version(self, sync: str = "weights") -> int | None:

@@ -1,8 +1,9 @@
 """The links of a weight sync: a dedicated pair group per edge, and an outbox per child.
 
 Weight sync never shares a pair group with a worker's own ``send``/``recv``: each edge
-uses the group keyed ``weights.<sync>.<a>+<b>``, so user messages between the same two
-workers cannot interleave with buckets. A group that a failure broke is closed and made
+uses the group keyed ``weights.<sync>.<source>.<a>+<b>``, so neither user messages
+between the same two workers nor the relay of another source (a shard) can interleave
+with a source's buckets. A group that a failure broke is closed and made
 again at its next use (both sides do so: the peer sees the close and breaks its side).
 """
 
@@ -16,9 +17,7 @@ from typing import Any
 
 import torch
 
-from p2p_collective import Collective, CollectiveGroup, CollectiveTimeoutError, PeerError
-
-_GONE_POLL = 0.2  # seconds between looks for a restarted peer
+from p2p_collective import Collective, CollectiveGroup, CollectiveTimeoutError
 
 
 def remaining(deadline: float | None) -> float | None:
@@ -43,14 +42,14 @@ def check_timeout(value: object, arg: str) -> float | None:
 class Edges:
     """The pair groups of one sync from this worker, one per peer, made on first use."""
 
-    def __init__(self, collective: Collective, me: str, sync: str) -> None:
+    def __init__(self, collective: Collective, me: str, sync: str, source: str) -> None:
         self._coll = collective
         self._me = me
-        self._sync = sync
+        self._prefix = f"weights.{sync}.{source}."
 
     def group(self, peer: str) -> CollectiveGroup:
         """The usable group toward ``peer`` (a broken or closed one is made again)."""
-        key = f"weights.{self._sync}." + "+".join(sorted((self._me, peer)))
+        key = self._prefix + "+".join(sorted((self._me, peer)))
         group = self._coll.create_pair_group([self._me, peer], group_name=key)
         if not group.peer_gone:
             stats = group.stats()
@@ -59,24 +58,9 @@ class Edges:
                 group = self._coll.create_pair_group([self._me, peer], group_name=key)
         return group
 
-    def live_group(self, peer: str, deadline: float | None) -> CollectiveGroup:
-        """The group toward ``peer``, waiting until ``deadline`` for a dead peer to return.
-
-        Raises:
-            PeerError: The peer is dead and no new life of it appeared in time.
-        """
-        while True:
-            group = self.group(peer)
-            if not group.peer_gone:
-                return group
-            left = remaining(deadline)
-            if left is not None and left <= 0:
-                raise PeerError(f"weight sync: {peer} is dead and did not come back in time")
-            time.sleep(_GONE_POLL if left is None else min(_GONE_POLL, left))
-
     def drop(self, peer: str) -> None:
         """Close the group toward ``peer`` after a failure (the next use makes a new one)."""
-        key = f"weights.{self._sync}." + "+".join(sorted((self._me, peer)))
+        key = self._prefix + "+".join(sorted((self._me, peer)))
         group = self._coll.groups.get(key)
         if group is not None and not group.peer_gone:
             group.close(timeout=0.0)

@@ -39,6 +39,7 @@ class Plan:
     order: tuple[str, ...]
     parent: dict[str, str]
     stale: dict[str, tuple[int, ...]]  # target -> buckets it does not hold the base of
+    keys: tuple[int, ...]  # the targets' entries this source fills (all but for a shard)
 
 
 @dataclass(frozen=True)

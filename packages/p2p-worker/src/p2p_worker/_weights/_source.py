@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from p2p_asyncwork import AsyncWork
+from p2p_collective import PeerError
 from p2p_worker._weights import _messages as m
 from p2p_worker._weights._codec import checksum, encode_delta
 from p2p_worker._weights._edges import (
@@ -46,6 +47,7 @@ DEFAULT_PUSH_TIMEOUT = 600.0
 DEFAULT_JOIN_TIMEOUT = 60.0
 INFLIGHT = 3  # buckets the source prepares ahead of the wire
 _POLL = 0.01
+_HELLO_TIMEOUT = 24 * 3600.0  # a hello may come pushes later; a dead target fails it at once
 
 
 @dataclass
@@ -63,6 +65,11 @@ class PushReport:
         base_bytes: Bytes of the delta base the source keeps (0 without one).
         seconds: Wall time of the push.
         order: The relay order of the targets (the first one hears from the source).
+
+    Example:
+        >>> report = PushReport(version=3, targets={"rollout:0": 3}, modes={"delta": 2})
+        >>> report.failed
+        {}
     """
 
     version: int
@@ -94,6 +101,14 @@ class WeightSender:
             where p2p-compress offers them and they are smaller.
         codec: The delta's entropy codec (``"zstd"`` or ``"lz4"``).
         level: The codec's level.
+        partial: This source is one shard of a sharded trainer: it fills the targets'
+            keys it holds (the other shards fill the rest) instead of requiring all.
+
+    Example:
+        >>> self.push_weights(model, 1, targets="rollout")  # doctest: +SKIP
+        >>> sender = self.weight_sender()  # doctest: +SKIP
+        >>> sender.base_bytes  # doctest: +SKIP
+        1048576
     """
 
     def __init__(
@@ -108,12 +123,14 @@ class WeightSender:
         delta: bool = True,
         codec: str = "zstd",
         level: int = 1,
+        partial: bool = False,
     ) -> None:
         self.sync = sync
         self._me = me
         self._targets = targets
-        self._edges = Edges(collective, me, sync)
-        self.configure(bucket_bytes=bucket_bytes, fanout=fanout, delta=delta)
+        self._edges = Edges(collective, me, sync, me)
+        self.partial = False
+        self.configure(bucket_bytes=bucket_bytes, fanout=fanout, delta=delta, partial=partial)
         self.codec = codec
         self.level = level
         self._life = new_generation()
@@ -122,6 +139,7 @@ class WeightSender:
         self._crcs: list[int] = []
         self._base_gen: str | None = None
         self._base_digest: str | None = None
+        self._waiting: dict[str, Any] = {}  # target -> its hello's receive, still waiting
 
     def configure(
         self,
@@ -129,6 +147,7 @@ class WeightSender:
         bucket_bytes: int | None = None,
         fanout: int | None = None,
         delta: bool | None = None,
+        partial: bool | None = None,
     ) -> None:
         """Change settings for the next pushes (a new bucket size means full copies once).
 
@@ -137,14 +156,17 @@ class WeightSender:
         """
         b = check_bucket_bytes(bucket_bytes) if bucket_bytes is not None else None
         f = check_fanout(fanout) if fanout is not None else None
-        if delta is not None and not isinstance(delta, bool):
-            raise TypeError(f"delta: expected a bool, got {type(delta).__name__}")
+        for arg, value in (("delta", delta), ("partial", partial)):
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"{arg}: expected a bool, got {type(value).__name__}")
         if b is not None:
             self.bucket_bytes = b
         if f is not None:
             self.fanout = f
         if delta is not None:
             self.delta = delta
+        if partial is not None:
+            self.partial = partial
 
     @property
     def base_bytes(self) -> int:
@@ -160,7 +182,25 @@ class WeightSender:
         timeout: float | None = DEFAULT_PUSH_TIMEOUT,
         join_timeout: float | None = DEFAULT_JOIN_TIMEOUT,
     ) -> PushReport | AsyncWork[PushReport]:
-        """Push ``model`` as ``version`` to every target (see :meth:`Worker.push_weights`)."""
+        """Push ``model`` as ``version`` to every target (see ``Worker.push_weights``).
+
+        Args:
+            model: An ``nn.Module`` or a dict of tensors (fp32 masters are fine).
+            version: The version number the targets will report.
+            async_op: Return an ``AsyncWork[PushReport]`` at once.
+            timeout: Seconds for the whole push.
+            join_timeout: Seconds to wait for every target's hello.
+
+        Returns:
+            The :class:`PushReport` (or a handle to it).
+
+        Raises:
+            TypeError, ValueError: Bad arguments, or the model cannot fill a target's key.
+            WeightSyncError: Some target did not confirm ``version``.
+
+        Example:
+            >>> report = sender.push(model, 7)  # doctest: +SKIP
+        """
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version: expected an int, got {type(version).__name__}")
         tensors, frozen = named_tensors(model, "model")
@@ -201,7 +241,11 @@ class WeightSender:
                 why = f"its tensors differ from {ref.name}'s (keys, shapes or dtypes)"
                 self._abort(name, why, report.failed)
                 del hellos[name]
+        fills = tuple(i for i, e in enumerate(entries) if not self.partial or e.key in tensors)
+        entries = [entries[i] for i in fills]
         problem = _check_source(entries, tensors, ref.name)
+        if not entries:
+            problem = f"the source holds none of the targets' keys (first: {ref.entries[0][0]!r})"
         if problem is not None:
             for name in hellos:
                 self._abort(name, problem, None)
@@ -226,6 +270,7 @@ class WeightSender:
             tree.order,
             dict(tree.parent),
             stale,
+            fills,
         )
         live = []
         for name in tree.order:
@@ -250,34 +295,42 @@ class WeightSender:
     def _hellos(
         self, names: list[str], join_deadline: float | None, failed: dict[str, str]
     ) -> dict[str, m.Hello]:
-        """Every target's hello, in ``names`` order; the missing ones go to ``failed``."""
-        works: dict[str, Any] = dict.fromkeys(names)
+        """Every target's hello, in ``names`` order; the missing ones go to ``failed``.
+
+        A receive still waiting at ``join_deadline`` is kept for the next push rather
+        than timed out: a timed-out receive would break the pair group on this side only.
+        """
+        works: dict[str, Any] = {n: self._waiting.pop(n, None) for n in names}
         got: dict[str, m.Hello] = {}
         while works:
-            for name, work in list(works.items()):
-                if work is None:
+            for name, pending in list(works.items()):
+                if pending is None:
                     group = self._edges.group(name)
                     if not group.peer_gone:  # a dead target may come back until the deadline
-                        works[name] = group.recv(async_op=True, timeout=remaining(join_deadline))
+                        works[name] = (group, group.recv(async_op=True, timeout=_HELLO_TIMEOUT))
                     continue
+                group, work = pending
                 if not work.done():
                     continue
                 try:
                     got[name] = m.from_wire(work.wait(), (m.Hello,), name, "hello")
                     del works[name]
                 except Exception as exc:
-                    group = self._edges.group(name)
                     left = remaining(join_deadline)
-                    if group.peer_gone and (left is None or left > 0):
-                        works[name] = None  # died: wait for a new life of it
+                    if (group.peer_gone or isinstance(exc, PeerError)) and (
+                        left is None or left > 0
+                    ):
+                        works[name] = None  # that life of it died: wait for a new one
                     else:
                         self._edges.drop(name)
                         failed[name] = f"no hello: {exc}"
                         del works[name]
             left = remaining(join_deadline)
             if works and left is not None and left <= 0:
-                for name in works:
+                for name, work in works.items():
                     failed[name] = "no hello before join_timeout (dead, or not pulling)"
+                    if work is not None:
+                        self._waiting[name] = work
                 break
             if works:
                 time.sleep(_POLL)

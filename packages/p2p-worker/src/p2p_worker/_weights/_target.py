@@ -44,6 +44,9 @@ class WeightReceiver:
 
     Made by :meth:`p2p_worker.Worker.pull_weights` (one per sync name), or directly.
 
+    :attr:`version` is the version held bit-exactly (None: nothing yet, or torn by a
+    failed pull, see :attr:`torn`); the next push repairs a torn worker.
+
     Args:
         collective: This worker's ``p2p_collective.Collective``.
         me: This worker's address name (``"rollout:0"``).
@@ -51,10 +54,10 @@ class WeightReceiver:
         source: The source's address name (``"trainer:0"``).
         sync: The sync's name, the same on both sides.
 
-    Attributes:
-        version: The version this worker holds bit-exactly, or None (nothing yet, or
-            torn by a failed pull).
-        torn: Whether a failed pull left a mix of versions (the next push repairs it).
+    Example:
+        >>> version = self.pull_weights(model, "trainer", 0)  # doctest: +SKIP
+        >>> self.weight_receiver().version == version  # doctest: +SKIP
+        True
     """
 
     def __init__(self, collective: Any, me: str, node: int, source: str, sync: str) -> None:
@@ -62,11 +65,13 @@ class WeightReceiver:
         self.sync = sync
         self._me = me
         self._node = node
-        self._edges = Edges(collective, me, sync)
+        self._edges = Edges(collective, me, sync, source)
         self._digest: str | None = None
         self._gens: list[str | None] = []
         self._versions: dict[str, int] = {}  # generation -> version (the last two)
         self.last_stats: dict[str, Any] = {}
+        self.keys: tuple[str, ...] = ()
+        """The keys the source filled in the last pull (all, unless it is one shard)."""
         self.progress = (0, 0)
         """Buckets checked and applied by the running (or last) pull, and its bucket count."""
 
@@ -102,6 +107,10 @@ class WeightReceiver:
             TypeError, ValueError: ``model`` or ``timeout`` is unusable (nothing sent).
             WeightSyncError: The pull failed; it names this target and the version, and
                 says whether this worker is now torn.
+
+        Example:
+            >>> receiver.pull(model, timeout=60)  # doctest: +SKIP
+            7
         """
         tensors, _ = named_tensors(model, "model")
         entries, keys = target_entries(tensors, "model")
@@ -117,6 +126,7 @@ class WeightReceiver:
     # -- one pull ------------------------------------------------------------------------
 
     def _pull(self, entries: list[Any], own: list[torch.Tensor], deadline: float | None) -> int:
+        self.progress = (0, 0)
         hello = m.Hello(
             self._me,
             self._node,
@@ -137,6 +147,11 @@ class WeightReceiver:
         if isinstance(got, m.Abort):
             raise self._error(None, f"the source refused the sync: {got.reason}", None)
         plan: m.Plan = got
+        if not plan.keys or any(not 0 <= i < len(entries) for i in plan.keys):
+            raise self._error(plan.version, f"the plan fills entries {plan.keys!r:.80}", None)
+        self.keys = tuple(entries[i].key for i in plan.keys)
+        own = [own[i] for i in plan.keys]
+        entries = [entries[i] for i in plan.keys]
         layout = Layout.build(entries, plan.bucket_bytes, plan.frozen)
         if layout.digest != self._digest:
             self._digest = layout.digest
@@ -162,8 +177,9 @@ class WeightReceiver:
         held = self.version
         state = "torn (a mix of versions)" if self.torn else f"holds version {held}"
         err = WeightSyncError(
-            f"weight sync {self.sync!r}: target {self._me} did not take version {version}:"
-            f" {why}; it {state}",
+            f"weight sync {self.sync!r}: target {self._me} did not take"
+            f" {'the next version' if version is None else f'version {version}'}: {why}; it"
+            f" {state}",
             version=version,
             failed={self._me: why},
             torn=self.torn,
@@ -195,7 +211,6 @@ class _Run:
 
     def _fail(self, child: str, exc: BaseException) -> None:
         self.rx._edges.drop(child)
-        self.errors.append(f"forwarding to {child} failed: {exc}")
 
     def go(self) -> list[str]:
         rx, plan = self.rx, self.plan
@@ -208,40 +223,33 @@ class _Run:
         applier = ThreadPoolExecutor(1, thread_name_prefix=f"p2p-weights-apply-{rx.sync}")
         pgroup = rx._edges.group(parent)
         try:
-            for index, bucket in enumerate(self.layout.buckets):
+            for index in range(len(self.layout.buckets)):
+                users = 1 + len(boxes)  # the applier and each child's outbox
+                try:  # a slot first: at most INFLIGHT buckets are held at once
+                    release = slots.take(users, self.deadline, f"bucket {index}")
+                except Exception as exc:
+                    self.cause = exc
+                    self.errors.append(str(exc))
+                    self._abort_children(boxes, exc)
+                    break
                 try:
-                    head = self._receive_header(pgroup, parent, index)
+                    head, payload = self._receive(pgroup, parent, index)
                 except PeerError as exc:
                     if parent == rx.source or not self._resume(index, exc):
+                        _release_all(release, users)
                         self._abort_children(boxes, exc)
                         break
                     parent, pgroup = rx.source, rx._edges.group(rx.source)
                     try:
-                        head = self._receive_header(pgroup, parent, index)
+                        head, payload = self._receive(pgroup, parent, index)
                     except Exception as again:
+                        _release_all(release, users)
                         self._abort_children(boxes, again)
                         break
                 except Exception as exc:
+                    _release_all(release, users)
                     self._abort_children(boxes, exc)
                     break
-                release = slots.take(1 + len(boxes), self.deadline, f"bucket {index}")
-                payload: torch.Tensor | None = None
-                if head.mode != m.SAME:
-                    if head.mode == m.FULL:
-                        payload = torch.empty(bucket.numel, dtype=bucket.dtype)
-                    else:
-                        payload = torch.empty(head.nbytes, dtype=torch.uint8)
-                    try:
-                        pgroup.recv_tensor(payload, timeout=remaining(self.deadline))
-                    except Exception as exc:
-                        release()
-                        self.cause = exc
-                        self.errors.append(f"receiving bucket {index} from {parent} failed: {exc}")
-                        self._abort_children(boxes, exc)
-                        break
-                    self.stats["received_bytes"] += head.nbytes
-                modes = self.stats["modes"]
-                modes[head.mode] = modes.get(head.mode, 0) + 1
                 applied = applier.submit(self._apply, index, head, payload)
                 applied.add_done_callback(_releaser(release))
                 for box in boxes:
@@ -250,9 +258,46 @@ class _Run:
             applier.shutdown(wait=True)
             for box in boxes:
                 box.finish()
-                if box.error is not None and not any(box.child in e for e in self.errors):
-                    self.errors.append(f"forwarding to {box.child} failed: {box.error}")
+                if box.error is not None:  # the source hears of it from the child itself
+                    self.stats.setdefault("lost", {})[box.child] = repr(box.error)
         return self.errors
+
+    def _receive(
+        self, group: CollectiveGroup, parent: str, index: int
+    ) -> tuple[m.Header, torch.Tensor | None]:
+        """Bucket ``index``'s header and payload from ``parent``.
+
+        Raises:
+            PeerError: The parent died (or aborted because its own parent died).
+            Exception: Any other failure; it is recorded in ``errors`` first.
+        """
+        head = self._receive_header(group, parent, index)
+        bucket = self.layout.buckets[index]
+        if head.mode == m.SAME:
+            payload = None
+        else:
+            if head.mode == m.FULL:
+                if head.nbytes != bucket.nbytes:
+                    err = RuntimeError(
+                        f"bucket {index} arrived with {head.nbytes} bytes, {bucket.nbytes} due"
+                    )
+                    self.cause = err
+                    self.errors.append(str(err))
+                    raise err
+                payload = torch.empty(bucket.numel, dtype=bucket.dtype)
+            else:
+                payload = torch.empty(head.nbytes, dtype=torch.uint8)
+            try:
+                group.recv_tensor(payload, timeout=remaining(self.deadline))
+            except Exception as exc:
+                self.rx._edges.drop(parent)
+                self.cause = exc
+                self.errors.append(f"receiving bucket {index} from {parent} failed: {exc}")
+                raise
+            self.stats["received_bytes"] += head.nbytes
+        modes = self.stats["modes"]
+        modes[head.mode] = modes.get(head.mode, 0) + 1
+        return head, payload
 
     def _resume(self, index: int, exc: BaseException) -> bool:
         """The parent died: ask the source for the buckets from ``index`` on.
@@ -364,6 +409,11 @@ class _Run:
         done, total = self.rx.progress
         self.rx.progress = (done + 1, total)
         return work
+
+
+def _release_all(release: Callable[[], None], users: int) -> None:
+    for _ in range(users):
+        release()
 
 
 def _releaser(release: Callable[[], None]) -> Callable[[Future[torch.Tensor]], None]:
