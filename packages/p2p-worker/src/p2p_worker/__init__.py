@@ -50,7 +50,8 @@ from p2p_worker._job._cluster import Cluster
 from p2p_worker._managers._collective import CollectiveGroupInfo, CollectiveManager
 from p2p_worker._managers._manager import Manager, ManagerProxy
 from p2p_worker._weights._errors import WeightSyncError
-from p2p_worker._weights._source import PushReport, WeightSender
+from p2p_worker._weights._report import PushReport
+from p2p_worker._weights._source import WeightSender
 from p2p_worker._weights._target import WeightReceiver
 from p2p_worker._workers._worker import Worker
 

@@ -10,13 +10,9 @@ from p2p_collective import Collective
 from p2p_worker._address import WorkerAddress, member_address, parse_group_name
 from p2p_worker._errors import WorkerError
 from p2p_worker._weights._edges import remaining
+from p2p_worker._weights._report import PushReport
 from p2p_worker._weights._shards import ShardedReceiver
-from p2p_worker._weights._source import (
-    DEFAULT_JOIN_TIMEOUT,
-    DEFAULT_PUSH_TIMEOUT,
-    PushReport,
-    WeightSender,
-)
+from p2p_worker._weights._source import DEFAULT_JOIN_TIMEOUT, DEFAULT_PUSH_TIMEOUT, WeightSender
 from p2p_worker._weights._target import DEFAULT_PULL_TIMEOUT, WeightReceiver
 
 if TYPE_CHECKING:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,6 +39,7 @@ from p2p_worker._weights._layout import (
     named_tensors,
 )
 from p2p_worker._weights._pipeline import Slots, run_async
+from p2p_worker._weights._report import PushReport
 from p2p_worker._weights._target import new_generation
 from p2p_worker._weights._topology import Tree, build_tree, check_fanout
 
@@ -48,40 +48,6 @@ DEFAULT_JOIN_TIMEOUT = 60.0
 INFLIGHT = 3  # buckets the source prepares ahead of the wire
 _POLL = 0.01
 _HELLO_TIMEOUT = 24 * 3600.0  # a hello may come pushes later; a dead target fails it at once
-
-
-@dataclass
-class PushReport:
-    """What a push did.
-
-    Attributes:
-        version: The version pushed.
-        targets: Target name -> the version it confirmed holding (None: torn or unknown).
-        failed: Target name -> why it did not confirm ``version``.
-        buckets: Number of buckets.
-        modes: How the first target got the buckets: ``{"full": n, "delta": n, "same": n}``.
-        sent_bytes: Payload bytes the source put on the wire (resends to orphans included).
-        full_bytes: Bytes of one full copy in the targets' dtypes.
-        base_bytes: Bytes of the delta base the source keeps (0 without one).
-        seconds: Wall time of the push.
-        order: The relay order of the targets (the first one hears from the source).
-
-    Example:
-        >>> report = PushReport(version=3, targets={"rollout:0": 3}, modes={"delta": 2})
-        >>> report.failed
-        {}
-    """
-
-    version: int
-    targets: dict[str, int | None] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
-    buckets: int = 0
-    modes: dict[str, int] = field(default_factory=dict)
-    sent_bytes: int = 0
-    full_bytes: int = 0
-    base_bytes: int = 0
-    seconds: float = 0.0
-    order: tuple[str, ...] = ()
 
 
 class WeightSender:
