@@ -116,8 +116,8 @@ def resolve_names(
             raise TypeError(f"{flag} must be a bool, got {value!r}")
     if local:
         raise ValueError(
-            "local=True: in-process channels are not supported; a channel lives in its "
-            "own channel worker (use a queue.Queue within one process)"
+            "local=True: a worker's channels live in channel workers; for an in-process "
+            "channel use Channel.create(name, local=True) or LocalChannel(maxsize)"
         )
     if distributed and num_nodes > 1:
         raise ValueError(
