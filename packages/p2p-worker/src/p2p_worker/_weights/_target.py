@@ -170,7 +170,8 @@ class WeightReceiver:
         self.last_stats = run.stats
         if errors:
             raise self._error(plan.version, "; ".join(errors), run.cause)
-        assert self.version == plan.version  # every bucket checked against its checksum
+        if self.version != plan.version:  # a bucket was not applied and said nothing
+            raise self._error(plan.version, "not every bucket was applied", run.cause)
         return plan.version
 
     def _error(self, version: int | None, why: str, cause: BaseException | None) -> Exception:
@@ -383,7 +384,22 @@ class _Run:
         box.put(m.to_wire(full), own_copy, release)
 
     def _apply(self, index: int, head: m.Header, payload: torch.Tensor | None) -> torch.Tensor:
-        """Apply one bucket to the own tensors, check it; return the bucket's new bits."""
+        """Apply one bucket to the own tensors, check it; return the bucket's new bits.
+
+        Raises:
+            Exception: The bucket could not be applied (recorded in ``errors`` first; a
+                corrupt or misfit patch leaves the bucket's old values).
+        """
+        try:
+            return self._apply_checked(index, head, payload)
+        except Exception as exc:
+            self.cause = exc
+            self.errors.append(f"bucket {index} ({head.mode}) could not be applied: {exc}")
+            raise
+
+    def _apply_checked(
+        self, index: int, head: m.Header, payload: torch.Tensor | None
+    ) -> torch.Tensor:
         bucket = self.layout.buckets[index]
         gens = self.rx._gens
         if head.mode == m.FULL:
