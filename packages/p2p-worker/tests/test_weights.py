@@ -68,6 +68,34 @@ class Trainer(Worker):
             return {"failed": exc.failed, "version": exc.version, "text": str(exc)}
         return {"failed": {}}
 
+    def bad_inputs(self) -> list[str]:
+        """Bad arguments: each refused by name before anything is sent."""
+        out = []
+        for call in (
+            lambda: self.push_weights(self.model, "7"),
+            lambda: self.push_weights(self.model, 7, bucket_bytes=10),
+            lambda: self.push_weights(self.model, 7, fanout=0),
+            lambda: self.push_weights(self.model, 7, timeout=-1),
+            lambda: self.push_weights([1, 2], 7),
+            lambda: self.push_weights(self.model, 7, targets=[]),
+            lambda: self.push_weights(self.model, 7, targets="wtrainer:0"),
+            lambda: self.pull_weights(self.model, "wtrainer", 0),
+        ):
+            try:
+                call()
+            except (TypeError, ValueError) as exc:
+                out.append(f"{type(exc).__name__}: {exc}")
+        return out
+
+    def push_missing_key(self, version: int) -> str:
+        """A model without one of the targets' keys: refused, and the targets are told."""
+        partial = {k: v for k, v in self.model.state_dict().items() if k != "out.bias"}
+        try:
+            self.push_weights(partial, version, timeout=60)
+        except ValueError as exc:
+            return str(exc)
+        return "no error"
+
     def state(self) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in self.model.state_dict().items()}
 
@@ -176,6 +204,32 @@ def test_push_to_three_targets_in_place_cast_versioned_and_checked(cluster: Clus
     src = trainer.state().wait(60)[0]
     for dst in rollout.state().wait(60):
         assert_same(src, dst)
+    # bad input is refused by name and leaves both sides usable
+    errors = trainer.bad_inputs().wait(60)[0]
+    assert len(errors) == 8, errors
+    for text, word in zip(
+        errors,
+        [
+            "version",
+            "bucket_bytes",
+            "fanout",
+            "timeout",
+            "model",
+            "targets",
+            "source itself",
+            "this worker itself",
+        ],
+        strict=True,
+    ):
+        assert word in text, (word, text)
+    pulls = rollout.pull_failing()
+    assert "'out.bias'" in trainer.push_missing_key(6).wait(120)[0]
+    for got in pulls.wait(120):
+        assert "refused" in got["text"]
+        assert "'out.bias'" in got["text"]
+        assert got["held"] == 5  # nothing was touched
+    _, pulled = sync(trainer, rollout, 6)
+    assert [p["version"] for p in pulled] == [6, 6, 6]
 
 
 class ShardTrainer(Worker):
