@@ -230,6 +230,12 @@ def test_push_to_three_targets_in_place_cast_versioned_and_checked(cluster: Clus
         assert got["held"] == 5  # nothing was touched
     _, pulled = sync(trainer, rollout, 6)
     assert [p["version"] for p in pulled] == [6, 6, 6]
+    # delta=False keeps no base: every bucket travels in full, frozen ones included
+    pushed, pulled = sync(trainer, rollout, 7, delta=False)
+    assert [p["version"] for p in pulled] == [7, 7, 7]
+    assert set(pushed["modes"]) == {"full"}
+    assert pushed["sent"] == pushed["full"]
+    assert pushed["base"] == 0
 
 
 class ShardTrainer(Worker):

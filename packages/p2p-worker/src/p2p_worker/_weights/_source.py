@@ -217,7 +217,7 @@ class WeightSender:
                 self._abort(name, problem, None)
             raise ValueError(f"model: {problem}")
         layout = Layout.build(entries, self.bucket_bytes, frozen & {e.key for e in entries})
-        if self._base_digest != layout.digest:
+        if self._base_digest != layout.digest or not self.delta:  # no base: all in full
             self._base = [None] * len(layout.buckets)
             self._crcs = [0] * len(layout.buckets)
             self._base_gen = None
