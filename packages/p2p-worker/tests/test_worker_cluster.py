@@ -200,3 +200,25 @@ def test_shutdown_leaves_no_actors_or_processes(ray_session: object) -> None:
     with pytest.raises(ClusterError, match="shut down"):
         Pid.create_group().launch(cluster, NodePlacementStrategy([0], cpus_per_worker=0))
     assert ray.is_initialized()  # the session's connection stays up
+
+
+def test_cluster_without_arguments_is_the_one_open_cluster(ray_session: object) -> None:
+    from p2p_worker._job._cluster import live_clusters
+
+    assert live_clusters() == [ray_session]  # the session's base Cluster, nothing else open
+    again = Cluster()  # RLinf's Cluster(): the job's one Cluster
+    assert again is ray_session
+    assert not again._closed
+    own = Cluster(num_nodes=1)  # arguments: a job of its own, as before
+    try:
+        assert own is not ray_session
+        fresh = Cluster()  # two open: no guess, a new one
+        try:
+            assert fresh is not own
+            assert fresh is not ray_session
+            assert len(live_clusters()) == 3
+        finally:
+            fresh.shutdown()
+    finally:
+        own.shutdown()
+    assert Cluster() is ray_session
