@@ -276,6 +276,8 @@ class Counts:
     errors: int = 0
     skipped: int = 0
     failures: list[tuple[str, str]] = field(default_factory=list)  # (case id, first line)
+    kinds: dict[str, str] = field(default_factory=dict)  # case id -> "failed" or "error"
+    flaky: list[str] = field(default_factory=list)  # failed, then passed on a rerun
 
     @property
     def total(self) -> int:
@@ -360,9 +362,11 @@ def parse_junit(path: Path) -> dict[str, Counts]:
         elif failure is not None:
             counts.failed += 1
             counts.failures.append((case_id, first_line(failure.get("message"))))
+            counts.kinds[case_id] = "failed"
         elif error is not None:
             counts.errors += 1
             counts.failures.append((case_id, first_line(error.get("message"))))
+            counts.kinds[case_id] = "error"
         else:
             counts.passed += 1
     return per_file
@@ -447,12 +451,52 @@ def run_suite(suite: Suite, args: argparse.Namespace) -> tuple[dict[str, Counts]
             raise SystemExit(
                 f"peer_suites: {suite.name}: pytest wrote no report (exit {proc.returncode})"
             )
-        return parse_junit(junit), changes
+        per_file = parse_junit(junit)
+        if args.reruns:
+            rerun_failures(suite, per_file, cmd[:3], cmd[3 + len(targets) :], work, env)
+        return per_file, changes
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"   kept {work}")
+
+
+def rerun_failures(
+    suite: Suite,
+    per_file: dict[str, Counts],
+    pytest_cmd: list[str],
+    options: list[str],
+    work: Path,
+    env: dict[str, str],
+) -> None:
+    """Run each failing case that is not a known failure once more, in a pytest of its own.
+
+    A case that passes then counts as passed and is printed as flaky (a Ray node that did
+    not start in time on a loaded machine is the usual cause); one that fails again stays
+    failed. ``per_file`` is updated in place.
+    """
+    paths = {Path(f).name: f for f in suite.files}
+    for name, counts in per_file.items():
+        for case_id, message in list(counts.failures):
+            if known_reason(suite, case_id) or name not in paths:
+                continue
+            node = paths[name] + case_id[len(name) :]
+            junit = work / "rerun.xml"
+            junit.unlink(missing_ok=True)
+            opts = [o for o in options if not o.startswith("--junitxml=")]
+            cmd = [*pytest_cmd, node, *opts, f"--junitxml={junit}"]
+            subprocess.run(cmd, cwd=work, env=env, check=False, capture_output=True)
+            again = parse_junit(junit) if junit.is_file() else {}
+            if again.get(name) and again[name].passed == 1 and again[name].total == 1:
+                counts.failures.remove((case_id, message))
+                if counts.kinds.pop(case_id, "failed") == "error":
+                    counts.errors -= 1
+                else:
+                    counts.failed -= 1
+                counts.passed += 1
+                counts.flaky.append(case_id)
+                print(f"  flaky   {case_id}: failed ({message[:120]}), passed on rerun")
 
 
 def subset_of(suite: Suite, args: argparse.Namespace) -> str | None:
@@ -517,6 +561,12 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="exit 1 on a failure not in KNOWN_FAILURES"
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument(
+        "--reruns",
+        type=int,
+        choices=[0, 1],
+        help="run each unexpected failure once more on its own (default: 1 with --ci, else 0)",
+    )
     parser.add_argument("--json", type=Path, help="write the counts here")
     parser.add_argument(
         "--unchanged",
@@ -527,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     args.pytest_args = extra  # after --: more pytest arguments
+    if args.reruns is None:
+        args.reruns = 1 if args.ci else 0
     names = list(SUITES) if "all" in args.suites else list(dict.fromkeys(args.suites))
     results: dict[str, object] = {}
     bad: list[str] = []
@@ -549,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
                     "errors": c.errors,
                     "skipped": c.skipped,
                     "failures": [case for case, _ in c.failures],
+                    "flaky": c.flaky,
                 }
                 for f, c in per_file.items()
             },
