@@ -207,7 +207,7 @@ def parse_net_emulation(
 
     Example:
         >>> parse_net_emulation({"bandwidth_mbps": 1000, "delay_ms": 0.5})
-        NetEmulationConfig(bandwidth_mbps=1000.0, delay_ms=0.5, links=())
+        NetEmulationConfig(bandwidth_mbps=1000.0, delay_ms=0.5, links=(), egress='link')
         >>> cfg = parse_net_emulation({"bandwidth_mbps": 1000,
         ...                            "links": [{"src": "actor:*", "bandwidth_mbps": 100}]})
         >>> cfg.for_link("actor:0", "rollout:0").bandwidth_mbps
