@@ -6,10 +6,10 @@ RLinf's scheduler (``tests/unit_tests/test_worker.py``, ``test_channel.py``,
 ``../shared/peer-suites`` beside the clone (byte-for-byte copies with provenance), or from
 a peer checkout (``--ray-checkout``, ``--rlinf-checkout``), copies them to a temporary
 folder, rewrites only the import lines (each rewrite is printed), makes the one printed
-fixture edit RLinf's ``test_channel.py`` needs (see ``FIXTURE_EDITS``), supplies the Ray
-fixtures the files expect but Ray's wheel does not ship (``_p2p_peer_plugin.py``, loaded
-with ``-p``), runs pytest there against the installed p2p packages and prints per-file
-counts next to the peer's own.
+fixture edit RLinf's ``test_channel.py`` needs, supplies the Ray fixtures the files expect
+but Ray's wheel does not ship (``peer_suites_plugin.py``, loaded with ``-p``), runs
+pytest there against the installed p2p packages and prints per-file counts next to the
+peer's own.
 
 Usage::
 
@@ -19,6 +19,7 @@ Usage::
     python tools/peer_suites.py rlinf --check      # exit 1 if an unexpected case fails
     python tools/peer_suites.py --ci               # what `nox -s ci` runs (see CI_SUBSETS)
 
+What the suites are and what is expected of them is in ``peer_suites_spec.py``.
 ``--check`` fails the run when a case fails that is not listed in ``KNOWN_FAILURES`` (the
 cases that fail on the peer itself, or that read a peer-private attribute, each with its
 reason), and when a listed case passes unexpectedly is only reported.
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import fnmatch
 import json
 import os
 import re
@@ -41,230 +41,18 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "peer-suites"
-
-
-@dataclass(frozen=True)
-class Suite:
-    """Where a peer keeps its files and how the runner lays them out."""
-
-    name: str
-    files: tuple[str, ...]  # paths relative to the suite's folder, copied as they are laid
-    shared_dir: str  # folder under ../shared/peer-suites
-    checkout_dir: str  # folder inside a checkout of the peer's repository
-    peer_passes: int  # cases the peer itself passes on a 2-core CPU machine
-    peer_total: int
-    rewrites: tuple[tuple[str, str], ...]  # (regex on one import line, replacement)
-
-
-# Ray's conftest.py is not laid out: it imports Ray's NCCL module at the top, which needs
-# CuPy, and the one fixture these files take from it (``ray_start_single_node``: a local
-# ``ray.init(num_cpus=8)``, shut down after the case) comes from the runner's plugin.
-RAY_FILES = (
-    "cpu_util.py",
-    *(
-        f"single_node_cpu_tests/test_{n}.py"
-        for n in (
-            "allgather",
-            "allreduce",
-            "basic_apis",
-            "broadcast",
-            "gloo_group_isolation",
-            "reduce",
-            "reducescatter",
-            "sendrecv",
-        )
-    ),
+from peer_suites_spec import (
+    CI_SUBSETS,
+    FIXTURE_EDITS,
+    KNOWN_FAILURES,
+    SUITES,
+    Suite,
+    known_reason,
 )
 
-SUITES = {
-    "ray": Suite(
-        name="ray",
-        files=RAY_FILES,
-        shared_dir="ray-collective",
-        checkout_dir="python/ray/util/collective/tests",
-        peer_passes=157,
-        peer_total=159,
-        rewrites=(
-            (
-                r"^(\s*)import ray\.util\.collective as (\w+)\s*$",
-                r"\1import p2p_worker.compat as \2",
-            ),
-            (
-                r"^(\s*)from ray\.util\.collective\.types import",
-                r"\1from p2p_worker.compat.types import",
-            ),
-            # cpu_util.py sits beside the tests' folder in the copy (Ray's wheel lacks it).
-            (
-                r"^(\s*)from ray\.util\.collective\.tests\.cpu_util import",
-                r"\1from cpu_util import",
-            ),
-        ),
-    ),
-    "rlinf": Suite(
-        name="rlinf",
-        files=("test_worker.py", "test_channel.py", "test_comm.py"),
-        shared_dir="rlinf-scheduler",
-        checkout_dir="tests/unit_tests",
-        peer_passes=143,
-        peer_total=143,
-        rewrites=(
-            (
-                r"^(\s*)from rlinf\.scheduler\.collective(\.[\w.]+)? import",
-                r"\1from p2p_collective import",
-            ),
-            (r"^(\s*)from rlinf\.scheduler(\.[\w.]+)? import", r"\1from p2p_worker import"),
-        ),
-    ),
-}
-
-# The one edit that is not an import line: RLinf's module-scoped ``channel`` fixture asks
-# for both channels, so every case builds the distributed one (three channel workers on
-# one node, through RLinf's private ``Channel._initialize``). The edit asks for the
-# distributed channel only in the cases that use it. Printed by the runner.
-FIXTURE_EDITS = {
-    "test_channel.py": (
-        "def channel(channel_type, regular_channel, distributed_channel):\n"
-        '    """Select channel based on channel_type parameter from test function."""\n'
-        '    if channel_type == "distributed":\n'
-        "        return distributed_channel\n",
-        "def channel(channel_type, regular_channel, request):\n"
-        '    """Select channel based on channel_type parameter from test function."""\n'
-        '    if channel_type == "distributed":\n'
-        '        return request.getfixturevalue("distributed_channel")\n',
-    ),
-}
-
-_RLINF_MCPG = "test_comm.py::TestMultiChannelProcessGroupFailures::"
-
-# Cases expected to fail on p2p, with the reason. ``--check`` fails on any other failure.
-KNOWN_FAILURES = {
-    "ray": {
-        "test_basic_apis.py::test_destroy_group": (
-            "fails on Ray too: re-initialises the group with the default backend (NCCL), "
-            "which needs a GPU"
-        ),
-        "test_gloo_group_isolation.py::test_failure_when_initializing": (
-            "fails on Ray too: calls ray.init() while the module's shared Ray is up"
-        ),
-        "test_gloo_group_isolation.py::test_two_groups_in_one_cluster": (
-            "checks isinstance against Ray's internal TorchGLOOGroup and reads its private "
-            "gloo context; see docs/concepts/ray-collective.rst"
-        ),
-    },
-    "rlinf": {
-        _RLINF_MCPG + "test_recv_propagates_process_group_failure": (
-            "builds MultiChannelProcessGroup with object.__new__ and plants fake torch process "
-            "groups in RLinf's private _recv_gloo_process_groups; p2p's channels are p2p pair "
-            "groups (sizes checked, peer death seen), not lists of torch process groups. The "
-            "behaviour it checks (a failure is logged once and raised unchanged) is p2p's "
-            "too: packages/p2p-collective/tests/test_multi_channel.py"
-        ),
-        _RLINF_MCPG + "test_recv_propagates_synchronous_wait_failure": (
-            "as test_recv_propagates_process_group_failure: plants a fake torch process group "
-            "in RLinf's private _recv_gloo_process_groups"
-        ),
-        "test_channel.py::TestChannel::test_distributed_channel_creation": (
-            "RLinf's distributed channel (one channel worker per node, keys routed by rank "
-            "0's ensure_key_replica), built through its private Channel() / _initialize / "
-            "_channel_actors_by_rank: p2p has no channel over several channel workers (a "
-            "ChannelWorker group of more than one is refused); see docs/migration-rlinf.rst. "
-            "The same cases' regular-channel twins pass"
-        ),
-        "test_channel.py::TestChannel::test_channel_worker_routing": (
-            "as test_distributed_channel_creation: RLinf's distributed channel"
-        ),
-        "test_channel.py::TestChannel::test_channel_worker_isolation": (
-            "as test_distributed_channel_creation: RLinf's distributed channel"
-        ),
-        "test_channel.py::TestChannel::test_channel_worker_rank_assignment": (
-            "as test_distributed_channel_creation: RLinf's distributed channel"
-        ),
-        "test_channel.py::TestChannel::test_channel_worker_selection": (
-            "as test_distributed_channel_creation: RLinf's distributed channel"
-        ),
-        # Every parametrization of a test whose channel_type is "distributed" (the regular
-        # twin of each, same test and parameters otherwise, is expected to pass).
-        "test_channel.py::TestChannel::*[*distributed]": (
-            "the distributed variant of a channel test: RLinf's distributed channel (several "
-            "channel workers, built through its private Channel._initialize), which p2p "
-            "does not have; the regular variant of the same case runs and passes"
-        ),
-    },
-}
-
-# What ``--ci`` runs (``nox -s ci``), per suite: RLinf's three files whole, and of Ray's
-# 159 cases the first case of each file that is not a known failure (7 cases: allgather,
-# allreduce, init, broadcast, reduce, reducescatter, send/recv, each on read-only arrays
-# from Ray's object store). Each Ray case starts a Ray of its own (15-20 s on a 2-core
-# machine), so the whole suite (about 50 minutes there) stays out of ci; `nox -s peers`
-# runs it.
-CI_SUBSETS: dict[str, str | None] = {"ray": "files", "rlinf": None}
-
-PLUGIN = '''"""Fixtures Ray's collective tests take from Ray's test utilities (not in its wheel).
-
-Written by p2p's tools/peer_suites.py. Everything binds to loopback with a short temp dir.
-"""
-
-import os
-
-import pytest
-import ray
-
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
-_ray_init = ray.init
-
-
-def _loopback_init(*args, **kwargs):
-    # A local cluster binds to loopback; the peer's own calls are unchanged otherwise.
-    if not args and kwargs.get("address") in (None, "local"):
-        kwargs.setdefault("_node_ip_address", "127.0.0.1")
-    return _ray_init(*args, **kwargs)
-
-
-ray.init = _loopback_init
-
-
-@pytest.fixture
-def ray_start_single_node():
-    info = ray.init(num_cpus=8)
-    yield info
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def ray_start_regular_shared():
-    info = ray.init(num_cpus=4)
-    yield info
-    ray.shutdown()
-
-
-@pytest.fixture
-def shutdown_only():
-    yield None
-    ray.shutdown()
-
-
-def pytest_collection_modifyitems(config, items):
-    subset = os.environ.get("P2P_PEER_SUBSET")
-    if subset not in ("functions", "files"):
-        return
-    known = set(filter(None, os.environ.get("P2P_PEER_KNOWN", "").split(",")))
-    seen = set()
-    kept, dropped = [], []
-    for item in items:
-        name = getattr(item, "originalname", item.name)
-        key = (item.path.name, name) if subset == "functions" else item.path.name
-        if subset == "files" and f"{item.path.name}::{name}" in known:
-            dropped.append(item)  # a known failure does not stand for its file
-            continue
-        (dropped if key in seen else kept).append(item)
-        seen.add(key)
-    items[:] = kept
-    config.hook.pytest_deselected(items=dropped)
-'''
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "peer-suites"
+PLUGIN = Path(__file__).resolve().parent / "peer_suites_plugin.py"
 
 
 @dataclass
@@ -333,7 +121,7 @@ def lay_out(suite: Suite, src: Path, dest: Path, unchanged: bool) -> list[str]:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
         changes += changed
-    (dest / "_p2p_peer_plugin.py").write_text(PLUGIN, encoding="utf-8")
+    shutil.copyfile(PLUGIN, dest / "_p2p_peer_plugin.py")
     return changes
 
 
@@ -370,22 +158,6 @@ def parse_junit(path: Path) -> dict[str, Counts]:
         else:
             counts.passed += 1
     return per_file
-
-
-def known_reason(suite: Suite, case_id: str) -> str | None:
-    """The reason a failing case is expected to fail, if it is listed.
-
-    A key without ``[`` names a test with all its parametrizations; a key with ``[`` is
-    an ``fnmatch`` pattern over the whole case id (``*[*distributed]``).
-    """
-    base = case_id.split("[", 1)[0]
-    table = KNOWN_FAILURES[suite.name]
-    if base in table:
-        return table[base]
-    for key, reason in table.items():
-        if "[" in key and fnmatch.fnmatchcase(case_id, key.replace("[", "[[]", 1)):
-            return reason
-    return None
 
 
 def run_suite(suite: Suite, args: argparse.Namespace) -> tuple[dict[str, Counts], list[str]]:
