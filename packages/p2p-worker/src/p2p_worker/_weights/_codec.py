@@ -31,8 +31,10 @@ def apply_delta(meta: dict[str, Any], payload: torch.Tensor, target: torch.Tenso
     """Apply a patch in place: ``target`` holds the base on entry, the new bits on exit.
 
     Raises:
-        p2p_compress.CompressionError: The patch does not fit ``target`` or is corrupt
-            (``target`` is left untouched).
+        ValueError: The patch's dtype or size does not fit ``target`` (untouched).
+        p2p_compress.CompressionError: The payload is corrupt; a sparse or XOR patch
+            leaves ``target`` untouched, a compressed full one may have written part of
+            it (the bucket's checksum catches that).
     """
     patch = p2p_compress.DeltaPatch.from_meta(meta, payload)
     p2p_compress.apply_delta(patch, target)

@@ -27,6 +27,7 @@ from typing import Any
 import ray
 import torch
 
+from p2p_compress import tensor_checksum
 from p2p_worker import PushReport, Worker
 from p2p_worker.bench._model import SHAPES, Decoder, WeightSteps, changed_fraction
 
@@ -34,13 +35,12 @@ RAY_COLLECTIVE_GROUP = "p2p_wbench_col"
 
 
 def state_checksum(state: Mapping[str, torch.Tensor]) -> int:
-    """CRC-32 over every tensor's bytes, in key order."""
+    """One checksum of every tensor's bytes, in key order (``p2p_compress.tensor_checksum``)."""
     crc = 0
     for key in sorted(state):
         t = state[key].detach().contiguous().reshape(-1)
         crc = zlib.crc32(key.encode(), crc)
-        if t.numel():
-            crc = zlib.crc32(t.view(torch.uint8).numpy(), crc)  # type: ignore[arg-type]
+        crc = zlib.crc32(tensor_checksum(t).to_bytes(8, "little"), crc)
     return crc
 
 
