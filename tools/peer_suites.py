@@ -305,9 +305,16 @@ def report(suite: Suite, per_file: dict[str, Counts], subset: str | None) -> tup
     return total.passed, unexpected
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The runner's options; what follows ``--`` goes to pytest as ``pytest_args``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("suites", nargs="*", choices=[*SUITES, "all"], default=["all"])
+    # Checked below, not with choices=: Python 3.11's argparse checks an empty nargs="*"
+    # positional against choices as one value ([] or a default list is not a choice) and
+    # refused a bare run, which is what `nox -s ci` makes.
+    choices = [*SUITES, "all"]
+    parser.add_argument(
+        "suites", nargs="*", metavar="{" + ",".join(choices) + "}", help="default: all"
+    )
     parser.add_argument(
         "--ray-checkout", help="a checkout of ray-project/ray to take Ray's files from"
     )
@@ -345,13 +352,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run the files against the peer itself (no import swap; Ray only: it is installed)",
     )
-    argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     args.pytest_args = extra  # after --: more pytest arguments
+    unknown = [s for s in args.suites if s not in choices]
+    if unknown:
+        parser.error(f"argument suites: invalid choice: {unknown[0]!r} (choose from {choices})")
     if args.reruns is None:
         args.reruns = 1 if args.ci else 0
-    names = list(SUITES) if "all" in args.suites else list(dict.fromkeys(args.suites))
+    every = not args.suites or "all" in args.suites
+    args.suites = list(SUITES) if every else list(dict.fromkeys(args.suites))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    names = args.suites
     results: dict[str, object] = {}
     bad: list[str] = []
     for name in names:
