@@ -22,7 +22,14 @@ from p2p_worker import (
     WorkerError,
 )
 from p2p_worker._channels.keys import DEFAULT_KEY
-from p2p_worker._channels.queue import CANCELLED, RESET, ChannelQueue, Item, payload_nbytes
+from p2p_worker._channels.queue import (
+    CANCELLED,
+    PASSING_GRACE,
+    RESET,
+    ChannelQueue,
+    Item,
+    payload_nbytes,
+)
 
 
 def run(coro: Any) -> Any:
@@ -56,6 +63,35 @@ def test_slots_bound_what_is_held() -> None:
         q.release(1)
         assert await q.reserve("p", block=False, timeout=None) is True
         assert q.state().held == 2
+
+    run(main())
+
+
+def test_a_put_without_waiting_waits_briefly_for_a_slot_that_is_only_passing() -> None:
+    # A consumer has the item (its get returned) but its acknowledgement is still on the
+    # way: a put_nowait elsewhere must find room once it lands, not fail at once.
+    async def main() -> None:
+        q = ChannelQueue(maxsize=1)
+        await put(q, "a")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        # an item queued (not passing): refused at once
+        assert await q.reserve("p", block=False, timeout=None) is False
+        assert loop.time() - started < 0.05
+        assert objs(await q.take("c", 1, None, block=False, timeout=None)) == ["a"]
+        loop.call_later(0.03, q.release, 1)  # the acknowledgement lands
+        started = loop.time()
+        assert await q.reserve("p", block=False, timeout=None) is True
+        assert 0.02 < loop.time() - started < PASSING_GRACE
+        q.arrived(Item("b", 0))
+        assert objs(await q.take("c", 1, None, block=False, timeout=None)) == ["b"]
+        # no acknowledgement comes: refused after the grace, and nothing is held for it
+        started = loop.time()
+        assert await q.reserve("p", block=False, timeout=None) is False
+        assert loop.time() - started + 0.01 >= PASSING_GRACE
+        assert (q.held, q.arriving) == (1, 0)
+        q.release(1)
+        assert await q.reserve("p", block=False, timeout=None) is True
 
     run(main())
 

@@ -32,6 +32,11 @@ import torch
 from p2p_worker._channels.errors import ChannelClosedError
 from p2p_worker._channels.keys import DEFAULT_KEY, batch_weight, unwrap
 
+PASSING_GRACE = 0.25
+"""Seconds a put without waiting still waits, when the channel is full only because some
+slots are passing (a consumer's acknowledgement or a producer's unused credits on their
+way back; both are sent within milliseconds)."""
+
 
 class _Signal:
     """A named sentinel resolving a waiter without a grant."""
@@ -174,10 +179,20 @@ class ChannelQueue:
             self.arriving += 1
             return True
         if not block:
-            return False
+            if self._putters or not self._in_passing():
+                return False
+            # Full, but some slots are only passing: items a consumer already has whose
+            # acknowledgement is on its way, or credits a producer is about to hand back.
+            # A get that returned in one process must leave room for a put_nowait in
+            # another (RLinf's channel behaves so), so wait briefly for them.
+            timeout = PASSING_GRACE
         waiter = _Waiter(peer, token, asyncio.get_running_loop().create_future())
         self._putters.append(waiter)
         return await self._await(waiter, timeout, lambda granted: self.arrival_failed(), False)
+
+    def _in_passing(self) -> int:
+        """Slots held by neither a queued nor an arriving item (delivered, or lent credits)."""
+        return self.held - self.arriving - sum(len(q) for q in self.queues.values())
 
     def try_reserve(self) -> bool:
         """Take one slot if :meth:`reserve` would grant it at once (nobody waits, room)."""
