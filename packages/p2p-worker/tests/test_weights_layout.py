@@ -13,12 +13,31 @@ from p2p_worker._weights import _messages as m
 from p2p_worker._weights._layout import (
     Entry,
     Layout,
+    auto_bucket_bytes,
     gather,
     named_tensors,
     scatter,
     target_entries,
 )
 from p2p_worker._weights._topology import build_tree
+
+
+def test_the_automatic_bucket_size_cuts_a_model_into_about_32_buckets() -> None:
+    # ~1 GB of bf16 (Qwen2.5-0.5B's size): the 32 MiB cap is not reached, 16 MiB buckets.
+    big = [
+        Entry("embed", (151_936, 896), "torch.bfloat16"),
+        Entry("w", (360_000_000,), "torch.bfloat16"),
+    ]
+    assert auto_bucket_bytes(big) == 16 << 20
+    assert len(Layout.build(big, auto_bucket_bytes(big)).buckets) == 60
+    # 10 MB of bf16 (a small model): 256 KiB buckets, about 40 of them, so a chain pipelines
+    small = [Entry("a", (5_000_000,), "torch.bfloat16")]
+    assert auto_bucket_bytes(small) == 256 << 10
+    assert len(Layout.build(small, auto_bucket_bytes(small)).buckets) == 39
+    # the bounds: never under 256 KiB, never over 32 MiB, whatever the size
+    assert auto_bucket_bytes([Entry("t", (3,), "torch.float32")]) == 256 << 10
+    assert auto_bucket_bytes([Entry("h", (1 << 34,), "torch.float32")]) == 32 << 20
+    assert auto_bucket_bytes([Entry("m", (40 << 20,), "torch.float32")]) == 4 << 20
 
 
 def test_buckets_split_large_tensors_keep_dtypes_apart_and_cover_every_value() -> None:

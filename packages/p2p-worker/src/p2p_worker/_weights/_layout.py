@@ -17,7 +17,11 @@ from typing import Any
 import torch
 
 DEFAULT_BUCKET_BYTES = 32 << 20
-"""Default bucket size: 32 MiB of the targets' dtype."""
+"""The largest automatic bucket size: 32 MiB of the targets' dtype."""
+MIN_AUTO_BUCKET_BYTES = 256 << 10
+"""The smallest automatic bucket size: 256 KiB."""
+AUTO_BUCKETS = 32
+"""An automatic bucket size aims at this many buckets per model (see :func:`auto_bucket_bytes`)."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,29 @@ class Layout:
         text = repr((tuple(entries), bucket_bytes, sorted(frozen_keys)))
         digest = hashlib.sha256(text.encode()).hexdigest()[:32]
         return cls(tuple(entries), buckets, bucket_bytes, digest)
+
+
+def auto_bucket_bytes(entries: Sequence[Entry]) -> int:
+    """The bucket size used when none is set: about 1/32 of the model, 256 KiB to 32 MiB.
+
+    A relay is a pipeline of buckets: with ``B`` buckets through a chain of ``N``
+    targets the last one has the model after about ``(B + N - 1) / B`` times the time of
+    one hop, so a model must span many buckets for the chain to cost little more than one
+    copy (32 buckets: 1.19x through a chain of seven). The size is the largest power of
+    two at most ``total / 32``, kept between 256 KiB (below that the per-bucket work
+    dominates) and 32 MiB (the memory bound of a target, a few buckets, stays small).
+
+    Example:
+        >>> auto_bucket_bytes([Entry("w", (1 << 28,), "torch.bfloat16")]) == 16 << 20
+        True
+        >>> auto_bucket_bytes([Entry("w", (1000,), "torch.float32")]) == 256 << 10
+        True
+    """
+    total = sum(e.numel * _itemsize(dtype_of(e.dtype)) for e in entries)
+    size = MIN_AUTO_BUCKET_BYTES
+    while size * 2 <= min(total // AUTO_BUCKETS, DEFAULT_BUCKET_BYTES):
+        size *= 2
+    return size
 
 
 def check_bucket_bytes(value: object) -> int:

@@ -14,6 +14,7 @@ class PushReport:
         targets: Target name -> the version it confirmed holding (None: torn or unknown).
         failed: Target name -> why it did not confirm ``version``.
         buckets: Number of buckets.
+        bucket_bytes: The bucket size used (set, or chosen for the model).
         modes: How the first target got the buckets: ``{"full": n, "delta": n, "same": n}``.
         sent_bytes: Payload bytes the source put on the wire (resends to orphans included).
         full_bytes: Bytes of one full copy in the targets' dtypes.
@@ -31,6 +32,7 @@ class PushReport:
     targets: dict[str, int | None] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     buckets: int = 0
+    bucket_bytes: int = 0
     modes: dict[str, int] = field(default_factory=dict)
     sent_bytes: int = 0
     full_bytes: int = 0

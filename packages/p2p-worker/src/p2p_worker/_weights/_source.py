@@ -30,10 +30,10 @@ from p2p_worker._weights._edges import (
 )
 from p2p_worker._weights._errors import WeightSyncError
 from p2p_worker._weights._layout import (
-    DEFAULT_BUCKET_BYTES,
     Bucket,
     Entry,
     Layout,
+    auto_bucket_bytes,
     check_bucket_bytes,
     gather,
     named_tensors,
@@ -60,7 +60,8 @@ class WeightSender:
         me: This worker's address name.
         targets: ``targets(deadline) -> list of target address names``.
         sync: The sync's name, the same on both sides.
-        bucket_bytes: Bucket size in bytes of the targets' dtype.
+        bucket_bytes: Bucket size in bytes of the targets' dtype (None: chosen per model
+            by ``auto_bucket_bytes``, about 1/32 of it, 256 KiB to 32 MiB).
         fanout: Children per target in the relay (1: a chain).
         delta: Keep a delta base (one copy of the model in the targets' dtypes) so that
             unchanged buckets are not sent and changed ones travel as bit-level deltas
@@ -84,7 +85,7 @@ class WeightSender:
         targets: Callable[[float | None], list[str]],
         sync: str,
         *,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        bucket_bytes: int | None = None,
         fanout: int = 1,
         delta: bool = True,
         codec: str = "zstd",
@@ -96,6 +97,7 @@ class WeightSender:
         self._targets = targets
         self._edges = Edges(collective, me, sync, me)
         self.partial = False
+        self.bucket_bytes: int | None = None
         self.configure(bucket_bytes=bucket_bytes, fanout=fanout, delta=delta, partial=partial)
         self.codec = codec
         self.level = level
@@ -216,7 +218,8 @@ class WeightSender:
             for name in hellos:
                 self._abort(name, problem, None)
             raise ValueError(f"model: {problem}")
-        layout = Layout.build(entries, self.bucket_bytes, frozen & {e.key for e in entries})
+        size = self.bucket_bytes or auto_bucket_bytes(entries)
+        layout = Layout.build(entries, size, frozen & {e.key for e in entries})
         if self._base_digest != layout.digest or not self.delta:  # no base: all in full
             self._base = [None] * len(layout.buckets)
             self._crcs = [0] * len(layout.buckets)
@@ -231,7 +234,7 @@ class WeightSender:
         plan = m.Plan(
             version,
             gen,
-            self.bucket_bytes,
+            size,
             tuple(sorted(frozen & {e.key for e in entries})),
             tree.order,
             dict(tree.parent),
@@ -248,6 +251,7 @@ class WeightSender:
                 report.failed[name] = f"the plan did not reach it: {exc}"
         report.order = tree.order
         report.buckets = len(layout.buckets)
+        report.bucket_bytes = size
         report.full_bytes = sum(b.nbytes for b in layout.buckets)
         src = [tensors[e.key] for e in entries]
         self._stream(layout, src, tree, stale, gen, deadline, report)
