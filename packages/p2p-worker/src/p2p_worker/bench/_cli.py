@@ -306,6 +306,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from p2p_worker.bench._weights import main as weights_main
 
         return weights_main(args[1:])
+    if args[:1] == ["rl"]:  # p2p-bench rl: the RL loop on p2p and on Ray (its own options)
+        from p2p_worker.bench._rl import main as rl_main
+
+        return rl_main(args[1:])
     options = resolve_options(args)
     missing = missing_bench_extra()
     if missing:

@@ -1,0 +1,253 @@
+"""``p2p-bench rl``: a small RL loop that learns, on p2p and on Ray's own primitives.
+
+Both stacks run the same loop (:mod:`p2p_worker.bench._rl_policy`: the policy, its
+sampling, the reward, the REINFORCE loss) with the same seeds, their steps interleaved
+(a p2p step, then a Ray step) so that a change of load on the machine hits both alike.
+On p2p (:mod:`p2p_worker.bench._rl_actors`) rollouts travel through a channel, gradients
+through the trainer group's allreduce and weights with ``push_weights`` /
+``pull_weights``; on Ray (:mod:`p2p_worker.bench._rl_ray`) through
+``ray.util.queue.Queue``, ``ray.util.collective`` (gloo) and ``ray.put`` / ``ray.get``.
+Batches are ordered by rollout id, so the transport changes nothing but time: both
+stacks produce the same reward curve, bit for bit, and every rollout worker ends holding
+the trainer's weights exactly. The run checks both and says so in the report.
+
+Writes ``p2p-bench-rl.json``, ``p2p-bench-rl.md`` and ``p2p-bench-rl.png`` into
+``--out`` (see :mod:`p2p_worker.bench._rl_report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from p2p_worker import Cluster
+from p2p_worker.bench._model import SHAPES
+from p2p_worker.bench._rl_phases import MOVING, Span, account
+from p2p_worker.bench._rl_policy import RLSpec
+from p2p_worker.bench._rl_report import (
+    JSON_NAME,
+    MARKDOWN_NAME,
+    PLOT_NAME,
+    curve,
+    moving_ratio,
+    plot,
+    render_markdown,
+    write_json,
+)
+
+QUICK = RLSpec(model="tiny", rollout_workers=2, steps=16, batch=16, gen_len=16, timeout=120.0)
+"""``--quick``: the tiny model (about 0.1 M parameters), 2 rollout workers, 16 steps."""
+MIN_STEPS_TO_LEARN = 8
+"""Runs this long or longer also check that the reward rose (shorter ones are tests)."""
+FULL = RLSpec()
+"""The default run: the small model (about 4.9 M parameters), 4 rollout workers, 20 steps."""
+
+
+class Loop(Protocol):
+    """What the runner needs of a stack's loop."""
+
+    stack: str
+
+    def step(self, step: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]: ...
+
+    def checksums(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+def record(
+    stack: str, step: int, start: float, result: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The JSON record of one stack's step, and its timeline entry, from a loop's result."""
+    rolled, trained, wall = result
+    spans = [Span(*s) for r in [*rolled, *trained] for s in r["spans"]]
+    rewards = [x for r in rolled for x in r["rewards"]]
+    phases = account(spans, wall)
+    rec = {
+        "stack": stack,
+        "step": step,
+        "reward": sum(rewards) / len(rewards),
+        **phases,
+        "moving": sum(phases[p] for p in MOVING),
+        "step_s": wall,
+        "loss": sum(t["loss"] for t in trained),
+    }
+    return rec, {"step": step, "start": start, "wall": wall, "spans": [list(s) for s in spans]}
+
+
+def run_rl(
+    spec: RLSpec, address: str | None = None, say: Callable[[str], None] = print
+) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]], dict[str, bool]]:
+    """Run the loop on both stacks, steps interleaved.
+
+    Returns:
+        The records (one per stack and step), each stack's timeline (spans per step) and
+        the checks: weights bit-equal on every worker of each stack, reward curves equal.
+    """
+    from p2p_worker.bench._rl_actors import P2PLoop
+    from p2p_worker.bench._rl_ray import RayLoop
+
+    base = Cluster(address=address or "local", timeout=spec.timeout)
+    loops: list[Loop] = []
+    records: list[dict[str, Any]] = []
+    timelines: dict[str, list[dict[str, Any]]] = {}
+    checks: dict[str, bool] = {}
+    try:
+        say(
+            f"launching {spec.trainers} trainers and {spec.rollout_workers} rollout workers"
+            " per stack"
+        )
+        ray_loop = RayLoop(spec, address)  # its actors start while p2p's groups launch
+        loops.append(ray_loop)
+        loops.insert(0, P2PLoop(spec, address))
+        say("p2p: channel, trainer group and rollout group ready")
+        ray_loop.ready()
+        say("ray: queues, actors and collective group ready")
+        for step in range(1, spec.steps + 1):
+            line = [f"step {step:3d}/{spec.steps}"]
+            for loop in loops:
+                start = time.time()
+                rec, tl = record(loop.stack, step, start, loop.step(step))
+                records.append(rec)
+                timelines.setdefault(loop.stack, []).append(tl)
+                line.append(
+                    f"{loop.stack}: reward {rec['reward']:.3f} step {rec['step_s']:.3f} s"
+                    f" (moving {rec['moving']:.3f} s)"
+                )
+            say("  ".join(line))
+        for loop in loops:
+            sums = loop.checksums()
+            checks[
+                f"{loop.stack}: every rollout worker holds the trainers' weights bit for bit"
+            ] = len(set(sums.values())) == 1
+        checks["reward curves of p2p and ray equal bit for bit"] = curve(records, "p2p") == curve(
+            records, "ray"
+        )
+        rewards = curve(records, "p2p")
+        if len(rewards) >= MIN_STEPS_TO_LEARN:
+            k = len(rewards) // 4
+            checks["reward rose (mean of the last quarter of steps above the first quarter's)"] = (
+                sum(rewards[-k:]) / k > sum(rewards[:k]) / k
+            )
+    finally:
+        say("stopping both stacks")
+        for loop in reversed(loops):
+            loop.close()
+        base.shutdown()
+    return records, timelines, checks
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``p2p-bench rl``."""
+    p = argparse.ArgumentParser(
+        prog="p2p-bench rl",
+        description="A small RL loop (rollouts, a 2-worker trainer, weight sync every step)"
+        " on p2p and on Ray's own primitives, same seeds; time per phase, reward curves.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"tiny model, {QUICK.rollout_workers} rollout workers, {QUICK.steps} steps"
+        " (under a minute)",
+    )
+    p.add_argument("--model", choices=sorted(SHAPES), help=f"policy shapes [default: {FULL.model}]")
+    p.add_argument("--rollout-workers", type=int, help=f"[default: {FULL.rollout_workers}]")
+    p.add_argument("--steps", type=int, help=f"training steps [default: {FULL.steps}]")
+    p.add_argument(
+        "--batch", type=int, help=f"sequences per rollout worker and step [default: {FULL.batch}]"
+    )
+    p.add_argument("--lr", type=float, help=f"AdamW learning rate [default: {FULL.lr:g}]")
+    p.add_argument("--seed", type=int, help=f"seed of weights and sampling [default: {FULL.seed}]")
+    p.add_argument(
+        "--out", default="p2p-bench-out", help="output folder [default: ./p2p-bench-out]"
+    )
+    p.add_argument("--address", help="Ray address [default: an embedded local cluster]")
+    p.add_argument("--timeout", type=float, help="seconds any one blocking call may take")
+    return p
+
+
+def spec_from(argv: Sequence[str]) -> tuple[RLSpec, Path, str | None]:
+    """Parse the command line: the spec (``--quick`` first, flags on top), out, address.
+
+    Raises:
+        SystemExit: Bad arguments (exit status 2, the message names the flag).
+    """
+    parser = build_parser()
+    ns = parser.parse_args(list(argv))
+    base = QUICK if ns.quick else FULL
+    changes = {
+        "model": ns.model,
+        "rollout_workers": ns.rollout_workers,
+        "steps": ns.steps,
+        "batch": ns.batch,
+        "lr": ns.lr,
+        "seed": ns.seed,
+        "timeout": ns.timeout,
+    }
+    try:
+        spec = replace(base, **{k: v for k, v in changes.items() if v is not None})
+    except ValueError as exc:
+        field, _, rest = str(exc).partition(":")
+        parser.error(f"--{field.replace('_', '-')}:{rest}")
+    return spec, Path(ns.out), ns.address
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``p2p-bench rl``; write JSON, Markdown and PNG; return the exit status.
+
+    Returns:
+        0 when every check held (weights bit-equal, equal reward curves, and in runs of
+        ``MIN_STEPS_TO_LEARN`` steps or more the reward rose), 1 otherwise; 2 for bad
+        arguments.
+
+    Example:
+        >>> main(["--quick", "--out", "/tmp/rl-out"])  # doctest: +SKIP
+        0
+    """
+    spec, out, address = spec_from(argv)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"p2p-bench rl: error: --out: cannot create {str(out)!r}: {exc}")
+        return 2
+    started = time.time()
+    print(
+        f"p2p-bench rl: {spec.model} policy ({spec.shape.parameter_count():,} parameters),"
+        f" {spec.rollout_workers} rollout workers x {spec.batch} sequences, {spec.trainers}"
+        f" trainers, {spec.steps} steps, p2p and ray interleaved"
+    )
+    t0 = time.monotonic()
+
+    def say(text: str) -> None:
+        print(f"{time.monotonic() - t0:6.1f} s  {text}", flush=True)
+
+    records, timelines, checks = run_rl(spec, address, say)
+    meta: dict[str, Any] = {
+        "command": "p2p-bench rl",
+        "model": spec.model,
+        "parameters": spec.shape.parameter_count(),
+        "rollout_workers": spec.rollout_workers,
+        "trainers": spec.trainers,
+        "sequences per step": spec.rollout_workers * spec.batch,
+        "steps": spec.steps,
+        "lr": spec.lr,
+        "seed": spec.seed,
+        "wall_s": round(time.time() - started, 1),
+    }
+    drew = plot(records, timelines, out / PLOT_NAME)
+    write_json(out / JSON_NAME, records, {"meta": meta, "checks": checks, "timelines": timelines})
+    report = render_markdown(records, {**meta, "plot": drew, "checks": checks})
+    (out / MARKDOWN_NAME).write_text(report, encoding="utf-8")
+    print(report)
+    print(f"data movement per step, ray / p2p: {moving_ratio(records):.2f}x")
+    print(
+        f"wrote {out / JSON_NAME}, {out / MARKDOWN_NAME}" + (f", {out / PLOT_NAME}" if drew else "")
+    )
+    failed = [name for name, ok in checks.items() if not ok]
+    for name in failed:
+        print(f"CHECK FAILED: {name}")
+    return 1 if failed else 0

@@ -1,0 +1,120 @@
+"""Where a step of the RL loop spends its time: what workers record, and the accounting.
+
+Every worker of either stack records what it did in a step as :class:`Span` s (worker,
+activity, start, end, in ``time.time()`` seconds: the workers of one machine share the
+clock). :func:`account` turns a step's spans into the seconds of each phase on the
+step's critical path:
+
+* ``generate``: the slowest rollout worker's sampling;
+* ``rollouts``: from the last rollout worker done sampling until the last trainer holds
+  its whole batch (the rollouts moving to the trainers);
+* ``train``: the slowest trainer's forward, backward and optimizer step;
+* ``allreduce``: from the moment the last trainer joined the allreduce until the last
+  one left it (the gradients moving, not one trainer waiting for the other);
+* ``weights``: from the trainer starting to hand out the new weights until the last
+  rollout worker holds them;
+* ``idle``: the rest of the step's wall time (dispatch, waiting, coordination).
+
+Example:
+    >>> spans = [Span("rollout 0", "generate", 0.0, 1.0), Span("trainer 0", "get", 0.1, 1.5)]
+    >>> account(spans, wall=2.0)["rollouts"]
+    0.5
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import NamedTuple
+
+PHASES = ("generate", "rollouts", "train", "allreduce", "weights", "idle")
+"""The phases of a step, in the order they happen (``idle`` last: the remainder)."""
+MOVING = ("rollouts", "allreduce", "weights")
+"""The phases that move data: what the transport decides."""
+ACTIVITIES = ("generate", "put", "get", "train", "allreduce", "optim", "push", "pull")
+"""What a worker records: rollout workers ``generate``/``put``/``pull``, trainers
+``get``/``train``/``allreduce``/``optim``/``push``."""
+
+
+class Span(NamedTuple):
+    """One activity of one worker: ``[start, end]`` in ``time.time()`` seconds."""
+
+    worker: str
+    activity: str
+    start: float
+    end: float
+
+
+class SpanLog:
+    """A worker's spans of one step.
+
+    Example:
+        >>> log = SpanLog("trainer 0")
+        >>> with log.span("train"):
+        ...     pass
+        >>> [s.activity for s in log.spans]
+        ['train']
+    """
+
+    def __init__(self, worker: str) -> None:
+        self.worker = worker
+        self.spans: list[Span] = []
+
+    @contextmanager
+    def span(self, activity: str) -> Iterator[None]:
+        """Record the time the ``with`` block takes as ``activity`` (also when it raises).
+
+        Raises:
+            ValueError: ``activity`` is not one of :data:`ACTIVITIES`.
+        """
+        if activity not in ACTIVITIES:
+            raise ValueError(f"activity: got {activity!r}; allowed: {', '.join(ACTIVITIES)}")
+        start = time.time()
+        try:
+            yield
+        finally:
+            self.spans.append(Span(self.worker, activity, start, time.time()))
+
+
+def _of(spans: Sequence[Span], activity: str) -> list[Span]:
+    return [s for s in spans if s.activity == activity]
+
+
+def _longest_per_worker(spans: Sequence[Span], activities: Sequence[str]) -> float:
+    per: dict[str, float] = {}
+    for s in spans:
+        if s.activity in activities:
+            per[s.worker] = per.get(s.worker, 0.0) + (s.end - s.start)
+    return max(per.values(), default=0.0)
+
+
+def _after(end: Sequence[Span], start: float | None) -> float:
+    if not end or start is None:
+        return 0.0
+    return max(0.0, max(s.end for s in end) - start)
+
+
+def account(spans: Sequence[Span], wall: float) -> dict[str, float]:
+    """Seconds of each phase of :data:`PHASES` in one step (see the module's docstring).
+
+    Args:
+        spans: Every worker's spans of the step.
+        wall: The step's wall time in seconds, as the driver measured it.
+
+    Returns:
+        Phase -> seconds, each >= 0.
+    """
+    gen = _of(spans, "generate")
+    gets = _of(spans, "get")
+    ar = _of(spans, "allreduce")
+    push = _of(spans, "push")
+    out = {
+        "generate": _longest_per_worker(spans, ("generate",)),
+        "rollouts": _after(gets, max((s.end for s in gen), default=None)),
+        "train": _longest_per_worker(spans, ("train", "optim")),
+        "allreduce": _after(ar, max((s.start for s in ar), default=None)),
+        "weights": _after(_of(spans, "pull"), min((s.start for s in push), default=None)),
+    }
+    out["idle"] = max(0.0, wall - sum(out.values()))
+    return out

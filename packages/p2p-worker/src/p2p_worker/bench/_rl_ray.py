@@ -1,0 +1,237 @@
+"""The same RL loop on Ray's own primitives: the baseline of ``p2p-bench rl``.
+
+Plain Ray actors run the same policy, sampling, reward and loss
+(:mod:`p2p_worker.bench._rl_policy`) with the same seeds; only the transport differs:
+
+* rollouts go through one ``ray.util.queue.Queue`` per trainer (the p2p loop's channel
+  keys), each item taken with ``Queue.get`` until the trainer has its sequences;
+* gradients are summed with ``ray.util.collective.allreduce`` over a gloo group of the
+  trainers (``init_collective_group(world, rank, backend="gloo", group_name=...)``);
+* trainer 0 hands out the new weights with ``ray.put``; the driver passes the reference
+  to every rollout worker, which ``ray.get`` s the state dict and copies it into its
+  own tensors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Any
+
+import ray
+import torch
+
+from p2p_worker import Cluster
+from p2p_worker.bench._rl_phases import SpanLog
+from p2p_worker.bench._rl_policy import (
+    Learner,
+    RLSpec,
+    load_state,
+    new_policy,
+    order_batch,
+    pin_threads,
+    policy_state,
+    sample,
+    warmup_item,
+)
+from p2p_worker.bench._weights_actors import state_checksum
+
+_runs = itertools.count()
+
+
+@ray.remote(num_cpus=0)
+class RayRollout:
+    """A rollout worker of the baseline: samples, ``Queue.put`` s, loads from the object store.
+
+    Args:
+        spec: The run's :class:`RLSpec` as a dict.
+        rank: This rollout worker's rank.
+        queue: The queue of the trainer that trains on this worker's sequences.
+    """
+
+    def __init__(self, spec: dict[str, Any], rank: int, queue: Any) -> None:
+        pin_threads()
+        self.spec = RLSpec(**spec)
+        self.rank = rank
+        self.queue = queue
+        self.model = new_policy(self.spec).requires_grad_(False)
+
+    def prepare(self) -> None:
+        """Put one warm-up item."""
+        self.queue.put(warmup_item(self.spec, self.rank), block=True, timeout=self.spec.timeout)
+
+    def step(self, step: int) -> dict[str, Any]:
+        """Sample this worker's sequences of ``step`` and put them into the trainer's queue."""
+        spec = self.spec
+        log = SpanLog(f"rollout {self.rank}")
+        with log.span("generate"):
+            item = sample(self.model, spec, step, self.rank)
+        with log.span("put"):
+            self.queue.put(item, block=True, timeout=spec.timeout)
+        return {"spans": [tuple(s) for s in log.spans], "rewards": item["rewards"].tolist()}
+
+    def load(self, refs: list[Any]) -> list[tuple[Any, ...]]:
+        """``ray.get`` the new weights (the reference travels in a list) and copy them in."""
+        log = SpanLog(f"rollout {self.rank}")
+        with log.span("pull"):
+            load_state(self.model, ray.get(refs[0], timeout=self.spec.timeout))
+        return [tuple(s) for s in log.spans]
+
+    def checksum(self) -> int:
+        """The checksum of the weights this worker samples with."""
+        return state_checksum(policy_state(self.model))
+
+
+@ray.remote(num_cpus=0)
+class RayTrainer:
+    """A trainer of the baseline: ``Queue.get``, ``ray.util.collective`` allreduce, ``ray.put``.
+
+    Args:
+        spec: The run's :class:`RLSpec` as a dict.
+        rank: This trainer's rank in the collective group.
+        queue: This trainer's queue of rollouts.
+        group_name: The ``ray.util.collective`` group of the trainers.
+    """
+
+    def __init__(self, spec: dict[str, Any], rank: int, queue: Any, group_name: str) -> None:
+        pin_threads()
+        self.spec = RLSpec(**spec)
+        self.rank = rank
+        self.queue = queue
+        self.group_name = group_name
+        self.learner = Learner(self.spec)
+
+    def prepare(self) -> None:
+        """Take the warm-up items, join the gloo group and run one allreduce."""
+        import ray.util.collective as col
+
+        spec = self.spec
+        for _ in spec.sources_of(self.rank):
+            self.queue.get(block=True, timeout=spec.timeout)
+        backend: Any = "gloo"  # Ray's stubs want its Backend enum; it takes the name
+        col.init_collective_group(spec.trainers, self.rank, backend, self.group_name)
+        col.allreduce(torch.zeros(self.learner.numel), group_name=self.group_name)
+
+    def _take(self) -> list[dict[str, Any]]:
+        spec = self.spec
+        want = spec.batch * len(spec.sources_of(self.rank))
+        items: list[dict[str, Any]] = []
+        deadline = time.monotonic() + spec.timeout
+        while sum(int(it["ids"].numel()) for it in items) < want:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"trainer {self.rank}: rollouts missing after {spec.timeout} s")
+            items.append(self.queue.get(block=True, timeout=left))
+        return items
+
+    def step(self, step: int) -> dict[str, Any]:
+        """Train on this trainer's rollouts of ``step``; rank 0 ``ray.put`` s the weights."""
+        import ray.util.collective as col
+
+        spec = self.spec
+        log = SpanLog(f"trainer {self.rank}")
+        with log.span("get"):
+            items = self._take()
+        with log.span("train"):
+            grads = self.learner.backward(order_batch(items, spec))
+        with log.span("allreduce"):
+            col.allreduce(grads, group_name=self.group_name)
+        with log.span("optim"):
+            self.learner.apply(grads)
+        refs: list[Any] = []
+        if self.rank == 0:
+            with log.span("push"):
+                refs = [ray.put(policy_state(self.learner.model))]
+        out = {"spans": [tuple(s) for s in log.spans], "loss": self.learner.last_loss}
+        return {**out, "weights": refs}
+
+    def checksum(self) -> int:
+        """The checksum of this trainer's weights."""
+        return state_checksum(policy_state(self.learner.model))
+
+    def close(self) -> None:
+        """Leave the collective group."""
+        import ray.util.collective as col
+
+        col.destroy_collective_group(self.group_name)
+
+
+class RayLoop:
+    """The loop on Ray's primitives, on the running (or an embedded local) Ray cluster.
+
+    The actors start in the background; call :meth:`ready` before the first step.
+
+    Args:
+        spec: The run's spec.
+        address: Ray address, or None for an embedded local cluster.
+    """
+
+    stack = "ray"
+
+    def __init__(self, spec: RLSpec, address: str | None = None) -> None:
+        from ray.util.queue import Queue
+
+        self.spec = spec
+        self.cluster = Cluster(address=address or "local", timeout=spec.timeout)
+        group = f"ray_rl_{os.getpid()}_{next(_runs)}"
+        config = spec.as_dict()
+        self.queues = [Queue(actor_options={"num_cpus": 0}) for _ in range(spec.trainers)]
+        self.trainers = [
+            RayTrainer.remote(config, t, self.queues[t], group)  # type: ignore[attr-defined]
+            for t in range(spec.trainers)
+        ]
+        self.rollouts = [
+            RayRollout.remote(config, r, self.queues[spec.trainer_of(r)])  # type: ignore[attr-defined]
+            for r in range(spec.rollout_workers)
+        ]
+        self._preparing = [a.prepare.remote() for a in [*self.rollouts, *self.trainers]]
+
+    def ready(self) -> None:
+        """Wait until every actor has started and warmed up (they start in the background).
+
+        Raises:
+            ray.exceptions.GetTimeoutError: Not ready within ``spec.timeout``.
+        """
+        try:
+            ray.get(self._preparing, timeout=self.spec.timeout)
+        except BaseException:
+            self._kill()
+            raise
+
+    def step(self, step: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+        """Run step ``step``: (rollout workers' results, trainers' results, wall seconds)."""
+        timeout = self.spec.timeout
+        t0 = time.time()
+        rolling = [a.step.remote(step) for a in self.rollouts]
+        training = [a.step.remote(step) for a in self.trainers]
+        trained: list[dict[str, Any]] = ray.get(training, timeout=timeout)
+        loads = [a.load.remote(trained[0]["weights"]) for a in self.rollouts]
+        rolled: list[dict[str, Any]] = ray.get(rolling, timeout=timeout)
+        loaded = ray.get(loads, timeout=timeout)
+        wall = time.time() - t0
+        for result, spans in zip(rolled, loaded, strict=True):
+            result["spans"] = [*result["spans"], *spans]
+        return rolled, [{k: v for k, v in t.items() if k != "weights"} for t in trained], wall
+
+    def checksums(self) -> dict[str, int]:
+        """Each worker's weight checksum: ``trainer i`` and ``rollout i``."""
+        out: dict[str, int] = {}
+        for role, actors in (("trainer", self.trainers), ("rollout", self.rollouts)):
+            sums = ray.get([a.checksum.remote() for a in actors], timeout=self.spec.timeout)
+            out.update({f"{role} {i}": int(s) for i, s in enumerate(sums)})
+        return out
+
+    def _kill(self) -> None:
+        for actor in [*self.rollouts, *self.trainers]:
+            ray.kill(actor)
+        for queue in self.queues:
+            queue.shutdown()
+        self.cluster.shutdown()
+
+    def close(self) -> None:
+        """Leave the collective group and stop every actor of the loop."""
+        try:
+            ray.get([a.close.remote() for a in self.trainers], timeout=self.spec.timeout)
+        finally:
+            self._kill()

@@ -1,0 +1,159 @@
+"""The report of ``p2p-bench rl``: JSON records, a Markdown table, reward curves and a timeline.
+
+One record per stack and step holds ``stack`` (``p2p`` or ``ray``), ``step``,
+``reward`` (the mean reward of the step's sequences), the seconds of every phase of
+:data:`~p2p_worker.bench._rl_phases.PHASES`, ``moving`` (rollouts + allreduce +
+weights), ``step_s`` (the step's wall time) and ``loss``. The table gives per-step means
+per stack over the measured steps (every step but the first, which builds the links,
+when there are at least three) and the ratio ray/p2p; the plot draws both reward curves
+and, per stack, a Gantt-like timeline with one row per worker.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from p2p_worker.bench._rl_phases import PHASES
+
+JSON_NAME = "p2p-bench-rl.json"
+MARKDOWN_NAME = "p2p-bench-rl.md"
+PLOT_NAME = "p2p-bench-rl.png"
+STACKS = ("p2p", "ray")
+COLORS = {
+    "generate": "#2a9d3a",
+    "put": "#e8761a",
+    "get": "#f4b183",
+    "train": "#1f6fb4",
+    "optim": "#6fa8dc",
+    "allreduce": "#7a3fa0",
+    "push": "#d62828",
+    "pull": "#f08080",
+}
+"""One colour per recorded activity in the timeline."""
+
+
+def measured(records: Sequence[dict[str, Any]], stack: str) -> list[dict[str, Any]]:
+    """The records of ``stack`` that the table averages (all but step 1 when >= 3 steps)."""
+    own = [r for r in records if r["stack"] == stack]
+    return [r for r in own if r["step"] > 1] if len(own) >= 3 else own
+
+
+def means(records: Sequence[dict[str, Any]], stack: str) -> dict[str, float]:
+    """Per-step means of ``stack``'s measured records: every phase, ``moving``, ``step_s``."""
+    rows = measured(records, stack)
+    keys = (*PHASES, "moving", "step_s")
+    return {k: statistics.fmean(r[k] for r in rows) if rows else 0.0 for k in keys}
+
+
+def curve(records: Sequence[dict[str, Any]], stack: str) -> list[float]:
+    """``stack``'s reward per step, in step order."""
+    return [r["reward"] for r in sorted(records, key=lambda r: r["step"]) if r["stack"] == stack]
+
+
+def render_markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The Markdown report: setup, the phase table with ratios, checks, the reward curves."""
+    lines = ["# p2p-bench rl", ""]
+    lines += [" · ".join(f"{k}: {v}" for k, v in meta.items() if k not in ("checks", "plot")), ""]
+    if meta.get("plot"):
+        lines += [f"![reward and timeline]({PLOT_NAME})", ""]
+    first = measured(records, "p2p")
+    span = f"steps {first[0]['step']}-{first[-1]['step']}" if first else "no steps"
+    lines += [
+        f"Seconds per step, mean over {span} (step 1 builds the links and is left out when"
+        " there are 3 steps or more; every step is in the JSON):",
+        "",
+        "| phase | p2p | ray | ray / p2p |",
+        "|---|---|---|---|",
+    ]
+    p2p, ray = means(records, "p2p"), means(records, "ray")
+    labels = {"moving": "data movement (rollouts + allreduce + weights)", "step_s": "whole step"}
+    for key in (*PHASES, "moving", "step_s"):
+        ratio = f"{ray[key] / p2p[key]:.2f}x" if p2p[key] > 0 else "-"
+        name = labels.get(key, key)
+        if key in ("moving", "step_s"):
+            name = f"**{name}**"
+        lines.append(f"| {name} | {p2p[key]:.4f} | {ray[key]:.4f} | {ratio} |")
+    lines.append("")
+    for check, ok in meta.get("checks", {}).items():
+        lines.append(f"- {check}: {'yes' if ok else 'NO'}")
+    lines += ["", "Reward per step (mean over the step's sequences):", ""]
+    lines += ["| step | p2p | ray |", "|---|---|---|"]
+    for i, (a, b) in enumerate(zip(curve(records, "p2p"), curve(records, "ray"), strict=False)):
+        lines.append(f"| {i + 1} | {a:.4f} | {b:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_json(path: Path, records: Sequence[dict[str, Any]], extra: dict[str, Any]) -> None:
+    """Write ``{"meta"..., "records": [...], ...}`` to ``path``."""
+    payload = {**extra, "records": list(records)}
+    path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+
+
+def _gantt(ax: Any, steps: Sequence[dict[str, Any]], title: str, xmax: float) -> None:
+    """One stack's steps laid end to end, one row per worker, one colour per activity."""
+    workers = sorted({s[0] for st in steps for s in st["spans"]}, reverse=True)
+    row = {w: i for i, w in enumerate(workers)}
+    offset = 0.0
+    for st in steps:
+        for worker, activity, start, end in st["spans"]:
+            left = offset + start - st["start"]
+            ax.barh(
+                row[worker],
+                max(end - start, xmax * 5e-4),
+                left=left,
+                height=0.7,
+                color=COLORS.get(activity, "#999999"),
+            )
+        offset += st["wall"]
+        ax.axvline(offset, color="#cccccc", linewidth=0.6)
+    ax.set_yticks(range(len(workers)), workers)
+    ax.set_xlim(0, xmax)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("seconds (steps laid end to end; grey lines end a step)")
+
+
+def plot(
+    records: Sequence[dict[str, Any]], timelines: dict[str, list[dict[str, Any]]], path: Path
+) -> bool:
+    """Draw the reward curves and the timelines into ``path``; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(3, 1, figsize=(11, 10), height_ratios=[1.0, 1.2, 1.2])
+    styles = {"p2p": ("#1f6fb4", "-", "o"), "ray": ("#8c8c8c", "--", "D")}
+    for stack in STACKS:
+        ys = curve(records, stack)
+        color, line, marker = styles[stack]
+        axes[0].plot(
+            range(1, len(ys) + 1), ys, color=color, linestyle=line, marker=marker, label=stack
+        )
+    axes[0].set_xlabel("step")
+    axes[0].set_ylabel("mean reward (higher is better)")
+    axes[0].set_title("Reward per step: fraction of generated tokens in the target set")
+    axes[0].grid(True, alpha=0.3)
+    axes[0].legend()
+    xmax = max((sum(st["wall"] for st in tl) for tl in timelines.values()), default=1.0)
+    for ax, stack in zip(axes[1:], STACKS, strict=True):
+        total = sum(st["wall"] for st in timelines.get(stack, []))
+        _gantt(ax, timelines.get(stack, []), f"{stack}: {total:.2f} s for all steps", xmax)
+    handles = [Patch(color=c, label=a) for a, c in COLORS.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=len(COLORS), fontsize=8)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def moving_ratio(records: Sequence[dict[str, Any]]) -> float:
+    """Data movement per step (rollouts + allreduce + weights), ray over p2p (0: no p2p time)."""
+    p2p, ray = means(records, "p2p"), means(records, "ray")
+    return ray["moving"] / p2p["moving"] if p2p["moving"] > 0 else 0.0
