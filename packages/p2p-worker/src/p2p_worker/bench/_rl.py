@@ -76,6 +76,11 @@ def record(
         "step_s": wall,
         "loss": sum(t["loss"] for t in trained),
     }
+    push = trained[0].get("push")  # p2p's PushReport: what the weight sync sent
+    if push is not None:
+        rec["weights_sent_bytes"] = push["sent_bytes"]
+        rec["weights_full_bytes"] = push["full_bytes"]
+        rec["weights_modes"] = push["modes"]
     return rec, {"step": step, "start": start, "wall": wall, "spans": [list(s) for s in spans]}
 
 
@@ -152,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick",
         action="store_true",
         help=f"tiny model, {QUICK.rollout_workers} rollout workers, {QUICK.steps} steps"
-        " (under a minute)",
+        " (about a minute on 2 cores, most of it starting the workers)",
     )
     p.add_argument("--model", choices=sorted(SHAPES), help=f"policy shapes [default: {FULL.model}]")
     p.add_argument("--rollout-workers", type=int, help=f"[default: {FULL.rollout_workers}]")
@@ -162,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--lr", type=float, help=f"AdamW learning rate [default: {FULL.lr:g}]")
     p.add_argument("--seed", type=int, help=f"seed of weights and sampling [default: {FULL.seed}]")
+    p.add_argument(
+        "--delta",
+        action="store_true",
+        help="p2p's weight sync sends bit-level deltas (pays off when few values change)",
+    )
     p.add_argument(
         "--out", default="p2p-bench-out", help="output folder [default: ./p2p-bench-out]"
     )
@@ -187,6 +197,7 @@ def spec_from(argv: Sequence[str]) -> tuple[RLSpec, Path, str | None]:
         "lr": ns.lr,
         "seed": ns.seed,
         "timeout": ns.timeout,
+        "delta": ns.delta or None,
     }
     try:
         spec = replace(base, **{k: v for k, v in changes.items() if v is not None})
@@ -236,6 +247,7 @@ def main(argv: Sequence[str]) -> int:
         "steps": spec.steps,
         "lr": spec.lr,
         "seed": spec.seed,
+        "weight deltas": spec.delta,
         "wall_s": round(time.time() - started, 1),
     }
     drew = plot(records, timelines, out / PLOT_NAME)

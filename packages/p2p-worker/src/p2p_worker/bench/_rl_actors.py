@@ -10,9 +10,10 @@ One step of :class:`P2PLoop`:
    gradients and sums them with the other trainer's (``MultiCollectiveGroup.allreduce``
    over the trainer group), and takes the optimizer step;
 3. trainer 0 pushes the new weights to every rollout worker
-   (``Worker.push_weights``: a relay through the rollout workers, bit-level deltas after
-   the first step), and each rollout worker pulls them into its own tensors in place
-   (``Worker.pull_weights``), checked against the trainer's checksums.
+   (``Worker.push_weights``: a relay through the rollout workers; bit-level deltas after
+   the first step with ``RLSpec.delta``), and each rollout worker pulls them into its
+   own tensors in place (``Worker.pull_weights``), checked against the trainer's
+   checksums.
 
 The driver only starts each step and collects what the workers recorded.
 """
@@ -173,13 +174,25 @@ class RLTrainer(Worker):
             self.group.allreduce(grads, op="sum", timeout=spec.timeout)
         with log.span("optim"):
             self.learner.apply(grads)
+        out: dict[str, Any] = {"loss": self.learner.last_loss}
         if self._rank == 0:
             with log.span("push"):
                 report = self.push_weights(
-                    self.learner.model, step, self.rollout_group, timeout=spec.timeout
+                    self.learner.model,
+                    step,
+                    self.rollout_group,
+                    timeout=spec.timeout,
+                    delta=spec.delta,
                 )
             assert isinstance(report, PushReport)  # async_op=False
-        return {"spans": [tuple(s) for s in log.spans], "loss": self.learner.last_loss}
+            out["push"] = {
+                "sent_bytes": report.sent_bytes,
+                "full_bytes": report.full_bytes,
+                "buckets": report.buckets,
+                "modes": dict(report.modes),
+            }
+        out["spans"] = [tuple(s) for s in log.spans]
+        return out
 
     def checksum(self) -> int:
         """The checksum of this trainer's weights."""

@@ -58,6 +58,10 @@ class RLSpec:
         lr: AdamW learning rate.
         seed: Seed of the initial weights and of every draw.
         timeout: Seconds any one blocking call of the loop may take.
+        delta: Whether p2p's weight sync sends bit-level deltas (``push_weights(...,
+            delta=True)``). Off by default: with fp32 weights and AdamW every value
+            changes every step, so a delta is nearly as large as the weights and costs
+            more to make than it saves (measured in ``docs/concepts/rl-loop.rst``).
     """
 
     model: str = "small"
@@ -70,6 +74,7 @@ class RLSpec:
     lr: float = 1e-2
     seed: int = 0
     timeout: float = 300.0
+    delta: bool = False
 
     def __post_init__(self) -> None:
         if self.model not in SHAPES:

@@ -233,5 +233,7 @@ class RayLoop:
         """Leave the collective group and stop every actor of the loop."""
         try:
             ray.get([a.close.remote() for a in self.trainers], timeout=self.spec.timeout)
+        except Exception:  # a group that never formed: killing the actors is what is left
+            pass
         finally:
             self._kill()
