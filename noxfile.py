@@ -296,9 +296,11 @@ def peers(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The README's main job: p2p-bench on an embedded local Ray cluster."""
+    """The README's main job: p2p-bench on an embedded local Ray cluster, then p2p-bench rl."""
     install_stack(session, "worker")
     session.run("p2p-bench", *session.posargs, env=short_tmp_env())
+    if not session.posargs:  # posargs replace the default: then only what they ask for
+        session.run("p2p-bench", "rl", "--quick", env=short_tmp_env())
 
 
 @nox.session
