@@ -41,7 +41,7 @@ def test_docstring_examples(name: str) -> None:
     [
         ({"model": "huge"}, "model"),
         ({"rollout_workers": 0}, "rollout_workers"),
-        ({"trainers": 3}, "trainers"),
+        ({"trainers": 3}, "rollout_workers"),
         ({"lr": 0.0}, "lr"),
         ({"batch": True}, "batch"),
         ({"timeout": -1.0}, "timeout"),
@@ -57,6 +57,16 @@ def test_a_bad_flag_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> Non
         spec_from(["--rollout-workers", "0"])
     assert exc.value.code == 2
     assert "--rollout-workers: got 0" in capsys.readouterr().err
+
+
+def test_too_few_rollout_workers_for_the_trainers_names_the_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        spec_from(["--rollout-workers", "1"])
+    assert "--rollout-workers: got 1; allowed: at least the number of trainers (2)" in (
+        capsys.readouterr().err
+    )
 
 
 def test_quick_flags_on_top() -> None:

@@ -85,8 +85,8 @@ class RLSpec:
                 raise ValueError(f"{name}: got {value!r}; allowed: an int >= 1")
         if self.trainers > self.rollout_workers:
             raise ValueError(
-                f"trainers: got {self.trainers}; allowed: at most rollout_workers"
-                f" ({self.rollout_workers}), so that every trainer gets rollouts"
+                f"rollout_workers: got {self.rollout_workers}; allowed: at least the number"
+                f" of trainers ({self.trainers}), so that every trainer gets rollouts"
             )
         if not self.lr > 0:
             raise ValueError(f"lr: got {self.lr!r}; allowed: a number > 0")
