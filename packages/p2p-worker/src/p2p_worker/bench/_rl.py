@@ -18,6 +18,7 @@ Writes ``p2p-bench-rl.json``, ``p2p-bench-rl.md`` and ``p2p-bench-rl.png`` into
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -223,7 +224,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        print(f"p2p-bench rl: error: --out: cannot create {str(out)!r}: {exc}")
+        print(f"p2p-bench rl: error: --out: cannot create {str(out)!r}: {exc}", file=sys.stderr)
         return 2
     started = time.time()
     print(
