@@ -126,6 +126,7 @@ def plot(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return False
     fig, axes = plt.subplots(3, 1, figsize=(11, 10), height_ratios=[1.0, 1.2, 1.2])
@@ -137,6 +138,7 @@ def plot(
             range(1, len(ys) + 1), ys, color=color, linestyle=line, marker=marker, label=stack
         )
     axes[0].set_xlabel("step")
+    axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].set_ylabel("mean reward (higher is better)")
     axes[0].set_title("Reward per step: fraction of generated tokens in the target set")
     axes[0].grid(True, alpha=0.3)
