@@ -36,6 +36,22 @@ def test_same_seed_same_weights_and_steps_move_a_few_percent_at_lr_1e_6() -> Non
     assert changed_fraction(prev, prev) == 0.0
 
 
+def test_refresh_in_place_equals_a_step_and_counts_the_same_changes() -> None:
+    a = WeightSteps(SHAPES["tiny"], lr=1e-5, seed=4)
+    b = WeightSteps(SHAPES["tiny"], lr=1e-5, seed=4)
+    held = a.weights()
+    storage = {k: v.data_ptr() for k, v in held.items()}
+    for _ in range(3):
+        before = {k: v.clone() for k, v in held.items()}
+        a.train()
+        fraction = a.refresh(held)
+        expected = b.step()
+        assert all(torch.equal(held[k], v) for k, v in expected.items())
+        assert fraction == changed_fraction(before, expected) > 0.0
+    assert {k: v.data_ptr() for k, v in held.items()} == storage  # written in place
+    assert a.refresh(held) == 0.0  # nothing trained since: nothing changed
+
+
 def test_bad_shapes_and_rates_name_the_argument() -> None:
     with pytest.raises(ValueError, match="hidden: got 0"):
         DecoderShape("x", 10, 0, 1, 1, 1, 1)

@@ -188,7 +188,11 @@ class WeightSteps:
         if not lr > 0:
             raise ValueError(f"lr: got {lr!r}; allowed: a number > 0")
         self.model = Decoder(shape, seed)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        # foreach=False: the multi-tensor path allocates temporaries the size of the model,
+        # which a 0.5B model's trainer beside seven rollout workers cannot spare on 24 GB.
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=lr, weight_decay=0.0, foreach=False
+        )
         self.dtype = dtype
         self.batch = batch
         self.seq_len = seq_len
@@ -212,15 +216,35 @@ class WeightSteps:
 
     def step(self) -> dict[str, torch.Tensor]:
         """One AdamW step on a fresh batch; return the new weights (see :meth:`weights`)."""
+        self.train()
+        return self.weights()
+
+    def refresh(self, current: dict[str, torch.Tensor]) -> float:
+        """Write the weights in :attr:`dtype` into ``current`` in place; the changed fraction.
+
+        ``current`` is what :meth:`weights` returned before; no second copy of the model
+        is made (a 0.5B model's trainer beside seven rollout workers is short of memory).
+        """
+        changed = total = 0
+        for name, p in self.model.named_parameters():
+            new, old = p.detach().to(self.dtype), current[name]
+            width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+            bits = width[old.element_size()]
+            changed += int((old.view(bits) != new.view(bits)).sum())
+            total += old.numel()
+            old.copy_(new)
+        return changed / total if total else 0.0
+
+    def train(self) -> None:
+        """One AdamW step on a fresh batch (the fp32 masters change; nothing is copied)."""
         rows = self._batch()
         logits = self.model(rows[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
-        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # no gradients held between steps
         self.steps += 1
         self.last_loss = float(loss.detach())
-        return self.weights()
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         while True:

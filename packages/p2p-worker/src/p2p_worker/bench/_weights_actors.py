@@ -29,7 +29,7 @@ import torch
 
 from p2p_compress import tensor_checksum
 from p2p_worker import PushReport, Worker
-from p2p_worker.bench._model import SHAPES, Decoder, WeightSteps, changed_fraction
+from p2p_worker.bench._model import SHAPES, Decoder, WeightSteps
 
 RAY_COLLECTIVE_GROUP = "p2p_wbench_col"
 
@@ -94,14 +94,14 @@ class WeightsSource(Worker):
 
     def step(self) -> dict[str, Any]:
         """One training step; the new version's facts."""
-        previous = self.current
         t0 = time.perf_counter()
-        self.current = self.trainer.step()
+        self.trainer.train()
+        changed = self.trainer.refresh(self.current)  # in place: no second bf16 copy
         self.version += 1
         return {
             "version": self.version,
             "train_seconds": time.perf_counter() - t0,
-            "changed": changed_fraction(previous, self.current),
+            "changed": changed,
             "checksum": state_checksum(self.current),
             "full_bytes": sum(t.numel() * t.element_size() for t in self.current.values()),
             "loss": self.trainer.last_loss,
