@@ -17,6 +17,7 @@ from p2p_asyncwork._errors import (
     WorkError,
     WorkTimeoutError,
 )
+from p2p_asyncwork._waiting import wait_any
 from p2p_asyncwork._work import AsyncFuncWork, AsyncResultWork, AsyncWork
 from p2p_asyncwork._wrappers import AsyncChannelWork, AsyncCollWork
 
@@ -28,6 +29,7 @@ __all__ = [
     "AsyncFuncWork",
     "AsyncCollWork",
     "AsyncChannelWork",
+    "wait_any",
     "P2PError",
     "WorkError",
     "WorkTimeoutError",
