@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from p2p_asyncwork import AsyncWork
+from p2p_asyncwork import AsyncWork, wait_any
 from p2p_collective import PeerError
 from p2p_worker._weights import _messages as m
 from p2p_worker._weights._codec import checksum, encode_delta
@@ -303,7 +303,11 @@ class WeightSender:
                         self._waiting[name] = work
                 break
             if works:
-                time.sleep(_POLL)
+                # woken by the next hello (or a dead target); a target that is not
+                # connected yet (None) is looked at again after _POLL
+                pending = [p[1] for p in works.values() if p is not None]
+                most = None if left is None else max(left, _POLL)
+                wait_any(pending, timeout=_POLL if len(pending) < len(works) else most)
         return {n: got[n] for n in names if n in got}
 
     def _stale(self, hello: m.Hello, layout: Layout) -> tuple[int, ...]:
@@ -423,7 +427,8 @@ class WeightSender:
                     report.failed.pop(name, None)
                 del works[name]
             if works:
-                time.sleep(_POLL)
+                left = remaining(deadline)  # each receive times out by the deadline itself
+                wait_any(works.values(), timeout=None if left is None else max(left, _POLL))
         for box in resends:
             box.finish()
             report.sent_bytes += box.sent_bytes
