@@ -107,8 +107,18 @@ class WeightsSource(Worker):
             "loss": self.trainer.last_loss,
         }
 
-    def send_all(self, dst_group: str, targets: int, timeout: float) -> None:
-        """N full sends: the whole state dict to each target, all posted at once."""
+    def send_all(self, dst_group: str, targets: int, timeout: float, serial: bool = False) -> None:
+        """N full sends: the whole state dict to each target, all posted at once.
+
+        ``serial``: one target after another instead. On a shared emulated egress the
+        total is the same (N copies through one NIC either way), and only one target at
+        a time holds the second copy a receive makes (seven at once do not fit beside a
+        0.5B trainer on a 24 GB machine).
+        """
+        if serial:
+            for rank in range(targets):
+                self.send(self.current, dst_group, rank, timeout=timeout)
+            return
         works = [self.send(self.current, dst_group, rank, async_op=True) for rank in range(targets)]
         for work in works:
             work.wait(timeout=timeout)
