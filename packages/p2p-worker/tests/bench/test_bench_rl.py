@@ -7,12 +7,16 @@ The loop itself, with real workers on both stacks, is tested in
 from __future__ import annotations
 
 import doctest
+import functools
 import importlib
 
 import pytest
 import torch
 
+from p2p_worker import LocalChannel
 from p2p_worker.bench._rl import spec_from
+from p2p_worker.bench._rl_ledger import account as account_ids
+from p2p_worker.bench._rl_ledger import take_batch, trainer_key
 from p2p_worker.bench._rl_phases import PHASES, Span, SpanLog, account
 from p2p_worker.bench._rl_policy import (
     Learner,
@@ -22,6 +26,7 @@ from p2p_worker.bench._rl_policy import (
     order_batch,
     policy_state,
     reward,
+    rollout_key,
     sample,
 )
 from p2p_worker.bench._rl_report import render_markdown
@@ -29,7 +34,7 @@ from p2p_worker.bench._rl_report import render_markdown
 SPEC = RLSpec(model="tiny", rollout_workers=2, steps=2, batch=4, prompt_len=2, gen_len=3)
 
 
-@pytest.mark.parametrize("name", ["_rl_policy", "_rl_phases"])
+@pytest.mark.parametrize("name", ["_rl_policy", "_rl_phases", "_rl_ledger"])
 def test_docstring_examples(name: str) -> None:
     result = doctest.testmod(importlib.import_module(f"p2p_worker.bench.{name}"))
     assert result.attempted > 0
@@ -152,3 +157,91 @@ def test_the_report_gives_means_and_the_ratio() -> None:
     assert "mean over steps 2-3" in text
     assert "- it held: yes" in text
     assert "| 3 | 0.3000 | 0.3000 |" in text
+
+
+@functools.cache
+def _policy() -> torch.nn.Module:
+    return new_policy(SPEC)  # every spec below has SPEC's model and seed
+
+
+def _item(spec: RLSpec, step: int, rank: int) -> dict[str, torch.Tensor]:
+    return sample(_policy(), spec, step, rank)
+
+
+def test_a_trainer_takes_each_rollout_once_and_drops_what_arrives_twice() -> None:
+    spec = RLSpec(**{**SPEC.as_dict(), "rollout_workers": 4, "batch": 2, "timeout": 0.5})
+    channel = LocalChannel()
+    key = trainer_key(1)  # trainer 1 trains on rollout workers 1 and 3
+    for step, rank in [(1, 3), (2, 1), (2, 3), (2, 3), (1, 3), (3, 1)]:
+        channel.put(_item(spec, step, rank), weight=spec.batch, key=key)
+    items, dropped = take_batch(channel, spec, trainer=1, step=2)
+    assert [rollout_key(spec, int(it["ids"][0])) for it in items] == [(2, 1), (2, 3)]
+    assert dropped == 2  # the first item: step 1's, trained on already
+    left = [rollout_key(spec, int(it["ids"][0])) for it in channel.peek_all(key)]
+    assert left == [(2, 3), (1, 3), (3, 1)]
+    with pytest.raises(RuntimeError, match=r"rollout worker\(s\) \[3\] for step 3 did not arrive"):
+        take_batch(channel, spec, trainer=1, step=3)
+    assert channel.qsize(key) == 0  # both copies of a trained item dropped on the way
+
+
+def test_an_item_of_a_later_step_is_a_bug_named_as_such() -> None:
+    spec = RLSpec(**{**SPEC.as_dict(), "timeout": 0.5})
+    channel = LocalChannel()
+    channel.put(_item(spec, 2, 0), weight=spec.batch, key=trainer_key(0))
+    with pytest.raises(RuntimeError, match="an item of step 2 came in 1"):
+        take_batch(channel, spec, trainer=0, step=1)
+
+
+def test_the_accounting_counts_lost_twice_and_unknown_ids() -> None:
+    spec = RLSpec(**{**SPEC.as_dict(), "steps": 2, "batch": 2})  # 2 x 2 x 2 = 8 ids due
+    whole = account_ids(spec, [[0, 1, 2, 3], [4, 5, 6, 7]])
+    assert (whole["due"], whole["trained"], whole["exactly_once"]) == (8, 8, True)
+    broken = account_ids(spec, [[0, 1, 2, 3], [3, 3, 4, 5, 9]])
+    assert {k: broken[k] for k in ("trained", "lost", "twice", "unknown")} == {
+        "trained": 9,
+        "lost": 2,
+        "twice": 1,
+        "unknown": 1,
+    }
+    assert broken["exactly_once"] is False
+
+
+def test_kill_rollout_is_a_step_of_the_run() -> None:
+    spec, _, _ = spec_from(["--quick", "--steps", "3", "--kill-rollout", "3"])
+    assert (spec.kill_rollout, spec.victim) == (3, 1)
+    with pytest.raises(ValueError, match=r"^kill_rollout: got 4; allowed: a step in 1..3"):
+        RLSpec(**{**SPEC.as_dict(), "steps": 3, "kill_rollout": 4})
+
+
+def test_a_kill_step_beyond_the_run_exits_2_naming_the_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        spec_from(["--quick", "--steps", "3", "--kill-rollout", "0"])
+    assert exc.value.code == 2
+    assert "--kill-rollout: got 0; allowed: a step in 1..3" in capsys.readouterr().err
+
+
+def test_the_report_leaves_the_lost_step_out_of_the_means_and_gives_the_accounting() -> None:
+    records = []
+    for stack in ("p2p", "ray"):
+        for step in (1, 2, 3, 4):
+            slow = 10.0 if (stack, step) == ("p2p", 3) else 1.0
+            phases = dict.fromkeys(PHASES, 0.1 * slow)
+            rec = {"stack": stack, "step": step, "reward": 0.1, **phases, "loss": 0.0}
+            rec.update(moving=0.3 * slow, step_s=0.6 * slow)
+            if (stack, step) == ("p2p", 3):
+                rec["lost_worker"] = True
+            records.append(rec)
+    tally = {"due": 8, "trained": 8, "lost": 0, "twice": 0, "unknown": 0}
+    tally.update(exactly_once=True, resampled=2, dropped=0)
+    event = {"event": "killed", "step": 3, "slot": 1, "worker": "r:1", "pid": 7, "how": "SIGKILL"}
+    text = render_markdown(records, {"accounting": {"p2p": tally}, "events": [event]})
+    assert "| weights | 0.1000 | 0.1000 | 1.00x |" in text  # step 3 left out on both stacks
+    assert "mean over steps 2-4 except 3" in text
+    assert "- p2p: rollout 1 (r:1, pid 7) killed with SIGKILL during step 3" in text
+    assert (
+        "- p2p rollout accounting: 8 rollout ids due, 8 trained, 0 lost, 0 trained twice,"
+        " 0 unknown; 2 sampled again by a replacement, 0 dropped as arriving twice"
+    ) in text
+    assert "| 3 (rollout worker lost on p2p) | 0.1000 | 0.1000 |" in text

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from p2p_worker import Cluster
 from p2p_worker.bench._model import SHAPES
+from p2p_worker.bench._rl_ledger import account as account_ids
 from p2p_worker.bench._rl_phases import MOVING, Span, account
 from p2p_worker.bench._rl_policy import RLSpec
 from p2p_worker.bench._rl_report import (
@@ -34,6 +35,7 @@ from p2p_worker.bench._rl_report import (
     MARKDOWN_NAME,
     PLOT_NAME,
     curve,
+    describe,
     moving_ratio,
     plot,
     render_markdown,
@@ -66,7 +68,9 @@ def record(
     """The JSON record of one stack's step, and its timeline entry, from a loop's result."""
     rolled, trained, wall = result
     spans = [Span(*s) for r in [*rolled, *trained] for s in r["spans"]]
-    rewards = [x for r in rolled for x in r["rewards"]]
+    # the sequences the trainers trained on, in rollout id order (= rollout rank order)
+    pairs = sorted((i, x) for t in trained for i, x in zip(t["ids"], t["rewards"], strict=True))
+    rewards = [x for _, x in pairs]
     phases = account(spans, wall)
     rec = {
         "stack": stack,
@@ -76,6 +80,8 @@ def record(
         "moving": sum(phases[p] for p in MOVING),
         "step_s": wall,
         "loss": sum(t["loss"] for t in trained),
+        "sequences": len(pairs),
+        "dropped": sum(t.get("dropped", 0) for t in trained),
     }
     push = trained[0].get("push")  # p2p's PushReport: what the weight sync sent
     if push is not None:
@@ -85,14 +91,33 @@ def record(
     return rec, {"step": step, "start": start, "wall": wall, "spans": [list(s) for s in spans]}
 
 
+def tallied(
+    spec: RLSpec, trained: list[list[int]], records: list[dict[str, Any]], loop: Loop
+) -> dict[str, Any]:
+    """A stack's rollout accounting: :func:`~p2p_worker.bench._rl_ledger.account` and more.
+
+    Adds ``dropped`` (sequences that arrived twice and were dropped by a trainer) and
+    ``resampled`` (sequences a replacement sampled again for a dead worker).
+    """
+    tally = account_ids(spec, trained)
+    tally["dropped"] = sum(r.get("dropped", 0) for r in records if r["stack"] == loop.stack)
+    events = getattr(loop, "events", [])
+    tally["resampled"] = spec.batch * sum(
+        1 for e in events if e["event"] == "replaced" and e["resampled"]
+    )
+    return tally
+
+
 def run_rl(
     spec: RLSpec, address: str | None = None, say: Callable[[str], None] = print
-) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]], dict[str, bool]]:
+) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]], dict[str, bool], dict[str, Any]]:
     """Run the loop on both stacks, steps interleaved.
 
     Returns:
-        The records (one per stack and step), each stack's timeline (spans per step) and
-        the checks: weights bit-equal on every worker of each stack, reward curves equal.
+        The records (one per stack and step), each stack's timeline (spans per step),
+        the checks (weights bit-equal on every worker of each stack, reward curves
+        equal, every rollout id trained on exactly once, a replacement caught up) and
+        ``{"accounting": per stack, "events": the lost worker's}``.
     """
     from p2p_worker.bench._rl_actors import P2PLoop
     from p2p_worker.bench._rl_ray import RayLoop
@@ -102,6 +127,8 @@ def run_rl(
     records: list[dict[str, Any]] = []
     timelines: dict[str, list[dict[str, Any]]] = {}
     checks: dict[str, bool] = {}
+    accounting: dict[str, dict[str, Any]] = {}
+    events: list[dict[str, Any]] = []
     try:
         say(
             f"launching {spec.trainers} trainers and {spec.rollout_workers} rollout workers"
@@ -113,23 +140,47 @@ def run_rl(
         say("p2p: channel, trainer group and rollout group ready")
         ray_loop.ready()
         say("ray: queues, actors and collective group ready")
+        trained_ids: dict[str, list[list[int]]] = {loop.stack: [] for loop in loops}
         for step in range(1, spec.steps + 1):
             line = [f"step {step:3d}/{spec.steps}"]
             for loop in loops:
                 start = time.time()
-                rec, tl = record(loop.stack, step, start, loop.step(step))
+                result = loop.step(step)
+                trained_ids[loop.stack] += [t["ids"] for t in result[1]]
+                rec, tl = record(loop.stack, step, start, result)
                 records.append(rec)
                 timelines.setdefault(loop.stack, []).append(tl)
                 line.append(
                     f"{loop.stack}: reward {rec['reward']:.3f} step {rec['step_s']:.3f} s"
                     f" (moving {rec['moving']:.3f} s)"
                 )
+                for event in getattr(loop, "events", []):
+                    if event["step"] == step and event["event"] == "killed":
+                        rec["lost_worker"] = True
             say("  ".join(line))
+            for event in [e for lp in loops for e in getattr(lp, "events", [])]:
+                if event["step"] == step:
+                    say(f"  p2p: {describe(event)}")
         for loop in loops:
             sums = loop.checksums()
             checks[
                 f"{loop.stack}: every rollout worker holds the trainers' weights bit for bit"
             ] = len(set(sums.values())) == 1
+            tally = tallied(spec, trained_ids[loop.stack], records, loop)
+            accounting[loop.stack] = tally
+            checks[
+                f"{loop.stack}: every rollout id trained on exactly once (none lost, none twice)"
+            ] = tally["exactly_once"]
+            for event in getattr(loop, "events", []):
+                if event["event"] == "replaced":
+                    events.append(event)
+                    checks[
+                        f"{loop.stack}: the replacement of rollout {event['slot']} held the"
+                        f" trainers' weights at the end of step {event['step']} (caught up"
+                        " within one step)"
+                    ] = event["caught_up"]
+                elif event["event"] == "killed":
+                    events.append(event)
         checks["reward curves of p2p and ray equal bit for bit"] = curve(records, "p2p") == curve(
             records, "ray"
         )
@@ -144,7 +195,7 @@ def run_rl(
         for loop in reversed(loops):
             loop.close()
         base.shutdown()
-    return records, timelines, checks
+    return records, timelines, checks, {"accounting": accounting, "events": events}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="p2p's weight sync sends bit-level deltas (pays off when few values change)",
     )
     p.add_argument(
+        "--kill-rollout",
+        type=int,
+        metavar="STEP",
+        help="during step STEP, kill the p2p loop's last rollout worker (SIGKILL); a"
+        " replacement takes its place and gets the current weights (the Ray baseline runs"
+        " without the kill)",
+    )
+    p.add_argument(
         "--out", default="p2p-bench-out", help="output folder [default: ./p2p-bench-out]"
     )
     p.add_argument("--address", help="Ray address [default: an embedded local cluster]")
@@ -199,6 +258,7 @@ def spec_from(argv: Sequence[str]) -> tuple[RLSpec, Path, str | None]:
         "seed": ns.seed,
         "timeout": ns.timeout,
         "delta": ns.delta or None,
+        "kill_rollout": ns.kill_rollout,
     }
     try:
         spec = replace(base, **{k: v for k, v in changes.items() if v is not None})
@@ -237,7 +297,7 @@ def main(argv: Sequence[str]) -> int:
     def say(text: str) -> None:
         print(f"{time.monotonic() - t0:6.1f} s  {text}", flush=True)
 
-    records, timelines, checks = run_rl(spec, address, say)
+    records, timelines, checks, extra = run_rl(spec, address, say)
     meta: dict[str, Any] = {
         "command": "p2p-bench rl",
         "model": spec.model,
@@ -251,9 +311,12 @@ def main(argv: Sequence[str]) -> int:
         "weight deltas": spec.delta,
         "wall_s": round(time.time() - started, 1),
     }
+    if spec.kill_rollout is not None:
+        meta["p2p rollout worker killed in step"] = spec.kill_rollout
     drew = plot(records, timelines, out / PLOT_NAME)
-    write_json(out / JSON_NAME, records, {"meta": meta, "checks": checks, "timelines": timelines})
-    report = render_markdown(records, {**meta, "plot": drew, "checks": checks})
+    payload = {"meta": meta, "checks": checks, **extra, "timelines": timelines}
+    write_json(out / JSON_NAME, records, payload)
+    report = render_markdown(records, {**meta, "plot": drew, "checks": checks, **extra})
     (out / MARKDOWN_NAME).write_text(report, encoding="utf-8")
     print(report)
     print(f"data movement per step, ray / p2p: {moving_ratio(records):.2f}x")

@@ -20,21 +20,29 @@ The driver only starts each step and collects what the workers recorded.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from p2p_asyncwork import wait_any
 from p2p_worker import (
     Channel,
     Cluster,
     NodePlacementStrategy,
     PushReport,
+    WeightSyncError,
     Worker,
+    WorkerError,
+    WorkerGroup,
     create_channel,
 )
+from p2p_worker.bench._rl_ledger import take_batch, trainer_key
 from p2p_worker.bench._rl_phases import SpanLog
 from p2p_worker.bench._rl_policy import (
     Learner,
@@ -46,33 +54,15 @@ from p2p_worker.bench._rl_policy import (
     sample,
     warmup_item,
 )
+from p2p_worker.bench._rl_recovery import Members, died, kill
 from p2p_worker.bench._weights_actors import state_checksum
 
 JOB_CONFIG = {"cluster": {"collective": {"init_timeout": 120.0}}}
 _runs = itertools.count()
 
 
-def trainer_key(trainer: int) -> str:
-    """The channel key (its own FIFO) of trainer ``trainer``'s rollouts."""
-    return f"trainer{trainer}"
-
-
-def take_batch(channel: Channel, spec: RLSpec, trainer: int) -> list[dict[str, Any]]:
-    """Trainer ``trainer``'s items of one step, by weight (one per sequence), in one exchange.
-
-    Raises:
-        RuntimeError: Fewer sequences than due arrived within ``spec.timeout``.
-    """
-    want = spec.batch * len(spec.sources_of(trainer))
-    items: list[dict[str, Any]] = channel.get_batch(
-        target_weight=want, key=trainer_key(trainer), timeout=spec.timeout
-    )
-    got = sum(int(it["ids"].numel()) for it in items)
-    if got != want:
-        raise RuntimeError(
-            f"trainer {trainer}: {got} of {want} sequences arrived within {spec.timeout} s"
-        )
-    return items
+CATCH_UP = "catchup"
+"""The sync a replacement rollout worker receives the trainers' current weights on."""
 
 
 class RLRollout(Worker):
@@ -82,41 +72,76 @@ class RLRollout(Worker):
         spec: The run's :class:`RLSpec` as a dict.
         channel_name: The job's rollout channel.
         trainer_group: The trainer group's name (its rank 0 pushes the weights).
+        slot: The rollout rank this worker plays (its seeds, its trainer); default its
+            rank in its group. A replacement, alone in a group of its own, plays the
+            slot of the worker it replaces.
     """
 
-    def __init__(self, spec: dict[str, Any], channel_name: str, trainer_group: str) -> None:
+    def __init__(
+        self, spec: dict[str, Any], channel_name: str, trainer_group: str, slot: int | None = None
+    ) -> None:
         super().__init__()
         pin_threads()
         self.spec = RLSpec(**spec)
         self.model = new_policy(self.spec).requires_grad_(False)
         self.channel_name = channel_name
         self.trainer_group = trainer_group
+        self.slot = self._rank if slot is None else slot
+        self.label = f"rollout {self.slot}" + ("" if slot is None else " (replacement)")
         self.channel: Channel | None = None
+        self.version = 0  # of the weights sampled with
 
-    def prepare(self) -> None:
-        """Connect to the channel and put one warm-up item (the links are built now)."""
+    def prepare(self, warm_up: bool = True) -> int:
+        """Connect to the channel and put one warm-up item (the links are built now).
+
+        A replacement puts none (the trainers took the warm-up items long ago).
+
+        Returns:
+            This worker's process id.
+        """
         self.channel = self.connect_channel(self.channel_name, timeout=self.spec.timeout)
-        key = trainer_key(self.spec.trainer_of(self._rank))
-        self.channel.put(
-            warmup_item(self.spec, self._rank), weight=1, key=key, timeout=self.spec.timeout
-        )
+        if warm_up:
+            key = trainer_key(self.spec.trainer_of(self.slot))
+            item = warmup_item(self.spec, self.slot)
+            self.channel.put(item, weight=1, key=key, timeout=self.spec.timeout)
+        return os.getpid()
+
+    def join(self) -> dict[str, Any]:
+        """Receive the trainers' current weights on the catch-up sync (a replacement's start).
+
+        Returns:
+            ``version`` (the version now held) and ``spans``.
+        """
+        log = SpanLog(self.label)
+        with log.span("join"):
+            version = self.pull_weights(
+                self.model, self.trainer_group, 0, sync=CATCH_UP, timeout=self.spec.timeout
+            )
+        assert isinstance(version, int)  # async_op=False
+        self.version = version
+        return {"version": version, "spans": [tuple(s) for s in log.spans]}
 
     def step(self, step: int) -> dict[str, Any]:
         """Sample, put the rollouts for the trainer, pull version ``step`` of the weights."""
         if self.channel is None:
             raise RuntimeError("RLRollout.step: call prepare() first")
         spec = self.spec
-        log = SpanLog(f"rollout {self._rank}")
+        log = SpanLog(self.label)
         with log.span("generate"):
-            item = sample(self.model, spec, step, self._rank)
+            item = sample(self.model, spec, step, self.slot)
         with log.span("put"):
-            key = trainer_key(spec.trainer_of(self._rank))
+            key = trainer_key(spec.trainer_of(self.slot))
             self.channel.put(item, weight=spec.batch, key=key, timeout=spec.timeout)
         with log.span("pull"):
             version = self.pull_weights(self.model, self.trainer_group, 0, timeout=spec.timeout)
         if version != step:
-            raise RuntimeError(f"rollout {self._rank}: pulled version {version}, wanted {step}")
+            raise RuntimeError(f"{self.label}: pulled version {version}, wanted {step}")
+        self.version = step
         return {"spans": [tuple(s) for s in log.spans], "rewards": item["rewards"].tolist()}
+
+    def held(self) -> tuple[int, int]:
+        """The version of the weights this worker samples with, and their checksum."""
+        return self.version, self.checksum()
 
     def checksum(self) -> int:
         """The checksum of the weights this worker samples with."""
@@ -125,6 +150,11 @@ class RLRollout(Worker):
 
 class RLTrainer(Worker):
     """A trainer: takes its batch from the channel, allreduces gradients, rank 0 pushes.
+
+    Launched with two method threads, so that the driver can change rank 0's weight
+    targets (:meth:`set_targets`) and have it hand its current weights to a replacement
+    rollout worker (:meth:`catch_up`) while a step waits for rollouts. A lock keeps
+    those apart from the step's optimizer step and push.
 
     Args:
         spec: The run's :class:`RLSpec` as a dict.
@@ -140,11 +170,14 @@ class RLTrainer(Worker):
         pin_threads()
         self.spec = RLSpec(**spec)
         self.learner = Learner(self.spec)
+        self.version = 0  # the optimizer steps taken: the version of the weights held
         self.channel_name = channel_name
         self.trainer_group = trainer_group
         self.rollout_group = rollout_group
         self.channel: Channel | None = None
         self.group: Any = None
+        self._lock = threading.Lock()
+        self._targets: list[tuple[str, list[int]]] | None = None  # new ones, for the next push
 
     def prepare(self) -> None:
         """Connect, take the warm-up items, build the allreduce group and run it once."""
@@ -160,39 +193,97 @@ class RLTrainer(Worker):
         warm = torch.zeros(self.learner.numel)
         self.group.allreduce(warm, op="sum", timeout=spec.timeout)
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the weights' lock (at most ``spec.timeout`` seconds spent waiting for it)."""
+        if not self._lock.acquire(timeout=self.spec.timeout):
+            raise RuntimeError(f"trainer {self._rank}: weights busy for {self.spec.timeout} s")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def set_targets(self, targets: list[tuple[str, list[int]]]) -> None:
+        """Push to ``targets`` (``(group, ranks)`` pairs) from the next push on."""
+        with self._locked():
+            self._targets = [(group, list(ranks)) for group, ranks in targets]
+
+    def catch_up(self, targets: list[tuple[str, list[int]]]) -> dict[str, Any]:
+        """Push the weights held now, in full, to ``targets`` on the catch-up sync.
+
+        Returns:
+            ``version`` (the version pushed) and ``spans``.
+        """
+        log = SpanLog(f"trainer {self._rank}")
+        with self._locked(), log.span("catchup"):
+            version = self.version
+            self.push_weights(
+                self.learner.model,
+                version,
+                [(group, list(ranks)) for group, ranks in targets],
+                sync=CATCH_UP,
+                timeout=self.spec.timeout,
+                delta=False,
+            )
+        return {"version": version, "spans": [tuple(s) for s in log.spans]}
+
     def step(self, step: int) -> dict[str, Any]:
-        """Train on this trainer's rollouts of ``step``; rank 0 pushes version ``step``."""
+        """Train on this trainer's rollouts of ``step``; rank 0 pushes version ``step``.
+
+        A target the push could not reach (a rollout worker that died) does not fail
+        the step: rank 0 returns it under ``push_failed`` and the driver decides.
+        """
         if self.channel is None:
             raise RuntimeError("RLTrainer.step: call prepare() first")
         spec = self.spec
         log = SpanLog(f"trainer {self._rank}")
         with log.span("get"):
-            items = take_batch(self.channel, spec, self._rank)
+            items, dropped = take_batch(self.channel, spec, self._rank, step)
         with log.span("train"):
-            grads = self.learner.backward(order_batch(items, spec))
+            batch = order_batch(items, spec)
+            grads = self.learner.backward(batch)
         with log.span("allreduce"):
             self.group.allreduce(grads, op="sum", timeout=spec.timeout)
-        with log.span("optim"):
-            self.learner.apply(grads)
-        out: dict[str, Any] = {"loss": self.learner.last_loss}
-        if self._rank == 0:
-            with log.span("push"):
-                report = self.push_weights(
-                    self.learner.model,
-                    step,
-                    self.rollout_group,
-                    timeout=spec.timeout,
-                    delta=spec.delta,
-                )
-            assert isinstance(report, PushReport)  # async_op=False
-            out["push"] = {
-                "sent_bytes": report.sent_bytes,
-                "full_bytes": report.full_bytes,
-                "buckets": report.buckets,
-                "modes": dict(report.modes),
-            }
+        out: dict[str, Any] = {
+            "ids": batch["ids"].tolist(),
+            "rewards": batch["rewards"].tolist(),
+            "dropped": dropped,
+        }
+        with self._locked():
+            with log.span("optim"):
+                self.learner.apply(grads)
+                self.version = step
+            out["loss"] = self.learner.last_loss
+            if self._rank == 0:
+                with log.span("push"):
+                    out.update(self._push(step))
         out["spans"] = [tuple(s) for s in log.spans]
         return out
+
+    def _push(self, step: int) -> dict[str, Any]:
+        targets: Any = self._targets
+        self._targets = None
+        if targets is None and step == 1:
+            targets = self.rollout_group
+        failed: dict[str, str] = {}
+        report: Any
+        try:
+            report = self.push_weights(
+                self.learner.model, step, targets, timeout=self.spec.timeout, delta=self.spec.delta
+            )
+        except WeightSyncError as exc:  # the report of the targets it did reach rides on it
+            report = getattr(exc, "report", None)
+            if report is None:
+                raise
+            failed = dict(exc.failed)
+        assert isinstance(report, PushReport)  # async_op=False
+        push = {
+            "sent_bytes": report.sent_bytes,
+            "full_bytes": report.full_bytes,
+            "buckets": report.buckets,
+            "modes": dict(report.modes),
+        }
+        return {"push": push, "push_failed": failed}
 
     def checksum(self) -> int:
         """The checksum of this trainer's weights."""
@@ -201,6 +292,10 @@ class RLTrainer(Worker):
 
 class P2PLoop:
     """The loop on p2p: a job of its own (store, channel, groups) on the running Ray cluster.
+
+    With ``spec.kill_rollout`` it kills its last rollout worker during that step and
+    puts a replacement in its place (:mod:`p2p_worker.bench._rl_recovery`); ``events``
+    then tells what happened.
 
     Args:
         spec: The run's spec.
@@ -211,53 +306,112 @@ class P2PLoop:
 
     def __init__(self, spec: RLSpec, address: str | None = None) -> None:
         self.spec = spec
+        self.events: list[dict[str, Any]] = []
         self.cluster = Cluster(config=JOB_CONFIG, address=address or "local")
         n = f"{os.getpid()}_{next(_runs)}"
-        channel_name, trainer_name, rollout_name = (
+        self.channel_name, self.trainer_name, rollout_name = (
             f"p2p_rl_ch_{n}",
             f"p2p_rl_trainer_{n}",
             f"p2p_rl_rollout_{n}",
         )
         try:
-            self.channel = create_channel(self.cluster, channel_name, timeout=spec.timeout)
+            self.channel = create_channel(self.cluster, self.channel_name, timeout=spec.timeout)
             self.trainers = RLTrainer.create_group(
-                spec.as_dict(), channel_name, trainer_name, rollout_name
+                spec.as_dict(), self.channel_name, self.trainer_name, rollout_name
             ).launch(
                 self.cluster,
                 NodePlacementStrategy([0] * spec.trainers, cpus_per_worker=0),
-                name=trainer_name,
+                name=self.trainer_name,
+                max_concurrency=2,  # set_targets / catch_up while a step waits
                 timeout=spec.timeout,
             )
-            self.rollouts = RLRollout.create_group(
-                spec.as_dict(), channel_name, trainer_name
-            ).launch(
-                self.cluster,
-                NodePlacementStrategy([0] * spec.rollout_workers, cpus_per_worker=0),
-                name=rollout_name,
-                timeout=spec.timeout,
-            )
-            ready = [self.rollouts.call("prepare"), self.trainers.call("prepare")]
+            rollouts = self._launch(spec.rollout_workers, rollout_name, None)
+            self.members = Members(rollouts)
+            ready = [rollouts.call("prepare"), self.trainers.call("prepare")]
             for handle in ready:
                 handle.wait(timeout=spec.timeout)
         except BaseException:
             self.cluster.shutdown()
             raise
 
+    def _launch(self, count: int, name: str, slot: int | None) -> WorkerGroup[RLRollout]:
+        return RLRollout.create_group(
+            self.spec.as_dict(), self.channel_name, self.trainer_name, slot
+        ).launch(
+            self.cluster,
+            NodePlacementStrategy([0] * count, cpus_per_worker=0),
+            name=name,
+            timeout=self.spec.timeout,
+        )
+
     def step(self, step: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
-        """Run step ``step``: (rollout workers' results, trainers' results, wall seconds)."""
+        """Run step ``step``: (rollout workers' results, trainers' results, wall seconds).
+
+        Raises:
+            WorkerError: A worker's step raised, or a trainer died.
+            RuntimeError: The step did not finish within ``spec.timeout`` (after the
+                last replacement), or the weight push failed for a live worker.
+        """
+        spec = self.spec
         t0 = time.time()
-        rolling = self.rollouts.call("step", step)
+        rolling = {r: self.members.call(r, "step", step) for r in range(spec.rollout_workers)}
         training = self.trainers.call("step", step)
-        trained: list[dict[str, Any]] = training.wait(timeout=self.spec.timeout)
-        rolled: list[dict[str, Any]] = rolling.wait(timeout=self.spec.timeout)
-        return rolled, trained, time.time() - t0
+        if spec.kill_rollout == step:
+            self.events.append(kill(*self.members.slots[spec.victim], step))
+        rolled: list[dict[str, Any]] = []
+        deadline = time.monotonic() + spec.timeout
+        while True:
+            for slot, handle in [(r, h) for r, h in rolling.items() if h.done()]:
+                del rolling[slot]
+                try:
+                    rolled += handle.wait(timeout=0)
+                except WorkerError as exc:
+                    if not died(exc):
+                        raise
+                    new, event = self.members.replace(
+                        slot, step, lambda s, n: self._launch(1, n, s), self.trainers, spec.timeout
+                    )
+                    self.events.append(event)
+                    rolled.append({"spans": event.pop("spans")})
+                    if new is not None:
+                        rolling[slot] = new
+                    deadline = time.monotonic() + spec.timeout
+            if training.done() and not rolling:
+                break
+            pending = [w for w in (*rolling.values(), training) if not w.done()]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                busy = "trainers, " if not training.done() else ""
+                raise RuntimeError(
+                    f"p2p step {step}: not done within {spec.timeout} s (still running:"
+                    f" {busy}rollout slots {sorted(rolling)})"
+                )
+            wait_any(pending, timeout=left)
+        wall = time.time() - t0
+        trained: list[dict[str, Any]] = training.wait(timeout=0)
+        failed = {k: v for k, v in trained[0]["push_failed"].items() if k not in self.members.dead}
+        if failed:
+            raise RuntimeError(f"p2p step {step}: the weights did not reach live workers: {failed}")
+        for event in self.events:
+            if event["step"] == step and event["event"] == "replaced":
+                self._held(event)
+        return rolled, trained, wall
+
+    def _held(self, event: dict[str, Any]) -> None:
+        """What a replacement holds at the end of the step it joined in, against trainer 0."""
+        timeout = self.spec.timeout
+        version, own = self.members.call(event["slot"], "held").wait(timeout=timeout)[0]
+        trainer = self.trainers.execute_on(0).call("checksum").wait(timeout=timeout)[0]
+        event["held_at_end"] = version
+        event["caught_up"] = version == event["step"] and own == trainer
 
     def checksums(self) -> dict[str, int]:
-        """Each worker's weight checksum: ``trainer i`` and ``rollout i``."""
-        out: dict[str, int] = {}
-        for role, group in (("trainer", self.trainers), ("rollout", self.rollouts)):
-            sums = group.call("checksum").wait(timeout=self.spec.timeout)
-            out.update({f"{role} {i}": int(s) for i, s in enumerate(sums)})
+        """Each live worker's weight checksum: ``trainer i`` and ``rollout i``."""
+        sums = self.trainers.call("checksum").wait(timeout=self.spec.timeout)
+        out = {f"trainer {i}": int(s) for i, s in enumerate(sums)}
+        for slot in self.members.slots:
+            got = self.members.call(slot, "checksum").wait(timeout=self.spec.timeout)
+            out[f"rollout {slot}"] = int(got[0])
         return out
 
     def close(self) -> None:

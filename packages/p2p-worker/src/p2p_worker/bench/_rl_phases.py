@@ -32,9 +32,22 @@ PHASES = ("generate", "rollouts", "train", "allreduce", "weights", "idle")
 """The phases of a step, in the order they happen (``idle`` last: the remainder)."""
 MOVING = ("rollouts", "allreduce", "weights")
 """The phases that move data: what the transport decides."""
-ACTIVITIES = ("generate", "put", "get", "train", "allreduce", "optim", "push", "pull")
+ACTIVITIES = (
+    "generate",
+    "put",
+    "get",
+    "train",
+    "allreduce",
+    "optim",
+    "push",
+    "pull",
+    "catchup",
+    "join",
+)
 """What a worker records: rollout workers ``generate``/``put``/``pull``, trainers
-``get``/``train``/``allreduce``/``optim``/``push``."""
+``get``/``train``/``allreduce``/``optim``/``push``; after a lost rollout worker, trainer 0
+``catchup`` (its weights to the replacement) and the replacement ``join`` (receiving
+them). Those two are in no phase: their time counts as ``idle``."""
 
 
 class Span(NamedTuple):

@@ -62,6 +62,9 @@ class RLSpec:
             delta=True)``). Off by default: with fp32 weights and AdamW every value
             changes every step, so a delta is nearly as large as the weights and costs
             more to make than it saves (measured in ``docs/concepts/rl-loop.rst``).
+        kill_rollout: The step during which the p2p loop kills its last rollout worker
+            (SIGKILL) and a replacement takes its place (None: no kill). The Ray
+            baseline runs without the kill.
     """
 
     model: str = "small"
@@ -75,6 +78,7 @@ class RLSpec:
     seed: int = 0
     timeout: float = 300.0
     delta: bool = False
+    kill_rollout: int | None = None
 
     def __post_init__(self) -> None:
         if self.model not in SHAPES:
@@ -92,6 +96,13 @@ class RLSpec:
             raise ValueError(f"lr: got {self.lr!r}; allowed: a number > 0")
         if not self.timeout > 0:
             raise ValueError(f"timeout: got {self.timeout!r}; allowed: seconds > 0")
+        k = self.kill_rollout
+        if k is not None and (
+            isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.steps
+        ):
+            raise ValueError(
+                f"kill_rollout: got {k!r}; allowed: a step in 1..{self.steps} (--steps)"
+            )
 
     @property
     def shape(self) -> DecoderShape:
@@ -109,6 +120,11 @@ class RLSpec:
     def trainer_of(self, rollout: int) -> int:
         """The trainer that trains on rollout worker ``rollout``'s sequences."""
         return rollout % self.trainers
+
+    @property
+    def victim(self) -> int:
+        """The rollout worker that ``kill_rollout`` kills: the last one."""
+        return self.rollout_workers - 1
 
 
 def pin_threads() -> None:
@@ -139,6 +155,18 @@ def reward(generated: torch.Tensor, vocab: int) -> torch.Tensor:
     """
     below = max(1, vocab // TARGET_FRACTION)
     return (generated < below).to(torch.float32).mean(dim=1)
+
+
+def rollout_key(spec: RLSpec, first_id: int) -> tuple[int, int]:
+    """``(step, rank)`` of the item whose first rollout id is ``first_id`` (see below).
+
+    Example:
+        >>> spec = RLSpec(model="tiny", rollout_workers=2, batch=4)
+        >>> rollout_key(spec, 12)
+        (2, 1)
+    """
+    group = first_id // spec.batch
+    return group // spec.rollout_workers + 1, group % spec.rollout_workers
 
 
 def rollout_ids(spec: RLSpec, step: int, rank: int) -> torch.Tensor:

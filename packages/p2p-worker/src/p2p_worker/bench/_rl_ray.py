@@ -134,7 +134,8 @@ class RayTrainer:
         with log.span("get"):
             items = self._take()
         with log.span("train"):
-            grads = self.learner.backward(order_batch(items, spec))
+            batch = order_batch(items, spec)
+            grads = self.learner.backward(batch)
         with log.span("allreduce"):
             col.allreduce(grads, group_name=self.group_name)
         with log.span("optim"):
@@ -143,7 +144,12 @@ class RayTrainer:
         if self.rank == 0:
             with log.span("push"):
                 refs = [ray.put(policy_state(self.learner.model))]
-        out = {"spans": [tuple(s) for s in log.spans], "loss": self.learner.last_loss}
+        out = {
+            "spans": [tuple(s) for s in log.spans],
+            "loss": self.learner.last_loss,
+            "ids": batch["ids"].tolist(),
+            "rewards": batch["rewards"].tolist(),
+        }
         return {**out, "weights": refs}
 
     def checksum(self) -> int:

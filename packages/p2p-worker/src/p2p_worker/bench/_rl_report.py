@@ -32,14 +32,27 @@ COLORS = {
     "allreduce": "#7a3fa0",
     "push": "#d62828",
     "pull": "#f08080",
+    "catchup": "#8b4513",
+    "join": "#daa520",
 }
 """One colour per recorded activity in the timeline."""
 
 
+def lost_steps(records: Sequence[dict[str, Any]]) -> set[int]:
+    """The steps in which a rollout worker was lost (on any stack)."""
+    return {r["step"] for r in records if r.get("lost_worker")}
+
+
 def measured(records: Sequence[dict[str, Any]], stack: str) -> list[dict[str, Any]]:
-    """The records of ``stack`` that the table averages (all but step 1 when >= 3 steps)."""
+    """The records of ``stack`` that the table averages.
+
+    All but step 1 when there are 3 steps or more, and none of a step in which a rollout
+    worker was lost (on either stack, so that both stacks' means cover the same steps).
+    """
+    lost = lost_steps(records)
     own = [r for r in records if r["stack"] == stack]
-    return [r for r in own if r["step"] > 1] if len(own) >= 3 else own
+    kept = [r for r in own if r["step"] > 1] if len(own) >= 3 else own
+    return [r for r in kept if r["step"] not in lost]
 
 
 def means(records: Sequence[dict[str, Any]], stack: str) -> dict[str, float]:
@@ -57,14 +70,20 @@ def curve(records: Sequence[dict[str, Any]], stack: str) -> list[float]:
 def render_markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     """The Markdown report: setup, the phase table with ratios, checks, the reward curves."""
     lines = ["# p2p-bench rl", ""]
-    lines += [" · ".join(f"{k}: {v}" for k, v in meta.items() if k not in ("checks", "plot")), ""]
+    skip = ("checks", "plot", "accounting", "events")
+    lines += [" · ".join(f"{k}: {v}" for k, v in meta.items() if k not in skip), ""]
     if meta.get("plot"):
         lines += [f"![reward and timeline]({PLOT_NAME})", ""]
     first = measured(records, "p2p")
     span = f"steps {first[0]['step']}-{first[-1]['step']}" if first else "no steps"
+    lost = lost_steps(records)
+    inside = [s for s in sorted(lost) if first and first[0]["step"] < s < first[-1]["step"]]
+    if inside:
+        span += f" except {', '.join(map(str, inside))}"
+    why = "; a step in which a rollout worker was lost is left out too" if lost else ""
     lines += [
         f"Seconds per step, mean over {span} (step 1 builds the links and is left out when"
-        " there are 3 steps or more; every step is in the JSON):",
+        f" there are 3 steps or more{why}; every step is in the JSON):",
         "",
         "| phase | p2p | ray | ray / p2p |",
         "|---|---|---|---|",
@@ -80,11 +99,49 @@ def render_markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> 
     lines.append("")
     for check, ok in meta.get("checks", {}).items():
         lines.append(f"- {check}: {'yes' if ok else 'NO'}")
-    lines += ["", "Reward per step (mean over the step's sequences):", ""]
+    lines += ["", *accounting_lines(meta.get("accounting", {}), meta.get("events", []))]
+    lines += ["Reward per step (mean over the step's sequences):", ""]
     lines += ["| step | p2p | ray |", "|---|---|---|"]
     for i, (a, b) in enumerate(zip(curve(records, "p2p"), curve(records, "ray"), strict=False)):
-        lines.append(f"| {i + 1} | {a:.4f} | {b:.4f} |")
+        mark = " (rollout worker lost on p2p)" if i + 1 in lost else ""
+        lines.append(f"| {i + 1}{mark} | {a:.4f} | {b:.4f} |")
     return "\n".join(lines) + "\n"
+
+
+def describe(event: dict[str, Any]) -> str:
+    """One line on a lost worker's event (``killed`` or ``replaced``)."""
+    if event["event"] == "killed":
+        return (
+            f"rollout {event['slot']} ({event['worker']}, pid {event['pid']}) killed with"
+            f" {event['how']} during step {event['step']}"
+        )
+    again = (
+        f"sampled step {event['step']}'s lost sequences again on version {event['joined_version']}"
+        if event["resampled"]
+        else f"nothing of step {event['step']} left to sample"
+    )
+    return (
+        f"replacement {event['worker']} for rollout {event['slot']}: started"
+        f" {event['launch_s']:.2f} s after the death was noticed, got version"
+        f" {event['joined_version']} in {event['catch_up_s']:.3f} s, {again}; held version"
+        f" {event['held_at_end']} at the end of step {event['step']}"
+        f" ({'bit-equal to' if event['caught_up'] else 'DIFFERENT from'} the trainers' weights)"
+    )
+
+
+def accounting_lines(accounting: dict[str, Any], events: Sequence[dict[str, Any]]) -> list[str]:
+    """The rollout accounting per stack, and what happened to a lost worker, as Markdown."""
+    lines = []
+    for event in events:
+        lines.append(f"- p2p: {describe(event)}")
+    for stack, t in accounting.items():
+        lines.append(
+            f"- {stack} rollout accounting: {t['due']} rollout ids due, {t['trained']} trained,"
+            f" {t['lost']} lost, {t['twice']} trained twice, {t['unknown']} unknown;"
+            f" {t['resampled']} sampled again by a replacement, {t['dropped']} dropped as"
+            " arriving twice"
+        )
+    return [*lines, ""] if lines else []
 
 
 def write_json(path: Path, records: Sequence[dict[str, Any]], extra: dict[str, Any]) -> None:

@@ -1,0 +1,106 @@
+"""Rollouts of ``p2p-bench rl`` accounted exactly once: what a trainer takes, what the run trained.
+
+Every item a rollout worker puts is the ``batch`` sequences of one ``(step, rank)``; their
+rollout ids (:func:`~p2p_worker.bench._rl_policy.rollout_ids`) are unique in a run. When a
+rollout worker dies, its replacement samples the dead worker's sequences of that step
+again, from the same weights and seeds, so they are the same sequences with the same ids.
+Whether the dead worker's own item reached the channel before it died cannot be known
+from outside, so the same item may arrive twice: :func:`take_batch` keeps the first and
+drops the other (an item of an earlier step, or one already held), and counts it.
+:func:`account` then checks, over the whole run, that every rollout id was trained on
+exactly once.
+
+Example:
+    >>> from p2p_worker.bench._rl_policy import RLSpec
+    >>> spec = RLSpec(model="tiny", rollout_workers=2, steps=2, batch=2)
+    >>> account(spec, [[0, 1, 2, 3], [4, 5, 6, 7]])["lost"]
+    0
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from p2p_worker import Channel, ChannelEmpty, LocalChannel
+from p2p_worker.bench._rl_policy import RLSpec, rollout_key
+
+
+def trainer_key(trainer: int) -> str:
+    """The channel key (its own FIFO) of trainer ``trainer``'s rollouts."""
+    return f"trainer{trainer}"
+
+
+def take_batch(
+    channel: Channel | LocalChannel, spec: RLSpec, trainer: int, step: int
+) -> tuple[list[dict[str, Any]], int]:
+    """Trainer ``trainer``'s items of ``step``, each ``(step, rank)`` once, by weight.
+
+    Takes from the trainer's key with ``get_batch(target_weight=...)`` (one exchange when
+    nothing is missing) until it holds an item of every rollout worker it trains on; an
+    item it already holds, or one of an earlier step, is dropped.
+
+    Returns:
+        The items, and the number of sequences dropped as arriving twice.
+
+    Raises:
+        RuntimeError: Some rollout worker's sequences did not arrive within
+            ``spec.timeout`` (the message names the ranks), or an item of a later step
+            came (the loop is synchronous: that is a bug).
+    """
+    wanted = {(step, rank) for rank in spec.sources_of(trainer)}
+    held: dict[tuple[int, int], dict[str, Any]] = {}
+    dropped = 0
+    deadline = time.monotonic() + spec.timeout
+    while len(held) < len(wanted):
+        left = deadline - time.monotonic()
+        got: list[dict[str, Any]] = []
+        if left > 0:
+            want = spec.batch * (len(wanted) - len(held))
+            with contextlib.suppress(ChannelEmpty):
+                got = channel.get_batch(target_weight=want, key=trainer_key(trainer), timeout=left)
+        if not got:
+            missing = sorted(rank for _, rank in wanted - set(held))
+            raise RuntimeError(
+                f"trainer {trainer}: the sequences of rollout worker(s) {missing} for step"
+                f" {step} did not arrive within {spec.timeout} s"
+            )
+        for item in got:
+            key = rollout_key(spec, int(item["ids"][0]))
+            if key in wanted and key not in held:
+                held[key] = item
+            elif key[0] > step:
+                raise RuntimeError(f"trainer {trainer}: an item of step {key[0]} came in {step}")
+            else:
+                dropped += int(item["ids"].numel())
+    return [held[k] for k in sorted(held)], dropped
+
+
+def account(spec: RLSpec, trained: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """Whether every rollout id of the run was trained on exactly once.
+
+    Args:
+        spec: The run's spec (steps, rollout workers, batch: the ids due).
+        trained: The ids each trainer trained on, one list per trainer and step.
+
+    Returns:
+        ``due`` (ids the run should train on), ``trained`` (ids trained, counted with
+        repeats), ``lost`` (due, never trained), ``twice`` (trained more than once, each
+        counted once), ``unknown`` (trained but never due) and ``exactly_once``.
+    """
+    due = spec.steps * spec.rollout_workers * spec.batch
+    counts = Counter(i for ids in trained for i in ids)
+    lost = sum(1 for i in range(due) if i not in counts)
+    twice = sum(1 for n in counts.values() if n > 1)
+    unknown = sum(1 for i in counts if not 0 <= i < due)
+    return {
+        "due": due,
+        "trained": sum(counts.values()),
+        "lost": lost,
+        "twice": twice,
+        "unknown": unknown,
+        "exactly_once": lost == twice == unknown == 0,
+    }
