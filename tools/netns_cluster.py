@@ -1,24 +1,29 @@
-"""A two-node Ray cluster on one Linux machine: two network namespaces joined by a veth pair.
+"""A Ray cluster of N nodes on one Linux machine: one network namespace per node.
 
-The head namespace ``p2pmn-<tag>-h`` holds ``10.231.0.1`` and the worker namespace
-``p2pmn-<tag>-w`` holds ``10.231.0.2``, both on an interface named ``p2pmn0`` (a veth
-pair whose ends live only inside the namespaces: the host never sees these addresses,
-and the namespaces have no route anywhere else). Each namespace has its own loopback.
+The head namespace ``p2pmn-<tag>-h`` holds ``10.231.0.1``, the first worker namespace
+``p2pmn-<tag>-w`` holds ``10.231.0.2``, and with more than two nodes ``p2pmn-<tag>-w2``,
+``-w3``, ... hold ``.3``, ``.4``, ...; each on an interface named ``p2pmn0``. Two nodes
+are joined by one veth pair; three or more each have a veth pair whose other end is a
+port of a bridge in a switch namespace ``p2pmn-<tag>-s`` (a switch with one cable per
+node). No end lives on the host: the host never sees these addresses, and the namespaces
+have no route anywhere else. Each namespace has its own loopback.
 ``ray start`` runs inside each namespace with its own short ``--temp-dir`` under
 ``/tmp/p2pmn/<tag>/``, so the cluster never meets other Ray clusters on the machine.
 Drivers run inside the head namespace as subprocesses (``ip netns exec``) with
 ``RAY_ADDRESS`` set; they report back by printing ``P2PMN-RESULT <json>``.
 
-``tc qdisc ... tbf`` on both ends of the veth shapes the link (egress of each end).
+``tc qdisc ... tbf`` shapes each node's cable in both directions, as a NIC of that rate
+would: on the node's ``p2pmn0`` (what it sends) and, with a switch, on the switch's port
+towards it (what it receives; with two nodes that is the peer's ``p2pmn0``).
 
 Teardown never uses ``ray stop``: that command kills every Ray process on the machine,
 other people's clusters included. Instead it signals exactly the processes that live in
 the cluster's namespaces (``ip netns pids``), then deletes the namespaces (which destroys
-the veth pair) and the temp dirs.
+the veth pairs and the bridge) and the temp dirs.
 
 Library use::
 
-    cluster = NetnsCluster(tag="demo")
+    cluster = NetnsCluster(tag="demo")  # num_nodes=4: a head and three worker nodes
     cluster.up()
     try:
         cluster.shape("1gbit")
@@ -32,6 +37,7 @@ CLI: ``python tools/netns_cluster.py up|down|status|exec`` (see ``--help``).
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -49,8 +55,10 @@ from typing import Any
 
 PREFIX = "p2pmn"
 IFNAME = "p2pmn0"
+BRIDGE = "p2pmnbr"
 STATE_ROOT = Path("/tmp/p2pmn")
-ROLES = ("head", "worker")
+MAX_NODES = 9
+"""Nodes' addresses end in 1..9, so their order as strings is their order as numbers."""
 _TAG_RE = re.compile(r"^[a-z0-9]{1,16}$")
 _RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
@@ -228,17 +236,31 @@ def check_support() -> str | None:
         for ns in probe:
             _run(f"ip netns add {ns}")
         _run(_veth_cmd(*probe))
+        _run(f"ip -n {probe[0]} link add {BRIDGE} type bridge")
+        _run(f"ip -n {probe[0]} link set {IFNAME} master {BRIDGE}")
     except NetnsClusterError as exc:
-        return f"cannot create a namespace pair with a veth link: {exc}"
+        return f"cannot create a namespace pair with a veth link and a bridge: {exc}"
     finally:
         for ns in probe:
             _run(f"ip netns del {ns}", check=False)
     return None
 
 
-def _veth_cmd(ns_a: str, ns_b: str) -> str:
+def _veth_cmd(ns_a: str, ns_b: str, name_b: str = IFNAME) -> str:
     # Both ends are created straight inside the namespaces: nothing appears on the host.
-    return f"ip link add {IFNAME} netns {ns_a} type veth peer name {IFNAME} netns {ns_b}"
+    return f"ip link add {IFNAME} netns {ns_a} type veth peer name {name_b} netns {ns_b}"
+
+
+def node_roles(num_nodes: int) -> list[tuple[str, str]]:
+    """(role, namespace suffix) of each node: head ``h``, worker ``w``, worker2 ``w2``, ..."""
+    roles = [("head", "h"), ("worker", "w")]
+    return roles + [(f"worker{i}", f"w{i}") for i in range(2, num_nodes)]
+
+
+def cluster_namespaces(tag: str) -> list[str]:
+    """The namespaces of cluster ``tag`` that exist: worker nodes, head, switch."""
+    mine = [ns for ns in list_namespaces() if ns.startswith(f"{PREFIX}-{tag}-")]
+    return sorted(mine, key=lambda ns: ({"h": 1, "s": 2}.get(ns.rsplit("-", 1)[1], 0), ns))
 
 
 def list_namespaces() -> list[str]:
@@ -317,12 +339,9 @@ def known_tags() -> list[str]:
 
 
 def teardown(tag: str, *, keep_logs: bool = False) -> None:
-    """Remove cluster ``tag``: its processes, namespaces (and so the veth) and temp dirs."""
+    """Remove cluster ``tag``: its processes, namespaces (and so the veths) and temp dirs."""
     errors = []
-    for role in ("worker", "head"):
-        ns = f"{PREFIX}-{tag}-{role[0]}"
-        if ns not in list_namespaces():
-            continue
+    for ns in cluster_namespaces(tag):
         try:
             kill_namespace_processes(ns)
         except NetnsClusterError as exc:
@@ -361,10 +380,11 @@ class Node:
 
 @dataclass
 class NetnsCluster:
-    """Two Ray nodes in two network namespaces joined by a veth link.
+    """Ray nodes in network namespaces: two joined by a veth link, or more by a switch.
 
     Args:
         tag: Short unique name (``[a-z0-9]{1,16}``); default the current pid.
+        num_nodes: Nodes, the head included (2 to ``MAX_NODES``).
         subnet: First three octets of the private /24 on the veth link.
         port: GCS port of the head, inside the head namespace.
         num_cpus: Logical CPUs each node advertises to Ray.
@@ -375,10 +395,11 @@ class NetnsCluster:
             address itself.
 
     Raises:
-        ValueError: A bad tag, subnet or size.
+        ValueError: A bad tag, subnet, node count or size.
     """
 
     tag: str = field(default_factory=lambda: str(os.getpid()))
+    num_nodes: int = 2
     subnet: str = "10.231.0"
     port: int = 6379
     num_cpus: int = 4
@@ -395,12 +416,26 @@ class NetnsCluster:
             raise ValueError(f"subnet must be three octets of 10.0.0.0/8, got {self.subnet!r}")
         if self.num_cpus < 1 or self.object_store_bytes < 80 * 1024**2:
             raise ValueError("num_cpus must be >= 1 and object_store_bytes >= 80 MiB")
-        self.head = Node(
-            "head", f"{PREFIX}-{self.tag}-h", f"{self.subnet}.1", STATE_ROOT / self.tag / "h"
+        if not 2 <= self.num_nodes <= MAX_NODES:
+            raise ValueError(f"num_nodes must be 2 to {MAX_NODES}, got {self.num_nodes!r}")
+        made = STATE_ROOT / self.tag
+        self.hosts: tuple[Node, ...] = tuple(
+            Node(role, f"{PREFIX}-{self.tag}-{sfx}", f"{self.subnet}.{i + 1}", made / sfx)
+            for i, (role, sfx) in enumerate(node_roles(self.num_nodes))
         )
-        self.worker = Node(
-            "worker", f"{PREFIX}-{self.tag}-w", f"{self.subnet}.2", STATE_ROOT / self.tag / "w"
-        )
+        self.head, self.worker = self.hosts[0], self.hosts[1]
+        # With more than two nodes, each node's cable ends in a port of a bridge here.
+        self.switch_netns = f"{PREFIX}-{self.tag}-s" if self.num_nodes > 2 else None
+
+    @property
+    def workers(self) -> tuple[Node, ...]:
+        """Every node but the head, in address order."""
+        return self.hosts[1:]
+
+    @staticmethod
+    def switch_port(node: Node) -> str:
+        """Name of the switch's port towards ``node`` (in ``switch_netns``)."""
+        return f"{PREFIX}-{node.netns.rsplit('-', 1)[-1]}"
 
     @property
     def token_path(self) -> Path:
@@ -413,10 +448,12 @@ class NetnsCluster:
         return f"{self.head.ip}:{self.port}"
 
     def node(self, role: str) -> Node:
-        """The head or worker node."""
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        return self.head if role == "head" else self.worker
+        """The node of role ``role``: ``head``, ``worker``, ``worker2``, ..."""
+        for node in self.hosts:
+            if node.role == role:
+                return node
+        roles = tuple(n.role for n in self.hosts)
+        raise ValueError(f"role must be one of {roles}, got {role!r}")
 
     # ---- environment -------------------------------------------------------------------
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -441,6 +478,8 @@ class NetnsCluster:
             P2PMN_TAG=self.tag,
             P2PMN_HEAD_IP=self.head.ip,
             P2PMN_WORKER_IP=self.worker.ip,
+            P2PMN_NODE_IPS=",".join(n.ip for n in self.hosts),
+            P2PMN_NUM_NODES=str(self.num_nodes),
             P2PMN_IFNAME=IFNAME,
             # Ray >= 2.5x turns token auth on for a head that finds ~/.ray/auth_token (any
             # local ray.init() writes one), and a joining node then fails to authenticate.
@@ -455,7 +494,7 @@ class NetnsCluster:
 
     # ---- lifecycle -----------------------------------------------------------------------
     def up(self, *, timeout: float = 120.0) -> None:
-        """Create the namespaces and the link, start both Ray nodes, wait until both are alive.
+        """Create the namespaces and links, start every Ray node, wait until all are alive.
 
         Raises:
             NetnsUnavailableError: Namespaces cannot be made here.
@@ -474,6 +513,7 @@ class NetnsCluster:
             "owner_start": _proc_start_time(owner),
             "head_ns": self.head.netns,
             "worker_ns": self.worker.netns,
+            "num_nodes": self.num_nodes,
             "address": self.address,
         }
         (STATE_ROOT / self.tag / "state.json").write_text(json.dumps(state))
@@ -483,20 +523,34 @@ class NetnsCluster:
         if not self.persistent:
             atexit.register(self.down)
         try:
-            self._make_link()
+            self._make_links()
             self.start_node("head", timeout=timeout)
-            self.start_node("worker", timeout=timeout)
-            self.wait_nodes(2, timeout=timeout)
+            self._start_workers(timeout)
+            self.wait_nodes(self.num_nodes, timeout=timeout)
         except BaseException:
             self.down()
             raise
 
-    def _make_link(self) -> None:
-        h, w = self.head.netns, self.worker.netns
-        _run(f"ip netns add {h}")
-        _run(f"ip netns add {w}")
-        _run(_veth_cmd(h, w))
-        for node in (self.head, self.worker):
+    def _make_links(self) -> None:
+        for node in self.hosts:
+            _run(f"ip netns add {node.netns}")
+        sw = self.switch_netns
+        if sw is None:
+            _run(_veth_cmd(self.head.netns, self.worker.netns))
+        else:
+            _run(f"ip netns add {sw}")
+            # STP is off (the default): a port forwards as soon as it is up.
+            _run(f"ip -n {sw} link add {BRIDGE} type bridge")
+            for key in ("net.bridge.bridge-nf-call-iptables", "net.ipv6.conf.all.disable_ipv6"):
+                # No netfilter pass per bridged packet, no IPv6 chatter on the ports.
+                _run(f"ip netns exec {sw} sysctl -qw {key}={int('ipv6' in key)}", check=False)
+            for node in self.hosts:
+                port = self.switch_port(node)
+                _run(_veth_cmd(node.netns, sw, port))
+                _run(f"ip -n {sw} link set {port} master {BRIDGE}")
+                _run(f"ip -n {sw} link set {port} up")
+            _run(f"ip -n {sw} link set {BRIDGE} up")
+        for node in self.hosts:
             _run(f"ip -n {node.netns} link set lo up")
             _run(f"ip -n {node.netns} addr add {node.ip}/24 dev {IFNAME}")
             _run(f"ip -n {node.netns} link set {IFNAME} up")
@@ -506,8 +560,13 @@ class NetnsCluster:
                 check=False,
             )
 
+    def _start_workers(self, timeout: float) -> None:
+        # The worker nodes join the head side by side (each `ray start` takes seconds).
+        with concurrent.futures.ThreadPoolExecutor(len(self.workers)) as pool:
+            list(pool.map(lambda n: self.start_node(n.role, timeout=timeout), self.workers))
+
     def start_node(self, role: str, *, timeout: float = 120.0) -> None:
-        """``ray start`` inside the node's namespace (head first; the worker joins it)."""
+        """``ray start`` inside the node's namespace (head first; the workers join it)."""
         node = self.node(role)
         node.temp_dir.mkdir(parents=True, exist_ok=True)
         argv = (
@@ -545,7 +604,9 @@ class NetnsCluster:
         """Wait until ``count`` nodes are alive; record and return them (ip, node_id)."""
         res = self.run_driver(["-c", _PROBE, str(count), str(timeout)], timeout=timeout + 30)
         if not isinstance(res.result, list) or len(res.result) < count:
-            raise NetnsClusterError(f"{count} Ray nodes did not come up: {res.stderr[-2000:]}")
+            raise NetnsClusterError(
+                f"{count} Ray nodes did not come up (alive: {res.result}): {res.stderr[-2000:]}"
+            )
         self.nodes = res.result
         return self.nodes
 
@@ -565,8 +626,16 @@ class NetnsCluster:
         teardown(self.tag, keep_logs=os.environ.get("P2PMN_KEEP_LOGS") == "1")
 
     # ---- the link ------------------------------------------------------------------------
+    def _cable_ends(self) -> list[tuple[str, str]]:
+        # (namespace, interface) of each egress that tbf shapes: every node's p2pmn0, and
+        # with a switch also its port towards each node.
+        ends = [(node.netns, IFNAME) for node in self.hosts]
+        if self.switch_netns is not None:
+            ends += [(self.switch_netns, self.switch_port(node)) for node in self.hosts]
+        return ends
+
     def shape(self, rate: str | int, *, burst: int | None = None, latency_ms: int = 50) -> int:
-        """Shape both directions of the veth link with a token bucket (tc tbf).
+        """Shape both directions of every node's cable with a token bucket (tc tbf).
 
         Args:
             rate: ``"1gbit"``, ``"200mbit"`` or bits/s.
@@ -578,18 +647,18 @@ class NetnsCluster:
         """
         bps = parse_rate(rate)
         burst = burst or max(64 * 1024, bps // 8 // 100)
-        for node in (self.head, self.worker):
+        for ns, dev in self._cable_ends():
             _run(
-                f"tc -n {node.netns} qdisc replace dev {IFNAME} root tbf rate {bps}bit"
+                f"tc -n {ns} qdisc replace dev {dev} root tbf rate {bps}bit"
                 f" burst {burst} latency {latency_ms}ms"
             )
         self.rate_bps = bps
         return bps
 
     def unshape(self) -> None:
-        """Remove the token bucket from both ends of the link."""
-        for node in (self.head, self.worker):
-            _run(f"tc -n {node.netns} qdisc del dev {IFNAME} root", check=False)
+        """Remove the token buckets from every cable."""
+        for ns, dev in self._cable_ends():
+            _run(f"tc -n {ns} qdisc del dev {dev} root", check=False)
         self.rate_bps = None
 
     def link_stats(self, role: str, ifname: str = IFNAME) -> dict[str, int]:
@@ -659,9 +728,10 @@ def _cli_status() -> int:
             else (f"owner pid {owner} " + ("alive" if _owner_alive(state) else "GONE (stale)"))
         )
         print(f"cluster {tag}: address {state.get('address', '?')}, {alive}")
-        for ns in (f"{PREFIX}-{tag}-h", f"{PREFIX}-{tag}-w"):
-            if ns not in list_namespaces():
-                print(f"  {ns}: missing")
+        for ns in cluster_namespaces(tag):
+            if ns.endswith("-s"):
+                ports = _run(f"ip -n {ns} -br link show master {BRIDGE}", check=False)
+                print(f"  {ns}: switch, {len(ports.splitlines())} ports")
                 continue
             addr = _run(f"ip -n {ns} -br addr show dev {IFNAME}", check=False)
             qdisc = _run(f"tc -n {ns} qdisc show dev {IFNAME}", check=False)
@@ -682,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--tag", default="cli")
     p_up.add_argument("--rate", default=None, help="shape the link, e.g. 1gbit")
     p_up.add_argument("--num-cpus", type=int, default=4)
+    p_up.add_argument("--nodes", type=int, default=2, help="nodes, the head included")
     p_down = sub.add_parser("down", help="tear down a cluster and every stale one")
     p_down.add_argument("--tag", default="cli")
     p_down.add_argument("--all", action="store_true", help="every p2pmn cluster, live or not")
@@ -698,7 +769,12 @@ def main(argv: list[str] | None = None) -> int:
             teardown(tag)
             print(f"cluster {tag}: down")
         return 0
-    cluster = NetnsCluster(tag=ns.tag, num_cpus=getattr(ns, "num_cpus", 4), persistent=True)
+    cluster = NetnsCluster(
+        tag=ns.tag,
+        num_nodes=getattr(ns, "nodes", None) or int(str(read_state(ns.tag).get("num_nodes", 2))),
+        num_cpus=getattr(ns, "num_cpus", 4),
+        persistent=True,
+    )
     if ns.cmd == "exec":
         args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
         env = cluster.env({"RAY_ADDRESS": cluster.address})
@@ -710,10 +786,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if ns.rate:
         cluster.shape(ns.rate)
-    print(
-        f"cluster {cluster.tag} up: head {cluster.head.netns} {cluster.head.ip}, "
-        f"worker {cluster.worker.netns} {cluster.worker.ip}, RAY_ADDRESS={cluster.address}"
-    )
+    hosts = ", ".join(f"{n.role} {n.netns} {n.ip}" for n in cluster.hosts)
+    print(f"cluster {cluster.tag} up: {hosts}, RAY_ADDRESS={cluster.address}")
     for node in cluster.nodes:
         print(f"  node {node['ip']} {node['node_id']}")
     return 0
