@@ -168,10 +168,10 @@ def dist_store(host: str, port: int, server: bool = False) -> Any:
 def cmd_collective() -> dict[str, Any]:
     nodes = alive_nodes()
     head_ip = os.environ["P2PMN_HEAD_IP"]
-    with socket.socket() as s:
-        s.bind((head_ip, 0))
-        port = int(s.getsockname()[1])
-    server = dist_store(head_ip, port, server=True)  # the driver holds the rendezvous store
+    # The driver holds the rendezvous store; port 0: the store binds a free port itself
+    # (a port found free, closed and bound again later could be taken in between).
+    server = dist_store(head_ip, 0, server=True)
+    port = int(server.port)
     peers = [
         CollectivePeer.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["node_id"], soft=False)
