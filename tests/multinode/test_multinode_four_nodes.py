@@ -91,6 +91,33 @@ def test_weight_sync_from_the_trainer_node_to_three_rollout_nodes(
     assert min(steady) < 20 * ideal  # loose: a busy 2-core machine, not a benchmark
 
 
+def test_the_same_copy_by_ray_object_store_and_by_three_sends(
+    four_node_cluster: Any, scenario: dict[str, Any]
+) -> None:
+    weights = _part(scenario, "weights")
+    full = weights["pushes"][0]["full_bytes"]
+    methods = weights["methods"]
+    for name, method in methods.items():
+        assert method["held"] == [weights["methods_digest"]] * 3, name  # exact, everywhere
+        for node in (1, 2, 3):
+            assert method["net"][node]["rx_bytes"] >= full, (name, method["net"])
+    # p2p's source sends one copy; three sends put three through the trainer's cable (Ray's
+    # object store may serve a pull from a node that already holds the object).
+    assert methods["p2p-push"]["net"][0]["tx_bytes"] < 1.25 * full, methods["p2p-push"]
+    assert methods["three-sends"]["net"][0]["tx_bytes"] >= 3 * full, methods["three-sends"]
+    ideal = full / (four_node_cluster.rate_bps / 8)
+    p2p = methods["p2p-push"]["seconds"]
+    print(
+        f"one {full / 1e6:.1f} MB copy from node 0 to nodes 1-3 (bytes/bandwidth {ideal:.3f} s),"
+        " timed by the driver: "
+        + ", ".join(
+            f"{name} {m['seconds']:.3f} s ({m['seconds'] / p2p:.2f}x p2p,"
+            f" {m['net'][0]['tx_bytes'] / full:.2f} copies out of node 0)"
+            for name, m in methods.items()
+        )
+    )
+
+
 def test_collectives_over_four_members_on_four_nodes(
     four_node_cluster: Any, scenario: dict[str, Any]
 ) -> None:

@@ -12,6 +12,7 @@ import hashlib
 import time
 from typing import Any
 
+import ray
 import torch
 from mn_workers import Peer, channel_items, same
 
@@ -111,6 +112,29 @@ class NodePeer(Peer):
             "node_ip": self.worker_info.node_ip,
             "net": _since(before),
         }
+
+    def state_digest(self) -> str:
+        """The digest of the model this worker holds now."""
+        return digest(self.state)
+
+    # ---- the same copy the ways p2p-bench weights compares against --------------------
+    def put_state(self) -> list[Any]:
+        """``ray.put`` the model once; the reference, in a list so that Ray passes it on."""
+        return [ray.put(self.state)]
+
+    def get_state(self, refs: list[Any]) -> str:
+        """``ray.get`` the model from the object store (Ray pulls it to this node)."""
+        return digest(ray.get(refs[0]))
+
+    def send_state(self, dst_group: str, ranks: int) -> int:
+        """``Worker.send`` the whole model to each rank of ``dst_group``, one after another."""
+        for rank in range(ranks):
+            self.send(self.state, dst_group_name=dst_group, dst_rank=rank)
+        return ranks
+
+    def recv_state(self, src_group: str) -> str:
+        """Receive a model sent by rank 0 of ``src_group``."""
+        return digest(self.recv(src_group_name=src_group, src_rank=0))
 
     # ---- collectives ---------------------------------------------------------------------
     def collectives(self, members: list[str], numel: int) -> dict[str, Any]:

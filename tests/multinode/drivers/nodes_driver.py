@@ -37,7 +37,30 @@ def part_weights(trainer: Any, rollout: Any, nbytes: int) -> dict[str, Any]:
         pulling = rollout.pull(TRAINER)  # every rank, asynchronously
         pushes.append(trainer.push(version, ROLLOUT).wait()[0])
         pulls.append(pulling.wait())
-    return {"model_bytes": sizes[0], "pushes": pushes, "pulls": pulls}
+    out = {"model_bytes": sizes[0], "pushes": pushes, "pulls": pulls}
+    # The last version once more, each way: timed here, the same way for every method.
+    methods: dict[str, Callable[[], list[str]]] = {
+        "p2p-push": lambda: last(rollout.pull(TRAINER), trainer.push(VERSIONS + 1, ROLLOUT)),
+        "ray-object-store": lambda: rollout.get_state(trainer.put_state().wait()[0]).wait(),
+        "three-sends": lambda: last(rollout.recv_state(TRAINER), trainer.send_state(ROLLOUT, 3)),
+    }
+    out["methods"] = {}
+    for name, run in methods.items():
+        before = node_counters(trainer, rollout)
+        start = time.perf_counter()
+        held = run()
+        seconds = time.perf_counter() - start
+        after = node_counters(trainer, rollout)
+        net = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
+        out["methods"][name] = {"seconds": seconds, "held": held, "net": net}
+    out["methods_digest"] = trainer.state_digest().wait()[0]
+    return out
+
+
+def last(receiving: Any, sending: Any) -> list[str]:
+    """Wait for the sender, then return each receiver's digest."""
+    sending.wait()
+    return [r if isinstance(r, str) else r["digest"] for r in receiving.wait()]
 
 
 def part_collectives(trainer: Any, rollout: Any) -> dict[str, Any]:
