@@ -29,23 +29,26 @@ def _alive(pid: int) -> bool:
 
 def _assert_gone(harness: ModuleType, cluster: Any, pids: list[int]) -> None:
     names = harness.list_namespaces()
-    assert cluster.head.netns not in names
-    assert cluster.worker.netns not in names
+    assert not {n.netns for n in cluster.hosts} & set(names)
+    assert cluster.switch_netns not in names
+    assert not harness.cluster_namespaces(cluster.tag)
     assert not [p for p in pids if _alive(p)]
     assert not (harness.STATE_ROOT / cluster.tag).exists()
     host_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert harness.IFNAME not in host_links
+    assert harness.BRIDGE not in host_links
 
 
+@pytest.mark.parametrize("num_nodes", [2, 3])  # a veth pair; a switch with three cables
 def test_down_removes_processes_namespaces_link_and_temp_dirs(
-    netns_harness: ModuleType, cluster_factory: Any
+    netns_harness: ModuleType, cluster_factory: Any, num_nodes: int
 ) -> None:
-    cluster = cluster_factory()
+    cluster = cluster_factory(num_nodes=num_nodes)
     cluster.up(timeout=180)
     cluster.shape("100mbit")
-    pids = [*netns_harness.namespace_pids(cluster.head.netns)]
-    pids += netns_harness.namespace_pids(cluster.worker.netns)
-    assert len(pids) >= 4  # gcs, raylets, ... on both nodes
+    pids = [p for node in cluster.hosts for p in netns_harness.namespace_pids(node.netns)]
+    assert len(pids) >= 2 * num_nodes  # gcs, raylets, ... on every node
+    assert len(netns_harness.cluster_namespaces(cluster.tag)) == num_nodes + (num_nodes > 2)
     assert (netns_harness.STATE_ROOT / cluster.tag / "h").is_dir()
     cluster.down()
     _assert_gone(netns_harness, cluster, pids)
