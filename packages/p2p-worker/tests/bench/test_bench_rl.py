@@ -15,8 +15,8 @@ import torch
 
 from p2p_worker import LocalChannel
 from p2p_worker.bench._rl import spec_from
+from p2p_worker.bench._rl_ledger import Inbox, take_batch, trainer_key
 from p2p_worker.bench._rl_ledger import account as account_ids
-from p2p_worker.bench._rl_ledger import take_batch, trainer_key
 from p2p_worker.bench._rl_phases import PHASES, Span, SpanLog, account
 from p2p_worker.bench._rl_policy import (
     Learner,
@@ -172,24 +172,50 @@ def test_a_trainer_takes_each_rollout_once_and_drops_what_arrives_twice() -> Non
     spec = RLSpec(**{**SPEC.as_dict(), "rollout_workers": 4, "batch": 2, "timeout": 0.5})
     channel = LocalChannel()
     key = trainer_key(1)  # trainer 1 trains on rollout workers 1 and 3
-    for step, rank in [(1, 3), (2, 1), (2, 3), (2, 3), (1, 3), (3, 1)]:
+    for step, rank in [(1, 3), (2, 1), (2, 3), (2, 3), (1, 3), (3, 3)]:
         channel.put(_item(spec, step, rank), weight=spec.batch, key=key)
-    items, dropped = take_batch(channel, spec, trainer=1, step=2)
+    inbox = Inbox(spec, 1)
+    items, dropped = take_batch(channel, inbox, step=2)
     assert [rollout_key(spec, int(it["ids"][0])) for it in items] == [(2, 1), (2, 3)]
     assert dropped == 2  # the first item: step 1's, trained on already
     left = [rollout_key(spec, int(it["ids"][0])) for it in channel.peek_all(key)]
-    assert left == [(2, 3), (1, 3), (3, 1)]
-    with pytest.raises(RuntimeError, match=r"rollout worker\(s\) \[3\] for step 3 did not arrive"):
-        take_batch(channel, spec, trainer=1, step=3)
+    assert left == [(2, 3), (1, 3), (3, 3)]
+    with pytest.raises(RuntimeError, match=r"rollout worker\(s\) \[1\] for step 3 did not arrive"):
+        take_batch(channel, inbox, step=3)
     assert channel.qsize(key) == 0  # both copies of a trained item dropped on the way
 
 
-def test_an_item_of_a_later_step_is_a_bug_named_as_such() -> None:
-    spec = RLSpec(**{**SPEC.as_dict(), "timeout": 0.5})
+def test_an_item_of_a_later_step_waits_for_its_step() -> None:
+    spec = RLSpec(**{**SPEC.as_dict(), "timeout": 0.5})  # trainer 0 trains on rank 0 alone
     channel = LocalChannel()
-    channel.put(_item(spec, 2, 0), weight=spec.batch, key=trainer_key(0))
-    with pytest.raises(RuntimeError, match="an item of step 2 came in 1"):
-        take_batch(channel, spec, trainer=0, step=1)
+    for step in (2, 1, 2):
+        channel.put(_item(spec, step, 0), weight=spec.batch, key=trainer_key(0))
+    inbox = Inbox(spec, 0)
+    assert [rollout_key(spec, int(it["ids"][0])) for it in take_batch(channel, inbox, 1)[0]] == [
+        (1, 0)
+    ]
+    assert list(inbox.early) == [(2, 0)]
+    items, dropped = take_batch(channel, inbox, 2)  # from the inbox, no wait
+    assert ([rollout_key(spec, int(it["ids"][0])) for it in items], dropped) == ([(2, 0)], 0)
+    assert channel.qsize(trainer_key(0)) == 1  # the second copy: dropped by the next take
+
+
+def test_with_overlap_the_rollout_workers_sample_the_next_step() -> None:
+    spec, _, _ = spec_from(["--quick", "--steps", "4", "--overlap"])
+    assert [spec.sampled_in(s) for s in (1, 2, 3, 4)] == [[1, 2], [3], [4], []]
+    assert RLSpec(**{**SPEC.as_dict(), "steps": 2}).sampled_in(2) == [2]
+    with pytest.raises(ValueError, match=r"^kill_rollout: got 2; allowed: no kill with --overlap"):
+        RLSpec(**{**SPEC.as_dict(), "overlap": True, "kill_rollout": 2})
+
+
+def test_with_overlap_the_weights_phase_is_the_slowest_pull_of_the_previous_version() -> None:
+    spans = [
+        Span("rollout 0", "pull", 0.0, 0.2),  # the version pushed in the step before
+        Span("rollout 1", "pull", 0.0, 0.3),
+        Span("rollout 0", "generate", 0.3, 1.0),
+        Span("trainer 0", "push", 0.9, 0.95),  # this step's version, pulled in the next
+    ]
+    assert account(spans, wall=1.0)["weights"] == pytest.approx(0.3)
 
 
 def test_the_accounting_counts_lost_twice_and_unknown_ids() -> None:

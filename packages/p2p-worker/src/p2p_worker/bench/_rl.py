@@ -225,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="p2p's weight sync sends bit-level deltas (pays off when few values change)",
     )
     p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="one step off-policy, both stacks: the rollout workers sample step k+1 while"
+        " the trainers train step k",
+    )
+    p.add_argument(
         "--kill-rollout",
         type=int,
         metavar="STEP",
@@ -259,6 +265,7 @@ def spec_from(argv: Sequence[str]) -> tuple[RLSpec, Path, str | None]:
         "timeout": ns.timeout,
         "delta": ns.delta or None,
         "kill_rollout": ns.kill_rollout,
+        "overlap": ns.overlap or None,
     }
     try:
         spec = replace(base, **{k: v for k, v in changes.items() if v is not None})
@@ -309,6 +316,7 @@ def main(argv: Sequence[str]) -> int:
         "lr": spec.lr,
         "seed": spec.seed,
         "weight deltas": spec.delta,
+        "overlap": spec.overlap,
         "wall_s": round(time.time() - started, 1),
     }
     if spec.kill_rollout is not None:

@@ -25,7 +25,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -42,7 +42,7 @@ from p2p_worker import (
     WorkerGroup,
     create_channel,
 )
-from p2p_worker.bench._rl_ledger import take_batch, trainer_key
+from p2p_worker.bench._rl_ledger import Inbox, take_batch, trainer_key
 from p2p_worker.bench._rl_phases import SpanLog
 from p2p_worker.bench._rl_policy import (
     Learner,
@@ -122,22 +122,34 @@ class RLRollout(Worker):
         return {"version": version, "spans": [tuple(s) for s in log.spans]}
 
     def step(self, step: int) -> dict[str, Any]:
-        """Sample, put the rollouts for the trainer, pull version ``step`` of the weights."""
+        """Sample, put the rollouts for the trainer, pull version ``step`` of the weights.
+
+        With ``spec.overlap``: pull version ``step - 1`` first (from step 2 on), sample
+        and put the rollouts of ``spec.sampled_in(step)``, and pull version ``step`` only
+        in the last step.
+        """
         if self.channel is None:
             raise RuntimeError("RLRollout.step: call prepare() first")
         spec = self.spec
         log = SpanLog(self.label)
-        with log.span("generate"):
-            item = sample(self.model, spec, step, self.slot)
-        with log.span("put"):
-            key = trainer_key(spec.trainer_of(self.slot))
-            self.channel.put(item, weight=spec.batch, key=key, timeout=spec.timeout)
+        if spec.overlap and step > 1:
+            self._pull(step - 1, log)
+        for sampled in spec.sampled_in(step):
+            with log.span("generate"):
+                item = sample(self.model, spec, sampled, self.slot)
+            with log.span("put"):
+                key = trainer_key(spec.trainer_of(self.slot))
+                self.channel.put(item, weight=spec.batch, key=key, timeout=spec.timeout)
+        if not spec.overlap or step == spec.steps:
+            self._pull(step, log)
+        return {"spans": [tuple(s) for s in log.spans]}
+
+    def _pull(self, version: int, log: SpanLog) -> None:
         with log.span("pull"):
-            version = self.pull_weights(self.model, self.trainer_group, 0, timeout=spec.timeout)
-        if version != step:
-            raise RuntimeError(f"{self.label}: pulled version {version}, wanted {step}")
-        self.version = step
-        return {"spans": [tuple(s) for s in log.spans], "rewards": item["rewards"].tolist()}
+            got = self.pull_weights(self.model, self.trainer_group, 0, timeout=self.spec.timeout)
+        if got != version:
+            raise RuntimeError(f"{self.label}: pulled version {got}, wanted {version}")
+        self.version = version
 
     def held(self) -> tuple[int, int]:
         """The version of the weights this worker samples with, and their checksum."""
@@ -178,6 +190,8 @@ class RLTrainer(Worker):
         self.group: Any = None
         self._lock = threading.Lock()
         self._targets: list[tuple[str, list[int]]] | None = None  # new ones, for the next push
+        self._inbox = Inbox(self.spec, self._rank)
+        self._pushing: Any = None  # with overlap: the push of the previous version, running
 
     def prepare(self) -> None:
         """Connect, take the warm-up items, build the allreduce group and run it once."""
@@ -238,7 +252,7 @@ class RLTrainer(Worker):
         spec = self.spec
         log = SpanLog(f"trainer {self._rank}")
         with log.span("get"):
-            items, dropped = take_batch(self.channel, spec, self._rank, step)
+            items, dropped = take_batch(self.channel, self._inbox, step)
         with log.span("train"):
             batch = order_batch(items, spec)
             grads = self.learner.backward(batch)
@@ -250,40 +264,52 @@ class RLTrainer(Worker):
             "dropped": dropped,
         }
         with self._locked():
+            if self._pushing is not None:  # the previous version must be out before a change
+                pushing, self._pushing = self._pushing, None
+                with log.span("push"):
+                    out.update(self._report(lambda: pushing.wait(timeout=spec.timeout)))
             with log.span("optim"):
                 self.learner.apply(grads)
                 self.version = step
             out["loss"] = self.learner.last_loss
             if self._rank == 0:
                 with log.span("push"):
-                    out.update(self._push(step))
+                    if spec.overlap and step < spec.steps:  # pulled during the next step
+                        self._pushing = self._push(step, async_op=True)
+                    else:
+                        out.update(self._report(lambda: self._push(step, async_op=False)))
         out["spans"] = [tuple(s) for s in log.spans]
         return out
 
-    def _push(self, step: int) -> dict[str, Any]:
+    def _push(self, step: int, *, async_op: bool) -> Any:
         targets: Any = self._targets
         self._targets = None
         if targets is None and step == 1:
             targets = self.rollout_group
+        model, timeout = self.learner.model, self.spec.timeout
+        return self.push_weights(
+            model, step, targets, async_op=async_op, timeout=timeout, delta=self.spec.delta
+        )
+
+    def _report(self, push: Callable[[], Any]) -> dict[str, Any]:
+        """Run ``push`` (a push, or the wait for one); its report as plain values."""
         failed: dict[str, str] = {}
         report: Any
         try:
-            report = self.push_weights(
-                self.learner.model, step, targets, timeout=self.spec.timeout, delta=self.spec.delta
-            )
+            report = push()
         except WeightSyncError as exc:  # the report of the targets it did reach rides on it
             report = getattr(exc, "report", None)
             if report is None:
                 raise
             failed = dict(exc.failed)
-        assert isinstance(report, PushReport)  # async_op=False
-        push = {
+        assert isinstance(report, PushReport)
+        sent = {
             "sent_bytes": report.sent_bytes,
             "full_bytes": report.full_bytes,
             "buckets": report.buckets,
             "modes": dict(report.modes),
         }
-        return {"push": push, "push_failed": failed}
+        return {"push": sent, "push_failed": failed}
 
     def checksum(self) -> int:
         """The checksum of this trainer's weights."""
@@ -389,7 +415,8 @@ class P2PLoop:
             wait_any(pending, timeout=left)
         wall = time.time() - t0
         trained: list[dict[str, Any]] = training.wait(timeout=0)
-        failed = {k: v for k, v in trained[0]["push_failed"].items() if k not in self.members.dead}
+        pushed = trained[0].get("push_failed", {})
+        failed = {k: v for k, v in pushed.items() if k not in self.members.dead}
         if failed:
             raise RuntimeError(f"p2p step {step}: the weights did not reach live workers: {failed}")
         for event in self.events:

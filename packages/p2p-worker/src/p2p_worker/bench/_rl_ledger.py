@@ -19,10 +19,9 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from p2p_worker import Channel, ChannelEmpty, LocalChannel
@@ -34,49 +33,87 @@ def trainer_key(trainer: int) -> str:
     return f"trainer{trainer}"
 
 
+Fetch = Callable[[int, float], list[dict[str, Any]]]
+"""``fetch(weight, timeout)``: the next items of a trainer's FIFO, about ``weight`` sequences
+(an empty list: none came within ``timeout`` seconds)."""
+
+
+class Inbox:
+    """A trainer's rollouts by ``(step, rank)``: each kept once, early ones kept for later.
+
+    With ``--overlap`` the rollout workers put the next step's items while the trainers
+    take this step's, so an item of a later step may come first; it waits here.
+
+    Args:
+        spec: The run's spec.
+        trainer: The trainer's rank.
+    """
+
+    def __init__(self, spec: RLSpec, trainer: int) -> None:
+        self.spec = spec
+        self.trainer = trainer
+        self.early: dict[tuple[int, int], dict[str, Any]] = {}
+
+    def take(self, fetch: Fetch, step: int) -> tuple[list[dict[str, Any]], int]:
+        """This trainer's items of ``step``, in rollout id order, and the sequences dropped.
+
+        Raises:
+            RuntimeError: Some rollout worker's sequences did not arrive within
+                ``spec.timeout`` (the message names the ranks).
+        """
+        spec = self.spec
+        wanted = {(step, rank) for rank in spec.sources_of(self.trainer)}
+        held = {k: self.early.pop(k) for k in wanted if k in self.early}
+        dropped = 0
+        deadline = time.monotonic() + spec.timeout
+        while len(held) < len(wanted):
+            left = deadline - time.monotonic()
+            got = fetch(spec.batch * (len(wanted) - len(held)), left) if left > 0 else []
+            if not got:
+                missing = sorted(rank for _, rank in wanted - set(held))
+                raise RuntimeError(
+                    f"trainer {self.trainer}: the sequences of rollout worker(s) {missing} for"
+                    f" step {step} did not arrive within {spec.timeout} s"
+                )
+            for item in got:
+                key = rollout_key(spec, int(item["ids"][0]))
+                if key in held or key in self.early or key[0] < step:
+                    dropped += int(item["ids"].numel())  # trained on, or held, already
+                elif key in wanted:
+                    held[key] = item
+                else:
+                    self.early[key] = item
+        return [held[k] for k in sorted(held)], dropped
+
+
 def take_batch(
-    channel: Channel | LocalChannel, spec: RLSpec, trainer: int, step: int
+    channel: Channel | LocalChannel, inbox: Inbox, step: int
 ) -> tuple[list[dict[str, Any]], int]:
-    """Trainer ``trainer``'s items of ``step``, each ``(step, rank)`` once, by weight.
+    """Trainer ``inbox.trainer``'s items of ``step`` from the channel, by weight.
 
     Takes from the trainer's key with ``get_batch(target_weight=...)`` (one exchange when
     nothing is missing) until it holds an item of every rollout worker it trains on; an
-    item it already holds, or one of an earlier step, is dropped.
+    item it already held or trained on is dropped, one of a later step kept for it.
 
     Returns:
         The items, and the number of sequences dropped as arriving twice.
 
     Raises:
         RuntimeError: Some rollout worker's sequences did not arrive within
-            ``spec.timeout`` (the message names the ranks), or an item of a later step
-            came (the loop is synchronous: that is a bug).
+            ``spec.timeout`` (the message names the ranks).
     """
-    wanted = {(step, rank) for rank in spec.sources_of(trainer)}
-    held: dict[tuple[int, int], dict[str, Any]] = {}
-    dropped = 0
-    deadline = time.monotonic() + spec.timeout
-    while len(held) < len(wanted):
-        left = deadline - time.monotonic()
-        got: list[dict[str, Any]] = []
-        if left > 0:
-            want = spec.batch * (len(wanted) - len(held))
-            with contextlib.suppress(ChannelEmpty):
-                got = channel.get_batch(target_weight=want, key=trainer_key(trainer), timeout=left)
-        if not got:
-            missing = sorted(rank for _, rank in wanted - set(held))
-            raise RuntimeError(
-                f"trainer {trainer}: the sequences of rollout worker(s) {missing} for step"
-                f" {step} did not arrive within {spec.timeout} s"
+    key = trainer_key(inbox.trainer)
+
+    def fetch(weight: int, timeout: float) -> list[dict[str, Any]]:
+        try:
+            got: list[dict[str, Any]] = channel.get_batch(
+                target_weight=weight, key=key, timeout=timeout
             )
-        for item in got:
-            key = rollout_key(spec, int(item["ids"][0]))
-            if key in wanted and key not in held:
-                held[key] = item
-            elif key[0] > step:
-                raise RuntimeError(f"trainer {trainer}: an item of step {key[0]} came in {step}")
-            else:
-                dropped += int(item["ids"].numel())
-    return [held[k] for k in sorted(held)], dropped
+        except ChannelEmpty:
+            return []
+        return got
+
+    return inbox.take(fetch, step)
 
 
 def account(spec: RLSpec, trained: Sequence[Sequence[int]]) -> dict[str, Any]:

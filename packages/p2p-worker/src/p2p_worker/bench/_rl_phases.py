@@ -12,7 +12,9 @@ step's critical path:
 * ``allreduce``: from the moment the last trainer joined the allreduce until the last
   one left it (the gradients moving, not one trainer waiting for the other);
 * ``weights``: from the trainer starting to hand out the new weights until the last
-  rollout worker holds them;
+  rollout worker holds them (with ``--overlap``, where the rollout workers pull at the
+  start of a step the version handed out at the end of the one before: the slowest
+  rollout worker's pull);
 * ``idle``: the rest of the step's wall time (dispatch, waiting, coordination).
 
 Example:
@@ -108,6 +110,14 @@ def _after(end: Sequence[Span], start: float | None) -> float:
     return max(0.0, max(s.end for s in end) - start)
 
 
+def _weights(spans: Sequence[Span], first_push: float | None) -> float:
+    pulls = _of(spans, "pull")
+    if pulls and first_push is not None and max(s.end for s in pulls) <= first_push:
+        # with overlap: the pulls of a step take the version pushed in the step before
+        return _longest_per_worker(spans, ("pull",))
+    return _after(pulls, first_push)
+
+
 def account(spans: Sequence[Span], wall: float) -> dict[str, float]:
     """Seconds of each phase of :data:`PHASES` in one step (see the module's docstring).
 
@@ -127,7 +137,7 @@ def account(spans: Sequence[Span], wall: float) -> dict[str, float]:
         "rollouts": _after(gets, max((s.end for s in gen), default=None)),
         "train": _longest_per_worker(spans, ("train", "optim")),
         "allreduce": _after(ar, max((s.start for s in ar), default=None)),
-        "weights": _after(_of(spans, "pull"), min((s.start for s in push), default=None)),
+        "weights": _weights(spans, min((s.start for s in push), default=None)),
     }
     out["idle"] = max(0.0, wall - sum(out.values()))
     return out

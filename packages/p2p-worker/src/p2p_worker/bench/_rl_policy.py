@@ -65,6 +65,9 @@ class RLSpec:
         kill_rollout: The step during which the p2p loop kills its last rollout worker
             (SIGKILL) and a replacement takes its place (None: no kill). The Ray
             baseline runs without the kill.
+        overlap: One step off-policy: while the trainers train step k, the rollout
+            workers sample step k+1 with the weights they hold, those of step k-1
+            (:meth:`sampled_in`); both stacks.
     """
 
     model: str = "small"
@@ -79,6 +82,7 @@ class RLSpec:
     timeout: float = 300.0
     delta: bool = False
     kill_rollout: int | None = None
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.model not in SHAPES:
@@ -103,6 +107,8 @@ class RLSpec:
             raise ValueError(
                 f"kill_rollout: got {k!r}; allowed: a step in 1..{self.steps} (--steps)"
             )
+        if k is not None and self.overlap:
+            raise ValueError(f"kill_rollout: got {k!r}; allowed: no kill with --overlap")
 
     @property
     def shape(self) -> DecoderShape:
@@ -120,6 +126,22 @@ class RLSpec:
     def trainer_of(self, rollout: int) -> int:
         """The trainer that trains on rollout worker ``rollout``'s sequences."""
         return rollout % self.trainers
+
+    def sampled_in(self, step: int) -> list[int]:
+        """The steps whose rollouts the rollout workers sample during step ``step``.
+
+        Without overlap, ``step`` itself. With it, the next step (both 1 and 2 during
+        step 1, none during the last): rollouts of step s are sampled with the weights
+        of step s-2 (the initial ones for steps 1 and 2).
+
+        Example:
+            >>> spec = RLSpec(model="tiny", steps=3, overlap=True)
+            >>> [spec.sampled_in(s) for s in (1, 2, 3)]
+            [[1, 2], [3], []]
+        """
+        if not self.overlap:
+            return [step]
+        return [s for s in ([1, 2] if step == 1 else [step + 1]) if s <= self.steps]
 
     @property
     def victim(self) -> int:

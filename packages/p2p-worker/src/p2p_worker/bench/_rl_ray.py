@@ -23,6 +23,7 @@ import ray
 import torch
 
 from p2p_worker import Cluster
+from p2p_worker.bench._rl_ledger import Inbox
 from p2p_worker.bench._rl_phases import SpanLog
 from p2p_worker.bench._rl_policy import (
     Learner,
@@ -61,15 +62,22 @@ class RayRollout:
         """Put one warm-up item."""
         self.queue.put(warmup_item(self.spec, self.rank), block=True, timeout=self.spec.timeout)
 
-    def step(self, step: int) -> dict[str, Any]:
-        """Sample this worker's sequences of ``step`` and put them into the trainer's queue."""
+    def step(self, step: int, refs: list[Any] | None = None) -> dict[str, Any]:
+        """Sample this worker's sequences of ``spec.sampled_in(step)``, put them in the queue.
+
+        With ``refs`` (``--overlap``: the previous version) load those weights first.
+        """
         spec = self.spec
         log = SpanLog(f"rollout {self.rank}")
-        with log.span("generate"):
-            item = sample(self.model, spec, step, self.rank)
-        with log.span("put"):
-            self.queue.put(item, block=True, timeout=spec.timeout)
-        return {"spans": [tuple(s) for s in log.spans], "rewards": item["rewards"].tolist()}
+        if refs:
+            with log.span("pull"):
+                load_state(self.model, ray.get(refs[0], timeout=spec.timeout))
+        for sampled in spec.sampled_in(step):
+            with log.span("generate"):
+                item = sample(self.model, spec, sampled, self.rank)
+            with log.span("put"):
+                self.queue.put(item, block=True, timeout=spec.timeout)
+        return {"spans": [tuple(s) for s in log.spans]}
 
     def load(self, refs: list[Any]) -> list[tuple[Any, ...]]:
         """``ray.get`` the new weights (the reference travels in a list) and copy them in."""
@@ -101,6 +109,7 @@ class RayTrainer:
         self.queue = queue
         self.group_name = group_name
         self.learner = Learner(self.spec)
+        self.inbox = Inbox(self.spec, rank)
 
     def prepare(self) -> None:
         """Take the warm-up items, join the gloo group and run one allreduce."""
@@ -113,16 +122,17 @@ class RayTrainer:
         col.init_collective_group(spec.trainers, self.rank, backend, self.group_name)
         col.allreduce(torch.zeros(self.learner.numel), group_name=self.group_name)
 
-    def _take(self) -> list[dict[str, Any]]:
-        spec = self.spec
-        want = spec.batch * len(spec.sources_of(self.rank))
-        items: list[dict[str, Any]] = []
-        deadline = time.monotonic() + spec.timeout
-        while sum(int(it["ids"].numel()) for it in items) < want:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(f"trainer {self.rank}: rollouts missing after {spec.timeout} s")
-            items.append(self.queue.get(block=True, timeout=left))
+    def _take(self, step: int) -> list[dict[str, Any]]:
+        """This trainer's items of ``step``, one ``Queue.get`` each (later ones kept)."""
+        from ray.util.queue import Empty
+
+        def fetch(weight: int, timeout: float) -> list[dict[str, Any]]:
+            try:
+                return [self.queue.get(block=True, timeout=timeout)]
+            except Empty:
+                return []
+
+        items, _ = self.inbox.take(fetch, step)
         return items
 
     def step(self, step: int) -> dict[str, Any]:
@@ -132,7 +142,7 @@ class RayTrainer:
         spec = self.spec
         log = SpanLog(f"trainer {self.rank}")
         with log.span("get"):
-            items = self._take()
+            items = self._take(step)
         with log.span("train"):
             batch = order_batch(items, spec)
             grads = self.learner.backward(batch)
@@ -192,6 +202,7 @@ class RayLoop:
             for r in range(spec.rollout_workers)
         ]
         self._preparing = [a.prepare.remote() for a in [*self.rollouts, *self.trainers]]
+        self._weights: list[Any] | None = None  # the last version's reference, in a list
 
     def ready(self) -> None:
         """Wait until every actor has started and warmed up (they start in the background).
@@ -207,14 +218,18 @@ class RayLoop:
 
     def step(self, step: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
         """Run step ``step``: (rollout workers' results, trainers' results, wall seconds)."""
-        timeout = self.spec.timeout
+        spec, timeout = self.spec, self.spec.timeout
         t0 = time.time()
-        rolling = [a.step.remote(step) for a in self.rollouts]
+        previous = self._weights if spec.overlap else None  # loaded at the step's start
+        rolling = [a.step.remote(step, previous) for a in self.rollouts]
         training = [a.step.remote(step) for a in self.trainers]
         trained: list[dict[str, Any]] = ray.get(training, timeout=timeout)
-        loads = [a.load.remote(trained[0]["weights"]) for a in self.rollouts]
+        self._weights = trained[0]["weights"]
+        loads = []
+        if not spec.overlap or step == spec.steps:
+            loads = [a.load.remote(trained[0]["weights"]) for a in self.rollouts]
         rolled: list[dict[str, Any]] = ray.get(rolling, timeout=timeout)
-        loaded = ray.get(loads, timeout=timeout)
+        loaded = ray.get(loads, timeout=timeout) if loads else [[] for _ in rolled]
         wall = time.time() - t0
         for result, spans in zip(rolled, loaded, strict=True):
             result["spans"] = [*result["spans"], *spans]
