@@ -9,7 +9,15 @@ through the trainer group's allreduce and weights with ``push_weights`` /
 ``ray.util.queue.Queue``, ``ray.util.collective`` (gloo) and ``ray.put`` / ``ray.get``.
 Batches are ordered by rollout id, so the transport changes nothing but time: both
 stacks produce the same reward curve, bit for bit, and every rollout worker ends holding
-the trainer's weights exactly. The run checks both and says so in the report.
+the trainer's weights exactly. The run checks both and says so in the report, and
+counts every rollout id the trainers trained on (:mod:`p2p_worker.bench._rl_ledger`):
+each exactly once.
+
+``--overlap`` runs both stacks one step off-policy (the rollout workers sample step k+1
+while the trainers train step k). ``--kill-rollout STEP`` kills a rollout worker of the
+p2p loop during that step and puts a replacement in its place
+(:mod:`p2p_worker.bench._rl_recovery`); the Ray baseline runs without the kill, and the
+curves stay equal because the replacement samples the lost sequences again.
 
 Writes ``p2p-bench-rl.json``, ``p2p-bench-rl.md`` and ``p2p-bench-rl.png`` into
 ``--out`` (see :mod:`p2p_worker.bench._rl_report`).
