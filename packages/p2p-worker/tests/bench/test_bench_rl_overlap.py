@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import pytest
+import torch
 
 from p2p_worker.bench._rl import record
 from p2p_worker.bench._rl_actors import P2PLoop
@@ -58,8 +59,19 @@ def run(ray_session: object) -> dict[str, Any]:
 
 
 def _reference(spec: RLSpec) -> tuple[list[float], int]:
-    """Rewards per step and the final weights' checksum of the overlap schedule, here."""
+    """Rewards per step and the final weights' checksum of the overlap schedule, here.
+
+    On one torch thread, as the workers (the sums of a matmul may depend on the split).
+    """
+    threads = torch.get_num_threads()
     pin_threads()
+    try:
+        return _schedule(spec)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _schedule(spec: RLSpec) -> tuple[list[float], int]:
     learner = Learner(spec)
     versions = {0: {k: v.clone() for k, v in policy_state(learner.model).items()}}
     rewards = []
