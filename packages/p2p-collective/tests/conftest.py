@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import collective_tasks
@@ -102,3 +104,43 @@ def peers(pair: PeerPair, request: pytest.FixtureRequest) -> PeerPair:
 def gname(request: pytest.FixtureRequest) -> str:
     """A group name unique to the test, so tests never share a group."""
     return request.node.name
+
+
+TRANSPORT_SWITCH = "P2P_TEST_TRANSPORT"
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def _modules_reading_the_switch() -> set[str]:
+    """Sibling modules that read ``P2P_TEST_TRANSPORT``, directly or through a sibling they
+    import (this conftest's own import of ``collective_tasks`` serves the ``pair`` fixture,
+    which is followed by fixture name instead)."""
+    sources = {p.stem: p.read_text() for p in TESTS_DIR.glob("*.py") if p.stem != "conftest"}
+    imports = {
+        name: {
+            m for m in sources if m != name and re.search(rf"^\s*(from|import) {m}\b", text, re.M)
+        }
+        for name, text in sources.items()
+    }
+    reads = {name for name, text in sources.items() if TRANSPORT_SWITCH in text}
+    while more := {name for name, deps in imports.items() if deps & reads} - reads:
+        reads |= more
+    return reads
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Over gloo (``P2P_TEST_TRANSPORT=gloo``, the suite's second run) keep only the tests
+    whose groups follow the switch: those on the ``pair`` fixture and those of modules that
+    read it. The others build their groups the same way in both runs; running them again
+    would only repeat the first run. Deselected tests are counted in pytest's summary."""
+    if os.environ.get(TRANSPORT_SWITCH, "shm") != "gloo":
+        return
+    reads = _modules_reading_the_switch()
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        stem = Path(str(item.fspath)).stem
+        follows = "pair" in getattr(item, "fixturenames", ()) or stem in reads
+        (keep if follows else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
