@@ -265,7 +265,8 @@ def integration(session: nox.Session, device: str) -> None:
 
 @nox.session(python=False)
 def multinode(session: nox.Session) -> None:
-    """Two Ray nodes in Linux network namespaces joined by a shaped veth (root; skips otherwise)."""
+    """Ray nodes in Linux network namespaces on shaped veths: two joined directly, and a
+    four-node module through a switch namespace (root; skips otherwise)."""
     skip = "multinode: cannot create network namespaces here: "
     if not sys.platform.startswith("linux"):
         session.skip(skip + f"they need Linux, this is {sys.platform}")
