@@ -1,8 +1,9 @@
 """Fixtures for the multinode suite: Ray clusters in network namespaces (tools/netns_cluster).
 
 ``netns_cluster`` (module scope) brings a fresh two-node cluster up for each test module
-that uses it, ``four_node_cluster`` (module scope) a head and three worker nodes behind a
-switch with every cable shaped to 1 Gbit/s; both are torn down afterwards, even when a test
+that uses it, ``four_node_cluster`` a head and three worker nodes behind a switch with every cable
+shaped to 1 Gbit/s, shared by the modules that use it and downed as soon as the next test
+does not; both are torn down afterwards, even when a test
 fails; ``atexit`` in the harness and ``cleanup_stale()`` at session start catch what a killed
 run left behind. Where namespaces cannot be made (not root, no iproute2, EPERM in a
 container) every test here is skipped with the reason.
@@ -71,25 +72,64 @@ def netns_cluster(netns_harness: ModuleType) -> Iterator[Any]:
         cluster.down()
 
 
-@pytest.fixture(scope="module")
+class _FourNodes:
+    """The one four-node cluster of a session: up when a test first needs it, down as soon
+    as the next test does not (so that several modules share one bring-up, and the other
+    modules run without four idle Ray nodes beside them)."""
+
+    def __init__(self) -> None:
+        self.cluster: Any = None
+        self.running = False
+
+    def up(self, harness: ModuleType) -> Any:
+        if self.cluster is None:
+            self.cluster = new_cluster(
+                harness, num_nodes=4, object_store_bytes=128 * 1024**2, subnet="10.232.0"
+            )
+        if self.running:
+            return self.cluster
+        for attempt in (1, 2):
+            try:
+                self.cluster.up(timeout=150)  # up() takes everything down again when it fails
+                break
+            except harness.NetnsClusterError as exc:
+                # Once, a worker node never registered on a machine at load 8 (unexplained;
+                # the same bring-up passed many times in a row after it): one more try.
+                if attempt == 2:
+                    raise
+                print(f"multinode: four nodes did not come up, once more: {exc}", file=sys.stderr)
+        self.running = True
+        self.cluster.shape("1gbit")
+        return self.cluster
+
+    def down(self) -> None:
+        if self.cluster is not None and self.running:
+            self.running = False
+            self.cluster.down()
+
+
+_FOUR = _FourNodes()
+
+
+@pytest.fixture(scope="session")
 def four_node_cluster(netns_harness: ModuleType) -> Iterator[Any]:
-    """A running cluster of four nodes, every cable shaped to 1 Gbit/s (tc tbf), per module."""
-    for attempt in (1, 2):
-        cluster = new_cluster(netns_harness, num_nodes=4, object_store_bytes=128 * 1024**2)
-        try:
-            cluster.up(timeout=150)  # up() takes everything down again when it fails
-            break
-        except netns_harness.NetnsClusterError as exc:
-            # Once, a worker node never registered on a machine at load 8 (unexplained;
-            # the same bring-up passed many times in a row after it): one more try.
-            if attempt == 2:
-                raise
-            print(f"multinode: four nodes did not come up, once more: {exc}", file=sys.stderr)
+    """A running cluster of four nodes, every cable shaped to 1 Gbit/s (tc tbf), shared by
+    the modules that use it (they run one after another) and downed after the last of them."""
     try:
-        cluster.shape("1gbit")
-        yield cluster
+        yield _FOUR.up(netns_harness)
     finally:
-        cluster.down()
+        _FOUR.down()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Brought down early (below) but needed again, say by a reordered run: up once more.
+    if "four_node_cluster" in getattr(item, "fixturenames", ()) and _FOUR.cluster is not None:
+        _FOUR.up(nc)
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if nextitem is None or "four_node_cluster" not in getattr(nextitem, "fixturenames", ()):
+        _FOUR.down()
 
 
 @pytest.fixture
