@@ -13,11 +13,12 @@ import importlib
 import pytest
 import torch
 
-from p2p_worker import LocalChannel
+from p2p_worker import LocalChannel, PlacementError
 from p2p_worker.bench._rl import spec_from
 from p2p_worker.bench._rl_ledger import Inbox, take_batch, trainer_key
 from p2p_worker.bench._rl_ledger import account as account_ids
 from p2p_worker.bench._rl_phases import PHASES, Span, SpanLog, account
+from p2p_worker.bench._rl_placement import InOrder, Layout, layout
 from p2p_worker.bench._rl_policy import (
     Learner,
     RLSpec,
@@ -34,7 +35,9 @@ from p2p_worker.bench._rl_report import render_markdown
 SPEC = RLSpec(model="tiny", rollout_workers=2, steps=2, batch=4, prompt_len=2, gen_len=3)
 
 
-@pytest.mark.parametrize("name", ["_rl_policy", "_rl_phases", "_rl_ledger"])
+@pytest.mark.parametrize(
+    "name", ["_rl_policy", "_rl_phases", "_rl_ledger", "_rl_placement", "_rl_report"]
+)
 def test_docstring_examples(name: str) -> None:
     result = doctest.testmod(importlib.import_module(f"p2p_worker.bench.{name}"))
     assert result.attempted > 0
@@ -271,3 +274,76 @@ def test_the_report_leaves_the_lost_step_out_of_the_means_and_gives_the_accounti
         " 0 unknown; 2 sampled again by a replacement, 0 dropped as arriving twice"
     ) in text
     assert "| 3 (rollout worker lost on p2p) | 0.1000 | 0.1000 |" in text
+
+
+def test_placement_and_stack_flags() -> None:
+    spec, _, _ = spec_from(["--quick", "--placement", "spread", "--stack", "p2p"])
+    assert (spec.placement, spec.stack, spec.stacks) == ("spread", "p2p", ("p2p",))
+    spec, _, _ = spec_from(["--quick", "--link-mbps", "1000"])
+    assert (spec.placement, spec.stacks, spec.link_mbps) == ("one-node", ("p2p", "ray"), 1000.0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--placement", "two-nodes"], "--placement: invalid choice: 'two-nodes'"),
+        (["--stack", "gloo"], "--stack: invalid choice: 'gloo'"),
+        (["--link-mbps", "0"], "--link-mbps: got 0.0; allowed: Mbit/s > 0"),
+        (["--stack", "ray", "--kill-rollout", "2"], "--kill-rollout: got 2; allowed: no kill"),
+    ],
+)
+def test_a_bad_placement_stack_or_link_rate_exits_2_naming_the_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        spec_from(["--quick", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_spread_keeps_the_trainers_on_node_0_and_deals_the_rollouts_round_robin() -> None:
+    assert layout("spread", 2, 3, 4) == Layout(trainers=(0, 0), rollouts=(1, 2, 3))
+    assert layout("spread", 2, 5, 3).rollouts == (1, 2, 1, 2, 1)
+    assert layout("spread", 1, 2, 2).rollouts == (1, 1)
+    assert layout("one-node", 2, 3, 4) == Layout(trainers=(0, 0), rollouts=(0, 0, 0))
+    assert layout("one-node", 2, 2, 1).rollouts == (0, 0)
+    with pytest.raises(ValueError, match=r"^placement: got 'ring'; allowed: one-node, spread"):
+        layout("ring", 2, 2, 4)
+
+
+def test_spread_on_one_node_is_a_placement_error_naming_the_problem() -> None:
+    with pytest.raises(PlacementError, match=r"--placement spread: the Ray cluster has 1 node;"):
+        layout("spread", 2, 2, 1)
+    with pytest.raises(ValueError, match=r"^placement: got 'spread-out'"):
+        RLSpec(**{**SPEC.as_dict(), "placement": "spread-out"})
+
+
+def test_rollout_workers_keep_their_order_on_the_nodes() -> None:
+    # NodePlacementStrategy sorts; InOrder puts worker i on nodes[i]
+    plan = InOrder([1, 2, 1]).plan([object()] * 3)
+    assert [(p.rank, p.node_rank, p.num_cpus) for p in plan] == [
+        (0, 1, 0.0),
+        (1, 2, 0.0),
+        (2, 1, 0.0),
+    ]
+    with pytest.raises(PlacementError, match=r"node rank\(s\) \[3\], but the cluster has 2"):
+        InOrder([3]).plan([object()] * 2)
+
+
+def test_the_report_holds_each_weight_sync_against_the_link_and_runs_one_stack() -> None:
+    records = []
+    for step in (1, 2, 3):
+        phases = dict.fromkeys(PHASES, 0.1)
+        rec = {"stack": "p2p", "step": step, "reward": 0.1 * step, **phases, "loss": 0.0}
+        rec.update(moving=0.3, step_s=0.6, weights_sent_bytes=12_500_000)
+        records.append(rec)
+    records[2]["weights"] = 0.2
+    meta = {"link Mbit/s": 1000.0, "nodes": {"p2p": {"trainer 0": "10.0.0.1"}}}
+    text = render_markdown(records, meta)
+    assert "| phase | p2p |\n|---|---|\n| generate | 0.1000 |" in text
+    assert "- p2p workers: trainer 0 on 10.0.0.1" in text
+    # 12.5 MB over 1 Gbit/s: 0.1 s; the bound 0.15 s
+    assert "| 2 | p2p | 12,500,000 | 0.1000 | 0.1500 | 0.1000 | 1.00x | yes |" in text
+    assert "| 3 | p2p | 12,500,000 | 0.1000 | 0.1500 | 0.2000 | 2.00x | no |" in text
+    assert "| 3 | 0.3000 |" in text
+    assert "Weight sync" not in render_markdown(records, {})

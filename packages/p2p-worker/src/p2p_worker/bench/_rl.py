@@ -19,6 +19,14 @@ p2p loop during that step and puts a replacement in its place
 (:mod:`p2p_worker.bench._rl_recovery`); the Ray baseline runs without the kill, and the
 curves stay equal because the replacement samples the lost sequences again.
 
+``--placement spread`` keeps the trainers on node 0 and spreads the rollout workers over
+the other nodes of a multi-node cluster (``--address``), both stacks alike
+(:mod:`p2p_worker.bench._rl_placement`); the run records every worker's node address.
+``--stack p2p`` (or ``ray``) runs one stack alone. Every step records the bytes of its
+weight sync (p2p: what trainer 0's push sent, deltas with ``--delta``; Ray: the state
+dict trainer 0 put), and with ``--link-mbps`` the report holds each step's ``weights``
+seconds against 1.5 x bytes / link rate.
+
 Writes ``p2p-bench-rl.json``, ``p2p-bench-rl.md`` and ``p2p-bench-rl.png`` into
 ``--out`` (see :mod:`p2p_worker.bench._rl_report`).
 """
@@ -33,11 +41,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from p2p_worker import Cluster
+from p2p_worker import Cluster, PlacementError
 from p2p_worker.bench._model import SHAPES
 from p2p_worker.bench._rl_ledger import account as account_ids
 from p2p_worker.bench._rl_phases import MOVING, Span, account
-from p2p_worker.bench._rl_policy import RLSpec
+from p2p_worker.bench._rl_placement import layout
+from p2p_worker.bench._rl_policy import PLACEMENTS, STACK_CHOICES, RLSpec
 from p2p_worker.bench._rl_report import (
     JSON_NAME,
     MARKDOWN_NAME,
@@ -66,6 +75,8 @@ class Loop(Protocol):
     def step(self, step: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]: ...
 
     def checksums(self) -> dict[str, int]: ...
+
+    def where(self) -> dict[str, str]: ...
 
     def close(self) -> None: ...
 
@@ -96,6 +107,8 @@ def record(
         rec["weights_sent_bytes"] = push["sent_bytes"]
         rec["weights_full_bytes"] = push["full_bytes"]
         rec["weights_modes"] = push["modes"]
+    elif "weights_bytes" in trained[0]:  # Ray's: the state dict trainer 0 put
+        rec["weights_full_bytes"] = trained[0]["weights_bytes"]
     return rec, {"step": step, "start": start, "wall": wall, "spans": [list(s) for s in spans]}
 
 
@@ -137,17 +150,28 @@ def run_rl(
     checks: dict[str, bool] = {}
     accounting: dict[str, dict[str, Any]] = {}
     events: list[dict[str, Any]] = []
+    nodes: dict[str, dict[str, str]] = {}
     try:
+        plan = layout(spec.placement, spec.trainers, spec.rollout_workers, base.num_nodes)
         say(
             f"launching {spec.trainers} trainers and {spec.rollout_workers} rollout workers"
-            " per stack"
+            f" per stack ({spec.placement}: trainers on node(s) {sorted(set(plan.trainers))},"
+            f" rollout workers on {sorted(set(plan.rollouts))} of {base.num_nodes})"
         )
-        ray_loop = RayLoop(spec, address)  # its actors start while p2p's groups launch
-        loops.append(ray_loop)
-        loops.insert(0, P2PLoop(spec, address))
-        say("p2p: channel, trainer group and rollout group ready")
-        ray_loop.ready()
-        say("ray: queues, actors and collective group ready")
+        ray_loop = RayLoop(spec, address) if "ray" in spec.stacks else None
+        if ray_loop is not None:  # its actors start while p2p's groups launch
+            loops.append(ray_loop)
+        if "p2p" in spec.stacks:
+            loops.insert(0, P2PLoop(spec, address))
+            say("p2p: channel, trainer group and rollout group ready")
+        if ray_loop is not None:
+            ray_loop.ready()
+            say("ray: queues, actors and collective group ready")
+        for loop in loops:
+            nodes[loop.stack] = loop.where()
+            say(
+                f"{loop.stack}: " + ", ".join(f"{w} on {ip}" for w, ip in nodes[loop.stack].items())
+            )
         trained_ids: dict[str, list[list[int]]] = {loop.stack: [] for loop in loops}
         for step in range(1, spec.steps + 1):
             line = [f"step {step:3d}/{spec.steps}"]
@@ -189,10 +213,17 @@ def run_rl(
                     ] = event["caught_up"]
                 elif event["event"] == "killed":
                     events.append(event)
-        checks["reward curves of p2p and ray equal bit for bit"] = curve(records, "p2p") == curve(
-            records, "ray"
-        )
-        rewards = curve(records, "p2p")
+        if len(loops) == 2:
+            checks["reward curves of p2p and ray equal bit for bit"] = curve(
+                records, "p2p"
+            ) == curve(records, "ray")
+        if spec.placement == "spread":
+            for stack, where in nodes.items():
+                away = {ip for w, ip in where.items() if w.startswith("rollout")}
+                checks[f"{stack}: no rollout worker on the trainers' node"] = (
+                    where["trainer 0"] not in away
+                )
+        rewards = curve(records, loops[0].stack)
         if len(rewards) >= MIN_STEPS_TO_LEARN:
             k = len(rewards) // 4
             checks["reward rose (mean of the last quarter of steps above the first quarter's)"] = (
@@ -203,7 +234,8 @@ def run_rl(
         for loop in reversed(loops):
             loop.close()
         base.shutdown()
-    return records, timelines, checks, {"accounting": accounting, "events": events}
+    extra = {"accounting": accounting, "events": events, "nodes": nodes}
+    return records, timelines, checks, extra
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,6 +279,23 @@ def build_parser() -> argparse.ArgumentParser:
         " without the kill)",
     )
     p.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        help="one-node: every worker on node 0; spread: the trainers on node 0, rollout"
+        " worker i on node 1 + i %% (nodes - 1), both stacks (needs a multi-node cluster:"
+        f" --address) [default: {FULL.placement}]",
+    )
+    p.add_argument(
+        "--stack", choices=STACK_CHOICES, help=f"the stacks to run [default: {FULL.stack}]"
+    )
+    p.add_argument(
+        "--link-mbps",
+        type=float,
+        metavar="MBPS",
+        help="the rate of the links between the nodes: the report holds each step's weight"
+        " sync against 1.5 x bytes / rate",
+    )
+    p.add_argument(
         "--out", default="p2p-bench-out", help="output folder [default: ./p2p-bench-out]"
     )
     p.add_argument("--address", help="Ray address [default: an embedded local cluster]")
@@ -274,6 +323,9 @@ def spec_from(argv: Sequence[str]) -> tuple[RLSpec, Path, str | None]:
         "delta": ns.delta or None,
         "kill_rollout": ns.kill_rollout,
         "overlap": ns.overlap or None,
+        "placement": ns.placement,
+        "stack": ns.stack,
+        "link_mbps": ns.link_mbps,
     }
     try:
         spec = replace(base, **{k: v for k, v in changes.items() if v is not None})
@@ -305,14 +357,20 @@ def main(argv: Sequence[str]) -> int:
     print(
         f"p2p-bench rl: {spec.model} policy ({spec.shape.parameter_count():,} parameters),"
         f" {spec.rollout_workers} rollout workers x {spec.batch} sequences, {spec.trainers}"
-        f" trainers, {spec.steps} steps, p2p and ray interleaved"
+        f" trainers, {spec.steps} steps, "
+        + (" and ".join(spec.stacks) + " interleaved" if spec.stack == "both" else spec.stack)
+        + f", placement {spec.placement}"
     )
     t0 = time.monotonic()
 
     def say(text: str) -> None:
         print(f"{time.monotonic() - t0:6.1f} s  {text}", flush=True)
 
-    records, timelines, checks, extra = run_rl(spec, address, say)
+    try:
+        records, timelines, checks, extra = run_rl(spec, address, say)
+    except PlacementError as exc:
+        print(f"p2p-bench rl: error: {exc}", file=sys.stderr)
+        return 2
     meta: dict[str, Any] = {
         "command": "p2p-bench rl",
         "model": spec.model,
@@ -325,8 +383,12 @@ def main(argv: Sequence[str]) -> int:
         "seed": spec.seed,
         "weight deltas": spec.delta,
         "overlap": spec.overlap,
+        "placement": spec.placement,
+        "stacks": "+".join(spec.stacks),
         "wall_s": round(time.time() - started, 1),
     }
+    if spec.link_mbps is not None:
+        meta["link Mbit/s"] = spec.link_mbps
     if spec.kill_rollout is not None:
         meta["p2p rollout worker killed in step"] = spec.kill_rollout
     drew = plot(records, timelines, out / PLOT_NAME)
@@ -335,7 +397,8 @@ def main(argv: Sequence[str]) -> int:
     report = render_markdown(records, {**meta, "plot": drew, "checks": checks, **extra})
     (out / MARKDOWN_NAME).write_text(report, encoding="utf-8")
     print(report)
-    print(f"data movement per step, ray / p2p: {moving_ratio(records):.2f}x")
+    if spec.stack == "both":
+        print(f"data movement per step, ray / p2p: {moving_ratio(records):.2f}x")
     print(
         f"wrote {out / JSON_NAME}, {out / MARKDOWN_NAME}" + (f", {out / PLOT_NAME}" if drew else "")
     )

@@ -15,7 +15,9 @@ One step of :class:`P2PLoop`:
    own tensors in place (``Worker.pull_weights``), checked against the trainer's
    checksums.
 
-The driver only starts each step and collects what the workers recorded.
+The driver only starts each step and collects what the workers recorded. The workers go
+where ``spec.placement`` says (:mod:`p2p_worker.bench._rl_placement`); the channel lives
+on node 0, with the trainers.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from p2p_asyncwork import wait_any
 from p2p_worker import (
     Channel,
     Cluster,
-    NodePlacementStrategy,
     PushReport,
     WeightSyncError,
     Worker,
@@ -44,6 +45,7 @@ from p2p_worker import (
 )
 from p2p_worker.bench._rl_ledger import Inbox, take_batch, trainer_key
 from p2p_worker.bench._rl_phases import SpanLog
+from p2p_worker.bench._rl_placement import InOrder, layout
 from p2p_worker.bench._rl_policy import (
     Learner,
     RLSpec,
@@ -334,6 +336,13 @@ class P2PLoop:
         self.spec = spec
         self.events: list[dict[str, Any]] = []
         self.cluster = Cluster(config=JOB_CONFIG, address=address or "local")
+        try:
+            self.layout = layout(
+                spec.placement, spec.trainers, spec.rollout_workers, self.cluster.num_nodes
+            )
+        except BaseException:
+            self.cluster.shutdown()
+            raise
         n = f"{os.getpid()}_{next(_runs)}"
         self.channel_name, self.trainer_name, rollout_name = (
             f"p2p_rl_ch_{n}",
@@ -346,7 +355,7 @@ class P2PLoop:
                 spec.as_dict(), self.channel_name, self.trainer_name, rollout_name
             ).launch(
                 self.cluster,
-                NodePlacementStrategy([0] * spec.trainers, cpus_per_worker=0),
+                InOrder(self.layout.trainers),
                 name=self.trainer_name,
                 max_concurrency=2,  # set_targets / catch_up while a step waits
                 timeout=spec.timeout,
@@ -365,7 +374,7 @@ class P2PLoop:
             self.spec.as_dict(), self.channel_name, self.trainer_name, slot
         ).launch(
             self.cluster,
-            NodePlacementStrategy([0] * count, cpus_per_worker=0),
+            InOrder(self.layout.rollouts if slot is None else [self.layout.rollouts[slot]]),
             name=name,
             timeout=self.spec.timeout,
         )
@@ -431,6 +440,13 @@ class P2PLoop:
         trainer = self.trainers.execute_on(0).call("checksum").wait(timeout=timeout)[0]
         event["held_at_end"] = version
         event["caught_up"] = version == event["step"] and own == trainer
+
+    def where(self) -> dict[str, str]:
+        """The node address of every live worker: ``trainer i`` and ``rollout i``."""
+        out = {f"trainer {i}": w.node_ip for i, w in enumerate(self.trainers.worker_infos)}
+        for slot, (group, rank) in sorted(self.members.slots.items()):
+            out[f"rollout {slot}"] = group.worker_infos[rank].node_ip
+        return out
 
     def checksums(self) -> dict[str, int]:
         """Each live worker's weight checksum: ``trainer i`` and ``rollout i``."""

@@ -39,6 +39,10 @@ import torch.nn.functional as F
 
 from p2p_worker.bench._model import SHAPES, Decoder, DecoderShape
 
+STACK_CHOICES = ("both", "p2p", "ray")
+"""The values of ``--stack``."""
+PLACEMENTS = ("one-node", "spread")
+"""The values of ``--placement`` (:mod:`p2p_worker.bench._rl_placement`)."""
 TARGET_FRACTION = 8
 """The target set is the lowest ``vocab // TARGET_FRACTION`` token ids."""
 
@@ -68,6 +72,13 @@ class RLSpec:
         overlap: One step off-policy: while the trainers train step k, the rollout
             workers sample step k+1 with the weights they hold, those of step k-1
             (:meth:`sampled_in`); both stacks.
+        placement: ``one-node`` (every worker on node 0) or ``spread`` (the trainers on
+            node 0, rollout worker i on node 1 + i % (N - 1));
+            :mod:`p2p_worker.bench._rl_placement`.
+        stack: The stacks to run: ``both``, ``p2p`` or ``ray``.
+        link_mbps: The rate of the links between the nodes in Mbit/s, if known: the
+            report holds each step's weight sync against 1.5 x bytes / rate (the loop
+            does not use it).
     """
 
     model: str = "small"
@@ -83,6 +94,9 @@ class RLSpec:
     delta: bool = False
     kill_rollout: int | None = None
     overlap: bool = False
+    placement: str = "one-node"
+    stack: str = "both"
+    link_mbps: float | None = None
 
     def __post_init__(self) -> None:
         if self.model not in SHAPES:
@@ -109,6 +123,21 @@ class RLSpec:
             )
         if k is not None and self.overlap:
             raise ValueError(f"kill_rollout: got {k!r}; allowed: no kill with --overlap")
+        if self.placement not in PLACEMENTS:
+            allowed = ", ".join(PLACEMENTS)
+            raise ValueError(f"placement: got {self.placement!r}; allowed: {allowed}")
+        if self.stack not in STACK_CHOICES:
+            raise ValueError(f"stack: got {self.stack!r}; allowed: {', '.join(STACK_CHOICES)}")
+        rate = self.link_mbps
+        if rate is not None and (isinstance(rate, bool) or not rate > 0):
+            raise ValueError(f"link_mbps: got {rate!r}; allowed: Mbit/s > 0")
+        if k is not None and self.stack == "ray":
+            raise ValueError(f"kill_rollout: got {k!r}; allowed: no kill with --stack ray")
+
+    @property
+    def stacks(self) -> tuple[str, ...]:
+        """The stacks the run runs, p2p first."""
+        return ("p2p", "ray") if self.stack == "both" else (self.stack,)
 
     @property
     def shape(self) -> DecoderShape:

@@ -10,10 +10,14 @@ Plain Ray actors run the same policy, sampling, reward and loss
 * trainer 0 hands out the new weights with ``ray.put``; the driver passes the reference
   to every rollout worker, which ``ray.get`` s the state dict and copies it into its
   own tensors.
+
+Every actor (the queues too, on the trainers' node as p2p's channel) starts on the node
+that ``--placement`` gives it, by node affinity (:mod:`p2p_worker.bench._rl_placement`).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -25,6 +29,7 @@ import torch
 from p2p_worker import Cluster
 from p2p_worker.bench._rl_ledger import Inbox
 from p2p_worker.bench._rl_phases import SpanLog
+from p2p_worker.bench._rl_placement import layout, pinned
 from p2p_worker.bench._rl_policy import (
     Learner,
     RLSpec,
@@ -90,6 +95,10 @@ class RayRollout:
         """The checksum of the weights this worker samples with."""
         return state_checksum(policy_state(self.model))
 
+    def node_ip(self) -> str:
+        """The address of this actor's node."""
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+
 
 @ray.remote(num_cpus=0)
 class RayTrainer:
@@ -151,10 +160,13 @@ class RayTrainer:
         with log.span("optim"):
             self.learner.apply(grads)
         refs: list[Any] = []
+        out: dict[str, Any] = {}
         if self.rank == 0:
             with log.span("push"):
-                refs = [ray.put(policy_state(self.learner.model))]
-        out = {
+                state = policy_state(self.learner.model)
+                refs = [ray.put(state)]
+            out["weights_bytes"] = sum(t.numel() * t.element_size() for t in state.values())
+        out |= {
             "spans": [tuple(s) for s in log.spans],
             "loss": self.learner.last_loss,
             "ids": batch["ids"].tolist(),
@@ -165,6 +177,10 @@ class RayTrainer:
     def checksum(self) -> int:
         """The checksum of this trainer's weights."""
         return state_checksum(policy_state(self.learner.model))
+
+    def node_ip(self) -> str:
+        """The address of this actor's node."""
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
         """Leave the collective group."""
@@ -190,15 +206,28 @@ class RayLoop:
 
         self.spec = spec
         self.cluster = Cluster(address=address or "local", timeout=spec.timeout)
+        try:
+            nodes = layout(
+                spec.placement, spec.trainers, spec.rollout_workers, self.cluster.num_nodes
+            )
+        except BaseException:
+            self.cluster.shutdown()
+            raise
         group = f"ray_rl_{os.getpid()}_{next(_runs)}"
         config = spec.as_dict()
-        self.queues = [Queue(actor_options={"num_cpus": 0}) for _ in range(spec.trainers)]
+        on = functools.partial(pinned, self.cluster)
+        # the queues on the trainers' node, as p2p's channel (node 0)
+        self.queues = [Queue(actor_options=on(0)) for _ in range(spec.trainers)]
         self.trainers = [
-            RayTrainer.remote(config, t, self.queues[t], group)  # type: ignore[attr-defined]
+            RayTrainer.options(**on(nodes.trainers[t])).remote(  # type: ignore[attr-defined]
+                config, t, self.queues[t], group
+            )
             for t in range(spec.trainers)
         ]
         self.rollouts = [
-            RayRollout.remote(config, r, self.queues[spec.trainer_of(r)])  # type: ignore[attr-defined]
+            RayRollout.options(**on(nodes.rollouts[r])).remote(  # type: ignore[attr-defined]
+                config, r, self.queues[spec.trainer_of(r)]
+            )
             for r in range(spec.rollout_workers)
         ]
         self._preparing = [a.prepare.remote() for a in [*self.rollouts, *self.trainers]]
@@ -234,6 +263,14 @@ class RayLoop:
         for result, spans in zip(rolled, loaded, strict=True):
             result["spans"] = [*result["spans"], *spans]
         return rolled, [{k: v for k, v in t.items() if k != "weights"} for t in trained], wall
+
+    def where(self) -> dict[str, str]:
+        """The node address of every actor: ``trainer i`` and ``rollout i``."""
+        out: dict[str, str] = {}
+        for role, actors in (("trainer", self.trainers), ("rollout", self.rollouts)):
+            ips = ray.get([a.node_ip.remote() for a in actors], timeout=self.spec.timeout)
+            out.update({f"{role} {i}": str(ip) for i, ip in enumerate(ips)})
+        return out
 
     def checksums(self) -> dict[str, int]:
         """Each worker's weight checksum: ``trainer i`` and ``rollout i``."""

@@ -67,45 +67,98 @@ def curve(records: Sequence[dict[str, Any]], stack: str) -> list[float]:
     return [r["reward"] for r in sorted(records, key=lambda r: r["step"]) if r["stack"] == stack]
 
 
+def stacks_of(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The stacks that have records, in :data:`STACKS` order."""
+    present = {r["stack"] for r in records}
+    return [s for s in STACKS if s in present]
+
+
 def render_markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """The Markdown report: setup, the phase table with ratios, checks, the reward curves."""
+    """The Markdown report: setup, the phase table with ratios, checks, the reward curves.
+
+    With ``meta["link Mbit/s"]`` also each step's weight sync against the link
+    (:func:`link_lines`).
+    """
     lines = ["# p2p-bench rl", ""]
-    skip = ("checks", "plot", "accounting", "events")
+    skip = ("checks", "plot", "accounting", "events", "nodes")
     lines += [" · ".join(f"{k}: {v}" for k, v in meta.items() if k not in skip), ""]
     if meta.get("plot"):
         lines += [f"![reward and timeline]({PLOT_NAME})", ""]
-    first = measured(records, "p2p")
+    stacks = stacks_of(records) or ["p2p"]
+    first = measured(records, stacks[0])
     span = f"steps {first[0]['step']}-{first[-1]['step']}" if first else "no steps"
     lost = lost_steps(records)
     inside = [s for s in sorted(lost) if first and first[0]["step"] < s < first[-1]["step"]]
     if inside:
         span += f" except {', '.join(map(str, inside))}"
     why = "; a step in which a rollout worker was lost is left out too" if lost else ""
+    both = stacks == list(STACKS)
     lines += [
         f"Seconds per step, mean over {span} (step 1 builds the links and is left out when"
         f" there are 3 steps or more{why}; every step is in the JSON):",
         "",
-        "| phase | p2p | ray | ray / p2p |",
-        "|---|---|---|---|",
+        "| phase | " + " | ".join(stacks) + (" | ray / p2p |" if both else " |"),
+        "|---|" + "---|" * (len(stacks) + both),
     ]
-    p2p, ray = means(records, "p2p"), means(records, "ray")
+    mean = {stack: means(records, stack) for stack in stacks}
     labels = {"moving": "data movement (rollouts + allreduce + weights)", "step_s": "whole step"}
     for key in (*PHASES, "moving", "step_s"):
-        ratio = f"{ray[key] / p2p[key]:.2f}x" if p2p[key] > 0 else "-"
         name = labels.get(key, key)
         if key in ("moving", "step_s"):
             name = f"**{name}**"
-        lines.append(f"| {name} | {p2p[key]:.4f} | {ray[key]:.4f} | {ratio} |")
+        cells = [f"{mean[stack][key]:.4f}" for stack in stacks]
+        if both:
+            p2p, ray = mean["p2p"][key], mean["ray"][key]
+            cells.append(f"{ray / p2p:.2f}x" if p2p > 0 else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
+    for stack, where in meta.get("nodes", {}).items():
+        lines.append(f"- {stack} workers: " + ", ".join(f"{w} on {ip}" for w, ip in where.items()))
     for check, ok in meta.get("checks", {}).items():
         lines.append(f"- {check}: {'yes' if ok else 'NO'}")
     lines += ["", *accounting_lines(meta.get("accounting", {}), meta.get("events", []))]
+    if meta.get("link Mbit/s"):
+        lines += link_lines(records, float(meta["link Mbit/s"]))
     lines += ["Reward per step (mean over the step's sequences):", ""]
-    lines += ["| step | p2p | ray |", "|---|---|---|"]
-    for i, (a, b) in enumerate(zip(curve(records, "p2p"), curve(records, "ray"), strict=False)):
+    lines += ["| step | " + " | ".join(stacks) + " |", "|---|" + "---|" * len(stacks)]
+    curves = [curve(records, stack) for stack in stacks]
+    for i, values in enumerate(zip(*curves, strict=False)):
         mark = " (rollout worker lost on p2p)" if i + 1 in lost else ""
-        lines.append(f"| {i + 1}{mark} | {a:.4f} | {b:.4f} |")
+        lines.append(f"| {i + 1}{mark} | " + " | ".join(f"{v:.4f}" for v in values) + " |")
     return "\n".join(lines) + "\n"
+
+
+def link_lines(records: Sequence[dict[str, Any]], mbps: float) -> list[str]:
+    """Each step's weight sync against ``1.5 x bytes / rate`` of a ``mbps`` link, as Markdown.
+
+    The bytes are what trainer 0 sent (p2p: the push's ``sent_bytes``, deltas when on;
+    Ray: one copy of the state dict it put, ``weights_full_bytes``).
+
+    Example:
+        >>> rec = {"stack": "p2p", "step": 1, "weights": 0.02, "weights_sent_bytes": 10**6}
+        >>> link_lines([rec], 1000.0)[4]
+        '| 1 | p2p | 1,000,000 | 0.0080 | 0.0120 | 0.0200 | 2.50x | no |'
+    """
+    rate = mbps * 1e6 / 8  # bytes per second
+    lines = [
+        f"Weight sync per step against the {mbps:g} Mbit/s link (bytes: what trainer 0 sent;"
+        " target: weights <= 1.5 x bytes / rate):",
+        "",
+        "| step | stack | bytes | bytes / rate | 1.5 x bytes / rate | weights | weights /"
+        " (bytes / rate) | within 1.5x |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(records, key=lambda r: (r["step"], STACKS.index(r["stack"]))):
+        sent = r.get("weights_sent_bytes", r.get("weights_full_bytes"))
+        if not sent:
+            continue
+        ideal = sent / rate
+        ratio = r["weights"] / ideal
+        lines.append(
+            f"| {r['step']} | {r['stack']} | {sent:,} | {ideal:.4f} | {1.5 * ideal:.4f} |"
+            f" {r['weights']:.4f} | {ratio:.2f}x | {'yes' if ratio <= 1.5 else 'no'} |"
+        )
+    return [*lines, ""]
 
 
 def describe(event: dict[str, Any]) -> str:
