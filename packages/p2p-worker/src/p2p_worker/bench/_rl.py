@@ -194,6 +194,7 @@ def run_rl(
                 if event["step"] == step:
                     say(f"  p2p: {describe(event)}")
         for loop in loops:
+            nodes[loop.stack] = loop.where()  # at the end: a replacement's node too
             sums = loop.checksums()
             checks[
                 f"{loop.stack}: every rollout worker holds the trainers' weights bit for bit"
