@@ -2,7 +2,7 @@
 
 The workers and checks below are written the way RLinf's own communication tests are
 (``from rlinf.scheduler import ...`` becomes ``from p2p_worker import ...``): a sender
-and a receiver group of 8 CPU workers each, all on node 0 with RLinf's default
+and a receiver group of CPU workers each (4; RLinf's use 8), all on node 0 with RLinf's default
 resources, paired in a ring (sender ``r`` sends to receiver ``r + 1``); every payload
 kind (module-level dataclasses included) sync, with ``async_op=True`` and from
 ``async def`` methods awaited on the actor's event loop; RLinf's ``broadcast`` form
@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 SENDER_GROUP_NAME = "sender_worker_group"
 RECEIVER_GROUP_NAME = "receiver_worker_group"
-GROUP_SIZE = 8
+GROUP_SIZE = 4  # RLinf's tests use 8; 4 keeps the ring and halves the process starts
 OPTIONS = CollectiveGroupOptions(accel_max_ctas=1)
 
 
@@ -349,7 +349,7 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def worker_groups(cluster: Cluster) -> Iterator[tuple[Any, Any]]:
-    """RLinf's CPU layout: 8 senders and 8 receivers on node 0, default resources."""
+    """RLinf's CPU layout (senders and receivers on node 0, default resources), 4 + 4."""
     assert cluster.num_accelerators == 0 or cluster.num_accelerators >= 1
     placement = NodePlacementStrategy([0] * GROUP_SIZE)
     senders = SenderWorker.create_group().launch(
@@ -452,7 +452,7 @@ def test_options_pass_through_and_bad_options_leave_the_pair_usable(
 
 
 @pytest.mark.parametrize(
-    "src", [None, (RECEIVER_GROUP_NAME, 5)], ids=["first_member", "explicit_src"]
+    "src", [None, (RECEIVER_GROUP_NAME, GROUP_SIZE - 1)], ids=["first_member", "explicit_src"]
 )
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async_wait"])
 def test_rlinf_broadcast_across_groups(
