@@ -15,6 +15,14 @@ a relay through the targets, with and without bit-level deltas), ``sends`` (N fu
 (``ray.put`` once, N ``ray.get``), ``gloo-broadcast`` (torch.distributed),
 ``ray-collective-broadcast`` (``ray.util.collective``, gloo) and
 ``ray-direct-transport`` (an actor method with ``tensor_transport="gloo"``).
+
+``--placement one-node`` (the default) starts every process on node 0. ``--placement
+spread`` keeps the trainer there and puts rollout worker ``i`` on node ``1 + i % (N - 1)``
+of a cluster of ``N`` nodes (Ray Direct Transport's actors too), so every method crosses
+the real network: its only link is ``network`` (no emulation, every method), and the
+rendezvous of the gloo methods is on the trainer's node address, at a port free there.
+``--link-mbps`` tells the report the rate of that network (see
+:mod:`p2p_worker.bench._weights_report`).
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import socket
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -32,20 +39,31 @@ from typing import Any
 
 import ray
 
-from p2p_worker import Cluster, NodePlacementStrategy
+from p2p_worker import Cluster
 from p2p_worker.bench._model import SHAPES
+from p2p_worker.bench._rl_placement import InOrder, layout, pinned
 from p2p_worker.bench._weights_actors import (
     RdtSource,
     RdtTarget,
     WeightsSource,
     WeightsTarget,
 )
+from p2p_worker.bench._weights_report import (
+    JSON_NAME,
+    MARKDOWN_NAME,
+    PLOT_NAME,
+    Record,
+    plot,
+    render_markdown,
+)
 
-JSON_NAME = "p2p-bench-weights.json"
-MARKDOWN_NAME = "p2p-bench-weights.md"
-PLOT_NAME = "p2p-bench-weights.png"
-LINKS = {"loopback": None, "1gbit": 1000.0}
-"""Link name -> emulated bandwidth in Mbit/s (None: the real loopback link)."""
+__all__ = ["JSON_NAME", "MARKDOWN_NAME", "PLOT_NAME", "Record", "plot", "render_markdown"]
+
+LINKS = {"loopback": None, "1gbit": 1000.0, "network": None}
+"""Link name -> emulated bandwidth in Mbit/s (None: the real link, not emulated).
+
+``network`` is the real network between nodes, the only link of ``--placement spread``."""
+PLACEMENTS = ("one-node", "spread")
 P2P_METHODS = ("p2p-delta", "p2p-full")
 """p2p's weight sync; the delta sync runs first in a step (targets hold the previous version)."""
 BASELINES = (
@@ -57,7 +75,8 @@ BASELINES = (
 )
 METHODS = P2P_METHODS + BASELINES
 LOOPBACK_ONLY = frozenset(BASELINES) - {"sends"}
-"""Methods that do not go through p2p's links, so link emulation cannot shape them."""
+"""Methods that do not go through p2p's links, so link emulation cannot shape them: they
+run on the real links only (``loopback``, ``network``)."""
 _cells = itertools.count()
 
 
@@ -76,6 +95,8 @@ class WeightsOptions:
     seed: int = 0
     out: Path = Path("p2p-bench-out")
     address: str | None = None
+    placement: str = "one-node"
+    link_mbps: float | None = None
 
 
 QUICK = {
@@ -86,34 +107,6 @@ QUICK = {
     "methods": ["p2p-delta", "p2p-full", "sends"],
 }
 """``--quick``: the small model, 1 and 3 targets, both links, a few steps."""
-
-
-@dataclass
-class Record:
-    """One cell: a method moving each version to ``targets`` rollout workers on ``link``."""
-
-    method: str
-    targets: int
-    link: str
-    lr: float
-    seconds: float
-    wire_bytes: int
-    full_bytes: int
-    changed: float
-    exact: bool
-    steps: int
-    seconds_each: list[float]
-
-    @property
-    def gbps(self) -> float:
-        """Effective GB/s: the model's bytes delivered to every target, per second."""
-        return self.full_bytes * self.targets / self.seconds / 1e9 if self.seconds else 0.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job_config(link: str) -> dict[str, Any]:
@@ -128,24 +121,26 @@ def job_config(link: str) -> dict[str, Any]:
 class _Cell:
     """The groups of one (link, lr, targets) block and the methods that run on them."""
 
-    def __init__(self, opts: WeightsOptions, link: str, lr: float, targets: int) -> None:
+    def __init__(
+        self, opts: WeightsOptions, link: str, lr: float, targets: int, nodes: Sequence[int]
+    ) -> None:
         self.opts = opts
         self.link = link
         self.targets = targets
+        self.nodes = tuple(nodes)  # node rank of each target; the trainer is on node 0
         self.cluster = Cluster(config=job_config(link), address=opts.address or "local")
         n = next(_cells)
         self.names = (f"p2p_wbench_src_{n}", f"p2p_wbench_dst_{n}")
-        place = NodePlacementStrategy([0], cpus_per_worker=0)
         self.src = WeightsSource.create_group(opts.model, lr, opts.seed).launch(
-            self.cluster, place, name=self.names[0], timeout=opts.timeout
+            self.cluster, InOrder([0]), name=self.names[0], timeout=opts.timeout
         )
         self.dst = WeightsTarget.create_group(opts.model).launch(
-            self.cluster,
-            NodePlacementStrategy([0] * targets, cpus_per_worker=0),
-            name=self.names[1],
-            timeout=opts.timeout,
+            self.cluster, InOrder(self.nodes), name=self.names[1], timeout=opts.timeout
         )
-        self._gloo_port = _free_port()
+        # the gloo rendezvous: the trainer's node address, at a port free there
+        self._gloo_addr, self._gloo_port = self.src.call("rendezvous").wait(timeout=opts.timeout)[0]
+        self.source_node = str(self._gloo_addr)
+        self.target_nodes = [str(ip) for ip in self.dst.call("node_ip").wait(timeout=opts.timeout)]
         self._rdt: tuple[Any, list[Any]] | None = None
         self._rdt_group: Any = None
 
@@ -175,7 +170,7 @@ class _Cell:
             sums = self.dst.call("get_object", refs).wait(timeout=timeout)
             wire = full_bytes * n
         elif method == "gloo-broadcast":
-            args = ("127.0.0.1", self._gloo_port, n + 1, timeout)
+            args = (self._gloo_addr, self._gloo_port, n + 1, timeout)
             recv = self.dst.call("gloo_broadcast", *args)
             self.src.call("gloo_broadcast", *args).wait(timeout=timeout)
             sums = recv.wait(timeout=timeout)
@@ -198,8 +193,16 @@ class _Cell:
         if self._rdt is None:
             from ray.experimental.collective import create_collective_group
 
-            src = RdtSource.remote()  # type: ignore[attr-defined]
-            dsts = [RdtTarget.remote(self.opts.model) for _ in range(self.targets)]  # type: ignore[attr-defined]
+            src = RdtSource.options(**pinned(self.cluster, 0)).remote()  # type: ignore[attr-defined]
+            dsts = [
+                RdtTarget.options(**pinned(self.cluster, node)).remote(self.opts.model)  # type: ignore[attr-defined]
+                for node in self.nodes
+            ]
+            where = ray.get([a.node_ip.remote() for a in (src, *dsts)], timeout=self.opts.timeout)
+            if where != [self.source_node, *self.target_nodes]:
+                raise RuntimeError(
+                    f"Ray Direct Transport's actors on {where}, not with the workers"
+                )
             self._rdt_group = create_collective_group([src, *dsts], backend="torch_gloo")
             self._rdt = (src, dsts)
         src, dsts = self._rdt
@@ -226,16 +229,21 @@ def run_weights(
     versions: list[dict[str, Any]] = []
     base = Cluster(address=opts.address or "local", timeout=opts.timeout)
     try:
+        num_nodes = base.num_nodes
         for link in opts.links:
             methods = [
                 m
                 for m in METHODS  # in this order: p2p-delta first
-                if m in opts.methods and (link == "loopback" or m not in LOOPBACK_ONLY)
+                if m in opts.methods and (LINKS[link] is None or m not in LOOPBACK_ONLY)
             ]
             for lr in opts.lrs:
                 for n in opts.targets:
-                    say(f"[{link} lr={lr:g} targets={n}] launching trainer and {n} rollout workers")
-                    cell = _Cell(opts, link, lr, n)
+                    nodes = layout(opts.placement, 1, n, num_nodes).rollouts
+                    say(
+                        f"[{link} lr={lr:g} targets={n}] launching trainer on node 0 and"
+                        f" {n} rollout workers on node(s) {list(nodes)}"
+                    )
+                    cell = _Cell(opts, link, lr, n, nodes)
                     times: dict[str, list[float]] = {m: [] for m in methods}
                     wires: dict[str, list[int]] = {m: [] for m in methods}
                     exact = dict.fromkeys(methods, True)
@@ -279,82 +287,13 @@ def run_weights(
                                 exact=exact[method],
                                 steps=len(times[method]),
                                 seconds_each=times[method],
+                                source_node=cell.source_node,
+                                target_nodes=list(cell.target_nodes),
                             )
                         )
     finally:
         base.shutdown()
     return records, versions
-
-
-def render_markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
-    """The report: one table per (link, lr), methods by targets, and the ratios to sends."""
-    lines = ["# p2p-bench weights", ""]
-    lines += [" · ".join(f"{k}: {v}" for k, v in meta.items()), ""]
-    if (Path(meta.get("out", ".")) / PLOT_NAME).exists():
-        lines += [f"![weight sync]({PLOT_NAME})", ""]
-    keys = sorted({(r.link, r.lr) for r in records})
-    for link, lr in keys:
-        cells = [r for r in records if r.link == link and r.lr == lr]
-        targets = sorted({r.targets for r in cells})
-        lines += [f"## {link}, lr {lr:g}", ""]
-        head = "| method | " + " | ".join(f"{n} target(s)" for n in targets) + " | exact |"
-        lines += [head, "|---" * (len(targets) + 2) + "|"]
-        for method in dict.fromkeys(r.method for r in cells):
-            row = [f"| {method} "]
-            ok = True
-            for n in targets:
-                r = next((c for c in cells if c.method == method and c.targets == n), None)
-                if r is None:
-                    row.append("| - ")
-                    continue
-                ok = ok and r.exact
-                sends = next((c for c in cells if c.method == "sends" and c.targets == n), None)
-                ratio = ""
-                if sends is not None and r is not sends:
-                    ratio = f", {sends.seconds / r.seconds:.2f}x the speed of sends"
-                wire = r.wire_bytes / r.full_bytes
-                row.append(
-                    f"| {r.seconds:.3f} s ({r.gbps:.2f} GB/s, wire {wire:.2f}x model{ratio}) "
-                )
-            row.append(f"| {ok} |")
-            lines.append("".join(row))
-        changed = [r.changed for r in cells]
-        lines += [
-            "",
-            f"Changed fraction of bf16 values per step: {statistics.mean(changed):.2%}",
-            "",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def plot(records: Sequence[Record], path: Path) -> bool:
-    """Seconds per sync against the number of targets, one panel per (link, lr)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    keys = sorted({(r.link, r.lr) for r in records})
-    if not keys:
-        return False
-    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
-    for ax, (link, lr) in zip(axes[0], keys, strict=True):
-        cells = [r for r in records if r.link == link and r.lr == lr]
-        for method in dict.fromkeys(r.method for r in cells):
-            pts = sorted((r.targets, r.seconds) for r in cells if r.method == method)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
-        ax.set_title(f"{link}, lr {lr:g}")
-        ax.set_xlabel("rollout workers")
-        ax.set_ylabel("seconds per sync (lower is better)")
-        ax.set_yscale("log")
-        ax.grid(True, alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -366,7 +305,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small model, 1 and 3 targets, few steps")
     p.add_argument("--model", choices=sorted(SHAPES), help="model shapes (default qwen2.5-0.5b)")
     p.add_argument("--targets", help="comma-separated numbers of rollout workers (default 1,3,7)")
-    p.add_argument("--links", help="comma-separated: loopback,1gbit")
+    p.add_argument(
+        "--links",
+        help="comma-separated: loopback,1gbit (one-node); network (spread, the default there)",
+    )
+    p.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default="one-node",
+        help="one-node: every process on node 0; spread: the trainer on node 0, rollout worker"
+        " i on node 1 + i %% (nodes - 1) (needs a multi-node cluster, see --address)",
+    )
+    p.add_argument(
+        "--link-mbps",
+        type=float,
+        help="the real network's rate in Mbit/s: the report holds p2p-delta against 1.5 x"
+        " its wire bytes at this rate",
+    )
     p.add_argument("--lrs", help="comma-separated learning rates (default 1e-6,1e-5)")
     p.add_argument("--steps", type=int, help="training steps per cell (default 8)")
     p.add_argument("--warmup", type=int, help="steps not measured (default 5)")
@@ -381,6 +336,9 @@ def options_from(argv: Sequence[str]) -> WeightsOptions:
     """Parse the command line into options (``--quick`` first, explicit flags on top)."""
     args = build_parser().parse_args(list(argv))
     opts = WeightsOptions(out=Path(args.out), address=args.address, timeout=args.timeout)
+    opts.placement = args.placement
+    if args.placement == "spread":
+        opts.links = ["network"]
     if args.quick:
         for key, value in QUICK.items():
             setattr(opts, key, list(value) if isinstance(value, list) else value)
@@ -398,6 +356,21 @@ def options_from(argv: Sequence[str]) -> WeightsOptions:
         opts.warmup = args.warmup
     if args.methods:
         opts.methods = _choices(args.methods, METHODS, "--methods")
+    if args.link_mbps is not None:
+        if args.link_mbps <= 0:
+            raise SystemExit(f"--link-mbps: got {args.link_mbps:g}; allowed: a rate > 0")
+        opts.link_mbps = args.link_mbps
+    real = "network" if opts.placement == "spread" else "loopback"
+    wrong = [x for x in opts.links if (x == "network") != (opts.placement == "spread")]
+    if wrong:
+        raise SystemExit(
+            f"--links: got {','.join(wrong)} with --placement {opts.placement}; allowed:"
+            + (
+                " network (spread crosses the real network, no emulation)"
+                if real == "network"
+                else " loopback,1gbit (network is the link of --placement spread)"
+            )
+        )
     if opts.steps <= opts.warmup:
         raise SystemExit(f"--steps ({opts.steps}) must exceed --warmup ({opts.warmup})")
     return opts
@@ -433,6 +406,8 @@ def main(argv: Sequence[str]) -> int:
         "parameters": SHAPES[opts.model].parameter_count(),
         "steps": opts.steps,
         "warmup": opts.warmup,
+        "placement": opts.placement,
+        **({"link_mbps": opts.link_mbps} if opts.link_mbps else {}),
         "wall_s": round(time.time() - started, 1),
         "out": str(opts.out),
     }

@@ -19,6 +19,8 @@ compares it with the trainer's (``exact``).
 from __future__ import annotations
 
 import datetime
+import os
+import socket
 import time
 import zlib
 from collections.abc import Mapping
@@ -59,11 +61,47 @@ def _copy_into(own: dict[str, torch.Tensor], got: Mapping[str, torch.Tensor]) ->
         t.copy_(got[key])
 
 
+def node_ip() -> str:
+    """This process's node address, as Ray knows it."""
+    return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+
+
+def _interface_of(addr: str) -> str | None:
+    """The name of this host's network interface holding ``addr`` (Linux), or None."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address on this one
+            if socket.inet_ntoa(raw[20:24]) == addr:
+                return name
+    return None
+
+
+def use_node_interface() -> None:
+    """Point gloo at the interface of this node's Ray address (unless the user already did).
+
+    Without ``GLOO_SOCKET_IFNAME``, gloo binds the address its hostname resolves to, which
+    on a multi-node cluster may not be reachable from the other nodes; a user of
+    torch.distributed or ``ray.util.collective`` sets it, so the baselines do too.
+    """
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        name = _interface_of(node_ip())
+        if name is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
 def _gloo_group(addr: str, port: int, rank: int, world: int, timeout: float) -> Any:
     """A torch.distributed gloo group of this benchmark (the default group, made once)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        use_node_interface()
         store = dist.TCPStore(  # type: ignore[attr-defined]
             addr, port, world, is_master=rank == 0, timeout=datetime.timedelta(seconds=timeout)
         )
@@ -138,6 +176,17 @@ class WeightsSource(Worker):
             "seconds": report.seconds,
         }
 
+    def node_ip(self) -> str:
+        """The trainer's node address."""
+        return node_ip()
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Where the gloo broadcast meets: this node's address and a port free on it."""
+        addr = node_ip()
+        with socket.socket() as s:
+            s.bind((addr, 0))
+            return addr, int(s.getsockname()[1])
+
     def put_object(self) -> list[Any]:
         """``ray.put`` of the state dict once; the reference travels inside a list."""
         return [ray.put(self.current)]
@@ -153,6 +202,7 @@ class WeightsSource(Worker):
         import ray.util.collective as col
 
         if not col.is_group_initialized(RAY_COLLECTIVE_GROUP):  # type: ignore[no-untyped-call]
+            use_node_interface()
             col.init_collective_group(world, 0, "gloo", RAY_COLLECTIVE_GROUP)  # type: ignore[arg-type]
         for key in sorted(self.current):
             col.broadcast(self.current[key], 0, RAY_COLLECTIVE_GROUP)
@@ -169,6 +219,10 @@ class WeightsTarget(Worker):
         super().__init__()
         self.weights = empty_state(shape_name)
         self.version = 0
+
+    def node_ip(self) -> str:
+        """This rollout worker's node address."""
+        return node_ip()
 
     def checksum(self) -> int:
         """The checksum of what this worker holds."""
@@ -204,6 +258,7 @@ class WeightsTarget(Worker):
         import ray.util.collective as col
 
         if not col.is_group_initialized(RAY_COLLECTIVE_GROUP):  # type: ignore[no-untyped-call]
+            use_node_interface()
             rank = self._rank + 1
             col.init_collective_group(world, rank, "gloo", RAY_COLLECTIVE_GROUP)  # type: ignore[arg-type]
         for key in sorted(self.weights):
@@ -216,7 +271,12 @@ class RdtSource:
     """Ray Direct Transport's sender: an actor method that returns the state dict over gloo."""
 
     def __init__(self) -> None:
+        use_node_interface()
         self.current: dict[str, torch.Tensor] = {}
+
+    def node_ip(self) -> str:
+        """This actor's node address."""
+        return node_ip()
 
     def load(self, refs: list[Any]) -> int:
         """Take the trainer's version from the object store (not timed)."""
@@ -236,7 +296,12 @@ class RdtTarget:
     """Ray Direct Transport's receiver: copies what arrives into its own tensors."""
 
     def __init__(self, shape_name: str) -> None:
+        use_node_interface()
         self.weights = empty_state(shape_name)
+
+    def node_ip(self) -> str:
+        """This actor's node address."""
+        return node_ip()
 
     def take(self, state: dict[str, torch.Tensor]) -> int:
         """Copy the state dict Ray handed over into this actor's tensors; the checksum."""
