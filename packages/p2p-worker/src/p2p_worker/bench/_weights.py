@@ -31,6 +31,7 @@ import argparse
 import itertools
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,7 +40,7 @@ from typing import Any
 
 import ray
 
-from p2p_worker import Cluster
+from p2p_worker import Cluster, PlacementError
 from p2p_worker.bench._model import SHAPES
 from p2p_worker.bench._rl_placement import InOrder, layout, pinned
 from p2p_worker.bench._weights_actors import (
@@ -399,7 +400,11 @@ def main(argv: Sequence[str]) -> int:
     opts = options_from(argv)
     opts.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    records, versions = run_weights(opts)
+    try:
+        records, versions = run_weights(opts)
+    except PlacementError as exc:  # --placement spread on a one-node cluster
+        print(f"p2p-bench weights: error: {exc}", file=sys.stderr)
+        return 2
     meta = {
         "command": "p2p-bench weights",
         "model": opts.model,
