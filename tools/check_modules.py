@@ -1,6 +1,9 @@
 """Lint checks that ruff and import-linter do not cover.
 
-1. No Python module is longer than 800 lines (split it by concept instead).
+1. No Python module is longer than 600 lines (split it by concept instead). The files
+   that were longer when the limit came down from 800 are listed in ``OVER_LIMIT`` with
+   their length then: each may shrink but not grow, and leaves the list (it must) as
+   soon as it is within the limit -- so the list only gets shorter (issue 37, item 6).
 2. A package imports only the public names of the other p2p packages: no
    ``from p2p_collective._frames._framing import ...`` outside ``p2p_collective`` itself.
 3. p2p_asyncwork and p2p_compress never import ``torch.distributed`` (import-linter
@@ -20,7 +23,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _import_graph import circles, import_graph, package_modules
 
-MAX_LINES = 800
+MAX_LINES = 600
+OVER_LIMIT = {
+    "packages/p2p-collective/src/p2p_collective/_groups/_group.py": 785,
+    "packages/p2p-collective/src/p2p_collective/_groups/_multi.py": 735,
+    "packages/p2p-worker/src/p2p_worker/_channels/client.py": 793,
+    "packages/p2p-worker/src/p2p_worker/_channels/handle.py": 736,
+    "packages/p2p-worker/src/p2p_worker/_channels/server.py": 794,
+    "packages/p2p-worker/src/p2p_worker/_groups/_group.py": 609,
+    "tools/netns_cluster.py": 797,
+}
+"""Files over ``MAX_LINES`` when it came down from 800: path -> the most lines it may have."""
 PACKAGES = ("p2p_asyncwork", "p2p_compress", "p2p_collective", "p2p_worker")
 NO_TORCH_DISTRIBUTED = ("p2p_asyncwork", "p2p_compress")
 
@@ -73,14 +86,28 @@ def private_imports(path: Path) -> list[str]:
     return problems
 
 
+def length_problems(rel: str, path: Path) -> list[str]:
+    """What is wrong with the length of the file ``path`` (``rel`` from the root)."""
+    n = len(path.read_text(encoding="utf-8").splitlines())
+    allowed = OVER_LIMIT.get(rel)
+    if allowed is None:
+        return [f"{rel}: {n} lines (limit {MAX_LINES})"] if n > MAX_LINES else []
+    if n <= MAX_LINES:
+        return [f"{rel}: {n} lines, within {MAX_LINES}: take it out of OVER_LIMIT"]
+    if n > allowed:
+        return [f"{rel}: {n} lines, more than the {allowed} it had (limit {MAX_LINES})"]
+    return []
+
+
 def main() -> int:
     root = Path(__file__).resolve().parent.parent
     problems: list[str] = []
     for path in tracked_python_files(root):
-        n = len(path.read_text(encoding="utf-8").splitlines())
-        if n > MAX_LINES:
-            problems.append(f"{path.relative_to(root)}: {n} lines (limit {MAX_LINES})")
+        problems.extend(length_problems(path.relative_to(root).as_posix(), path))
         problems.extend(private_imports(path))
+    problems += [
+        f"{rel}: listed in OVER_LIMIT but gone" for rel in OVER_LIMIT if not (root / rel).exists()
+    ]
     for pkg in PACKAGES:
         src = root / "packages" / pkg.replace("_", "-") / "src" / pkg
         for group in circles(import_graph(package_modules(src))):
