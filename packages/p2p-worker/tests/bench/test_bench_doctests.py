@@ -7,7 +7,16 @@ import importlib
 
 import pytest
 
-MODULES = ("_spec", "_results", "_report", "_payloads", "_baselines", "_p2p", "_model")
+MODULES = (
+    "_spec",
+    "_results",
+    "_report",
+    "_payloads",
+    "_baselines",
+    "_p2p",
+    "_model",
+    "_weights_report",
+)
 
 
 @pytest.mark.parametrize("name", MODULES)
