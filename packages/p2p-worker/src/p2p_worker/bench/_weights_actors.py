@@ -31,6 +31,7 @@ import torch
 
 from p2p_compress import tensor_checksum
 from p2p_worker import PushReport, Worker
+from p2p_worker.bench._baselines import interface_of
 from p2p_worker.bench._model import SHAPES, Decoder, WeightSteps
 
 RAY_COLLECTIVE_GROUP = "p2p_wbench_col"
@@ -66,23 +67,6 @@ def node_ip() -> str:
     return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
 
-def _interface_of(addr: str) -> str | None:
-    """The name of this host's network interface holding ``addr`` (Linux), or None."""
-    import fcntl
-    import struct
-
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                raw = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue  # no IPv4 address on this one
-            if socket.inet_ntoa(raw[20:24]) == addr:
-                return name
-    return None
-
-
 def use_node_interface() -> None:
     """Point gloo at the interface of this node's Ray address (unless the user already did).
 
@@ -91,7 +75,7 @@ def use_node_interface() -> None:
     torch.distributed or ``ray.util.collective`` sets it, so the baselines do too.
     """
     if "GLOO_SOCKET_IFNAME" not in os.environ:
-        name = _interface_of(node_ip())
+        name = interface_of(node_ip())
         if name is not None:
             os.environ["GLOO_SOCKET_IFNAME"] = name
 
