@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from p2p_worker import Worker, WorkerAddress, WorkerInfo
-from p2p_worker._workers._actor import Failure, Setup, make_failure, make_shim_class
-from p2p_worker._workers._runtime import JobContext, current_runtime, set_current_runtime
+from p2p_worker._process._actor import Failure, Setup, make_failure, make_shim_class
+from p2p_worker._runtime._state import JobContext, current_runtime, set_current_runtime
 
 
 class Recorder(Worker):

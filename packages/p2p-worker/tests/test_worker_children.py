@@ -249,7 +249,7 @@ def test_bad_launches_are_refused_and_the_children_stay_usable(
 
 
 def _dead(name: str, timeout: float = 30.0) -> bool:
-    from p2p_worker._workers._oracle import actor_alive
+    from p2p_worker._runtime._oracle import actor_alive
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -9,7 +9,7 @@ from p2p_worker import (
     PlacementError,
     WorkerPlacement,
 )
-from p2p_worker._groups._placement import NodeCapacity, default_placement
+from p2p_worker._job._placement import NodeCapacity, default_placement
 
 
 def nodes(*spec: tuple[float, int]) -> list[NodeInfo]:

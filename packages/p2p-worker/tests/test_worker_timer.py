@@ -5,7 +5,7 @@ import time
 import pytest
 
 from p2p_worker import Worker, WorkerError
-from p2p_worker._workers._timer import collect_durations, reduce_durations
+from p2p_worker._process._timer import collect_durations, reduce_durations
 
 
 class Local(Worker):

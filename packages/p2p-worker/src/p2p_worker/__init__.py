@@ -37,18 +37,18 @@ from p2p_worker._config import ClusterConfig, parse_cluster_config
 from p2p_worker._errors import ClusterError, PlacementError, WorkerError
 from p2p_worker._groups._group import WorkerGroup, WorkerRank
 from p2p_worker._groups._handle import GroupCallHandle
-from p2p_worker._groups._options import CollectiveGroupOptions
 from p2p_worker._groups._packed import PackedPlacementStrategy
-from p2p_worker._groups._placement import (
+from p2p_worker._info import NodeInfo, WorkerInfo
+from p2p_worker._job._cluster import Cluster
+from p2p_worker._job._placement import (
     CountPlacementStrategy,
     NodePlacementStrategy,
     PlacementStrategy,
     WorkerPlacement,
 )
-from p2p_worker._info import NodeInfo, WorkerInfo
-from p2p_worker._job._cluster import Cluster
 from p2p_worker._managers._collective import CollectiveGroupInfo, CollectiveManager
 from p2p_worker._managers._manager import Manager, ManagerProxy
+from p2p_worker._process._options import CollectiveGroupOptions
 from p2p_worker._weights._errors import WeightSyncError
 from p2p_worker._weights._report import PushReport
 from p2p_worker._weights._source import WeightSender

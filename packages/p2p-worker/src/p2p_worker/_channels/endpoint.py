@@ -1,7 +1,7 @@
 """Where a process stands in a job's channels: a worker's runtime, or the driver's endpoint.
 
 A worker already has what a channel peer needs (an address, a store client and a
-``Collective``: its :class:`~p2p_worker._workers._runtime.WorkerRuntime`). The driver is not a
+``Collective``: its :class:`~p2p_worker._runtime._state.WorkerRuntime`). The driver is not a
 worker, so it gets a runtime of its own per :class:`~p2p_worker.Cluster`: the address
 ``p2p_driver.<pid>:0``, a client of the job's store and a ``Collective`` with the job's
 configuration, built on first use.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from p2p_worker._address import WorkerAddress
 from p2p_worker._channels.errors import ChannelError
-from p2p_worker._workers._runtime import WorkerRuntime, current_runtime
+from p2p_worker._runtime._state import WorkerRuntime, current_runtime
 
 if TYPE_CHECKING:
     from p2p_worker._job._cluster import Cluster

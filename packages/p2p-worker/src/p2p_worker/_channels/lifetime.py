@@ -9,7 +9,7 @@ import threading
 
 import ray
 
-from p2p_worker._workers._runtime import JobContext
+from p2p_worker._runtime._state import JobContext
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from p2p_worker._address import WorkerAddress
-from p2p_worker._workers._runtime import JobContext
+from p2p_worker._runtime._state import JobContext
 
 CHANNEL_NAMESPACE = "p2p_channels"
 DEFAULT_TRANSFER_TIMEOUT = 60.0  # seconds one payload transfer may take, by default

@@ -89,9 +89,9 @@ from p2p_worker._channels.readers import PayloadReader, RequestReader
 from p2p_worker._channels.replies import Replies
 from p2p_worker._channels.views import ChannelViews
 from p2p_worker._info import WorkerInfo
-from p2p_worker._workers._runtime import WorkerRuntime
-from p2p_worker._workers._untraced import untraced_internals
-from p2p_worker._workers._worker_base import WorkerBase
+from p2p_worker._process._untraced import untraced_internals
+from p2p_worker._process._worker_base import WorkerBase
+from p2p_worker._runtime._state import WorkerRuntime
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from p2p_worker._channels.handle import (
 )
 from p2p_worker._channels.spawn import resolve_names
 from p2p_worker._errors import WorkerError
-from p2p_worker._workers._runtime import WorkerRuntime
+from p2p_worker._runtime._state import WorkerRuntime
 
 
 class ChannelService:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from p2p_worker._channels.keys import DEFAULT_KEY
-from p2p_worker._workers._untraced import untraced_internals
+from p2p_worker._process._untraced import untraced_internals
 
 if TYPE_CHECKING:
     from p2p_worker._channels.peers import Peer

@@ -1,1 +1,1 @@
-"""Worker groups: launching a group, placing its workers, calling them, and the handles of calls."""
+"""Worker groups: launching a group, calling its workers, and the handles of calls."""

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import ray
 from ray.util.placement_group import remove_placement_group
@@ -26,15 +26,16 @@ from p2p_worker._groups._group_start import (
     wait_exit,
 )
 from p2p_worker._groups._handle import GroupCallHandle
-from p2p_worker._groups._placement import (
+from p2p_worker._info import NodeInfo, WorkerInfo
+from p2p_worker._job._cluster import Cluster
+from p2p_worker._job._placement import (
     NodeCapacity,
     NodePlacementStrategy,
     PlacementStrategy,
     WorkerPlacement,
     default_placement,
 )
-from p2p_worker._info import NodeInfo, WorkerInfo
-from p2p_worker._workers._actor import (
+from p2p_worker._process._actor import (
     CONTROL_GROUP,
     Boot,
     Probe,
@@ -42,11 +43,8 @@ from p2p_worker._workers._actor import (
     is_async_method,
     make_actor_class,
 )
-from p2p_worker._workers._runtime import JobContext, WorkerRuntime, current_runtime
-from p2p_worker._workers._worker_base import WorkerBase
-
-if TYPE_CHECKING:
-    from p2p_worker._job._cluster import Cluster
+from p2p_worker._process._worker_base import WorkerBase
+from p2p_worker._runtime._state import JobContext, WorkerRuntime, current_runtime
 
 W = TypeVar("W", bound=WorkerBase)
 
@@ -200,8 +198,6 @@ class WorkerGroup(Generic[W]):
             ...     cluster, PackedPlacementStrategy(2, cpus_per_worker=0), name="trainer"
             ... )
         """
-        from p2p_worker._job._cluster import Cluster
-
         self._check_not_launched()
         if not isinstance(cluster, Cluster):
             raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")

@@ -17,10 +17,10 @@ from ray.util.placement_group import PlacementGroup, placement_group
 
 from p2p_worker._address import WorkerAddress
 from p2p_worker._errors import PlacementError
-from p2p_worker._groups._placement import PlacementStrategy, WorkerPlacement
 from p2p_worker._info import NodeInfo, WorkerInfo
-from p2p_worker._workers._actor import Probe, Setup
-from p2p_worker._workers._runtime import JobContext
+from p2p_worker._job._placement import PlacementStrategy, WorkerPlacement
+from p2p_worker._process._actor import Probe, Setup
+from p2p_worker._runtime._state import JobContext
 
 
 def check_max_concurrency(value: object) -> None:

@@ -11,8 +11,8 @@ import ray
 
 from p2p_asyncwork import AsyncWork, WorkTimeoutError
 from p2p_worker._errors import WorkerError
-from p2p_worker._workers._actor import Failure
-from p2p_worker._workers._timer import Reduction, reduce_durations
+from p2p_worker._process._actor import Failure
+from p2p_worker._process._timer import Reduction, reduce_durations
 
 _PENDING: Any = object()
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from p2p_worker._errors import PlacementError
-from p2p_worker._groups._placement import (
+from p2p_worker._job._placement import (
     CountPlacementStrategy,
     NodeCapacity,
     PlacementStrategy,

@@ -1,1 +1,1 @@
-"""The job's cluster: finding or starting Ray, the Cluster object and the rendezvous store."""
+"""The job's cluster: finding or starting Ray, the Cluster object and placement strategies."""

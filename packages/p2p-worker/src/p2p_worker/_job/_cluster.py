@@ -15,11 +15,11 @@ import ray
 
 from p2p_worker._config import ClusterConfig, ConfigSource, parse_cluster_config
 from p2p_worker._errors import ClusterError
-from p2p_worker._groups._placement import NodeCapacity, WorkerPlacement
 from p2p_worker._info import NodeInfo
+from p2p_worker._job._placement import NodeCapacity, WorkerPlacement
 from p2p_worker._job._ray_env import discover_nodes, embedded_running, shutdown_ray, start_or_attach
-from p2p_worker._job._store import RendezvousStore
-from p2p_worker._workers._runtime import JobContext
+from p2p_worker._runtime._state import JobContext
+from p2p_worker._runtime._store import RendezvousStore
 
 
 class RunningGroup(Protocol):

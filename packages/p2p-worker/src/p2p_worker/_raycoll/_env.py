@@ -14,10 +14,10 @@ from typing import Any
 
 import ray
 
-from p2p_worker._job._store import RendezvousStore
 from p2p_worker._raycoll._errors import RayCollectiveError
 from p2p_worker._raycoll._service import get_service
-from p2p_worker._workers._runtime import current_runtime
+from p2p_worker._runtime._state import current_runtime
+from p2p_worker._runtime._store import RendezvousStore
 
 STORE_TIMEOUT = 300.0
 """Seconds a blocking request to the store may take (its client's own limit)."""

@@ -35,7 +35,7 @@ from p2p_worker._raycoll._errors import CollectiveArgumentError, TensorTypeError
 from p2p_worker._raycoll._pair import PairCollectives, check_like
 from p2p_worker._raycoll._ringpairs import RingCollectives
 from p2p_worker._raycoll._types import Backend
-from p2p_worker._workers._oracle import actor_id_alive
+from p2p_worker._runtime._oracle import actor_id_alive
 
 INCARNATION_KEY = "p2p-raycoll/{name}/{size}/incarnation/{rank}"
 RING_ENV = "P2P_RAYCOLL_RING"

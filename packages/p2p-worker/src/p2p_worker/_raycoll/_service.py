@@ -25,7 +25,7 @@ from typing import Any
 
 import ray
 
-from p2p_worker._job._store import RendezvousStore
+from p2p_worker._runtime._store import RendezvousStore
 
 SERVICE_NAMESPACE = "p2p-collective"
 """The Ray namespace of the rendezvous actors (a fixed one, so Ray logs no warning)."""

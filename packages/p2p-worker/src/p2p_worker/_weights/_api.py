@@ -17,7 +17,7 @@ from p2p_worker._weights._target import DEFAULT_PULL_TIMEOUT, WeightReceiver
 
 if TYPE_CHECKING:
     from p2p_worker._info import WorkerInfo
-    from p2p_worker._workers._runtime import WorkerRuntime
+    from p2p_worker._runtime._state import WorkerRuntime
 
 SIZE_KEY = "p2p/worker-group-size/{}"  # the key create_collective publishes sizes under
 

@@ -1,1 +1,1 @@
-"""Workers: the Worker class, its Ray actor, its runtime, timers and worker-level collectives."""
+"""Workers: the Worker class a user subclasses (WorkerBase plus groups, channels, weights)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from p2p_worker._channels.handle import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -10,11 +10,9 @@ from p2p_worker._channels.handle import (
     Channel,
 )
 from p2p_worker._channels.service import ChannelService
+from p2p_worker._groups._group import WorkerGroup
+from p2p_worker._process._worker_base import WorkerBase
 from p2p_worker._weights._api import WeightSyncMixin
-from p2p_worker._workers._worker_base import WorkerBase
-
-if TYPE_CHECKING:
-    from p2p_worker._groups._group import WorkerGroup
 
 W = TypeVar("W", bound="Worker")
 
@@ -83,8 +81,6 @@ class Worker(WeightSyncMixin, WorkerBase):
             >>> group.launched
             False
         """
-        from p2p_worker._groups._group import WorkerGroup
-
         return WorkerGroup(cls, args, kwargs)
 
     def _channel_service(self) -> ChannelService:

@@ -31,6 +31,7 @@ from p2p_worker.bench._report import (
     write_json,
 )
 from p2p_worker.bench._results import Sample, summarize_ratios
+from p2p_worker.bench._rl import main as rl_main
 from p2p_worker.bench._runner import Options, run_matrix
 from p2p_worker.bench._spec import (
     CODECS,
@@ -50,6 +51,7 @@ from p2p_worker.bench._spec import (
     parse_links,
     parse_sizes,
 )
+from p2p_worker.bench._weights import main as weights_main
 
 DEFAULT_OUT = "p2p-bench-out"
 BENCH_EXTRA = ("rich", "matplotlib")
@@ -303,12 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["weights"]:  # p2p-bench weights: the RL weight sync (its own options)
-        from p2p_worker.bench._weights import main as weights_main
-
         return weights_main(args[1:])
     if args[:1] == ["rl"]:  # p2p-bench rl: the RL loop on p2p and on Ray (its own options)
-        from p2p_worker.bench._rl import main as rl_main
-
         return rl_main(args[1:])
     options = resolve_options(args)
     missing = missing_bench_extra()

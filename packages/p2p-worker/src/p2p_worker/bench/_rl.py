@@ -43,10 +43,12 @@ from typing import Any, Protocol
 
 from p2p_worker import Cluster, PlacementError
 from p2p_worker.bench._model import SHAPES
+from p2p_worker.bench._rl_actors import P2PLoop
 from p2p_worker.bench._rl_ledger import account as account_ids
 from p2p_worker.bench._rl_phases import MOVING, Span, account
 from p2p_worker.bench._rl_placement import layout
 from p2p_worker.bench._rl_policy import PLACEMENTS, STACK_CHOICES, RLSpec
+from p2p_worker.bench._rl_ray import RayLoop
 from p2p_worker.bench._rl_report import (
     JSON_NAME,
     MARKDOWN_NAME,
@@ -140,9 +142,6 @@ def run_rl(
         equal, every rollout id trained on exactly once, a replacement caught up) and
         ``{"accounting": per stack, "events": the lost worker's}``.
     """
-    from p2p_worker.bench._rl_actors import P2PLoop
-    from p2p_worker.bench._rl_ray import RayLoop
-
     base = Cluster(address=address or "local", timeout=spec.timeout)
     loops: list[Loop] = []
     records: list[dict[str, Any]] = []

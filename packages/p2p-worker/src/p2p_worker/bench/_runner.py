@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import p2p_worker.bench._p2p as _p2p
+from p2p_worker.bench._baselines import BaselinePair
 from p2p_worker.bench._jobconfig import COMPRESSION_SECTIONS, job_config, net_emulation_section
 from p2p_worker.bench._report import RunResult
 from p2p_worker.bench._results import Sample
@@ -100,8 +102,6 @@ def run_matrix(options: Options, progress: ProgressSink) -> RunResult:
     Raises:
         p2p_asyncwork.P2PError: the Ray cluster could not be started or reached.
     """
-    import p2p_worker.bench._p2p as _p2p
-
     started = time.time()
     cells, skipped = build_matrix(
         options.sizes,
@@ -191,8 +191,6 @@ class _LinkGroup:
 
     def _start(self) -> bool:
         """Start every runner of the group at once; False when nothing is left to measure."""
-        import p2p_worker.bench._p2p as _p2p
-
         series = list(dict.fromkeys((c.method, c.codec) for c in self.cells))
         starters: dict[tuple[tuple[str, str], ...], Callable[[], Any]] = {}
         probe: Any = None
@@ -288,8 +286,6 @@ class _LinkGroup:
 
 
 def _baseline_pair(session: Any, options: Options) -> Any:
-    from p2p_worker.bench._baselines import BaselinePair
-
     return BaselinePair(
         timeout=options.timeout,
         sender_node=session.sender_node,

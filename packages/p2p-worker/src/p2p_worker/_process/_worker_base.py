@@ -17,13 +17,13 @@ from p2p_asyncwork import AsyncWork
 from p2p_collective import Collective, CollectiveGroup
 from p2p_worker._address import WorkerAddress, member_address
 from p2p_worker._errors import WorkerError
-from p2p_worker._groups._options import CollectiveGroupOptions, check_options
 from p2p_worker._info import WorkerInfo
-from p2p_worker._workers._accelerator import AcceleratorAttribute
-from p2p_worker._workers._collectives import CollectivesMixin
-from p2p_worker._workers._extensions import load_user_extensions
-from p2p_worker._workers._runtime import WorkerRuntime
-from p2p_worker._workers._timer import timed, timer
+from p2p_worker._process._accelerator import AcceleratorAttribute
+from p2p_worker._process._collectives import CollectivesMixin
+from p2p_worker._process._extensions import load_user_extensions
+from p2p_worker._process._options import CollectiveGroupOptions, check_options
+from p2p_worker._process._timer import timed, timer
+from p2p_worker._runtime._state import WorkerRuntime
 
 Ranks = int | Sequence[int]
 """A rank in a group, or a rank path from a root group down (``(0, 1)``: child 1 of rank 0)."""
@@ -99,7 +99,7 @@ class WorkerBase(CollectivesMixin):
         """Import ``$P2P_EXT_MODULE`` / ``$RLINF_EXT_MODULE`` and call its ``register()``.
 
         Every launched worker does this once, before its ``__init__`` (RLinf's hook of
-        the same name; see :func:`~p2p_worker._workers._extensions.load_user_extensions`).
+        the same name; see :func:`~p2p_worker._process._extensions.load_user_extensions`).
 
         Raises:
             WorkerError: The module cannot be imported or its ``register()`` raised.

@@ -25,8 +25,8 @@ import ray.cloudpickle
 
 from p2p_worker._info import WorkerInfo
 from p2p_worker._job._cluster import NAMESPACE_ENV, Cluster
-from p2p_worker._workers._runtime import JobContext, WorkerRuntime, probe_codec, set_current_runtime
-from p2p_worker._workers._timer import collect_durations
+from p2p_worker._process._timer import collect_durations
+from p2p_worker._runtime._state import JobContext, WorkerRuntime, probe_codec, set_current_runtime
 
 CONTROL_GROUP = "p2p_ctl"
 

@@ -11,9 +11,10 @@ from p2p_asyncwork import AsyncWork
 from p2p_collective import Collective, MultiCollectiveGroup, create_multi_group
 from p2p_worker._address import WorkerAddress, member_address, parse_group_name
 from p2p_worker._errors import WorkerError
+from p2p_worker._process._options import check_options
 
 if TYPE_CHECKING:
-    from p2p_worker._workers._runtime import WorkerRuntime
+    from p2p_worker._runtime._state import WorkerRuntime
 
 SIZE_KEY = "p2p/worker-group-size/{}"
 SIZE_TIMEOUT = 60.0
@@ -243,8 +244,6 @@ class CollectivesMixin:
             >>> w = self.broadcast(weights, groups=[("trainer", 0), ("rollout", [0, 1])],
             ...                    src=("trainer", 0))  # doctest: +SKIP
         """
-        from p2p_worker._groups._options import check_options
-
         check_options(options)
         if groups is not None and members is None and src is None and not _rlinf_groups(groups):
             # p2p-worker's first form, members given positionally (group names,

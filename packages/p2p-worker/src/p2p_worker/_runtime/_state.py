@@ -14,8 +14,8 @@ from p2p_compress import probe_codec_library
 from p2p_worker._address import WorkerAddress
 from p2p_worker._errors import WorkerError
 from p2p_worker._info import NodeInfo
-from p2p_worker._job._store import RendezvousStore
-from p2p_worker._workers._oracle import actor_alive
+from p2p_worker._runtime._oracle import actor_alive
+from p2p_worker._runtime._store import RendezvousStore
 
 STORE_TIMEOUT = 300.0
 CHILD_SHUTDOWN_TIMEOUT = 8.0
