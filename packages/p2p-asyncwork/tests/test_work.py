@@ -186,3 +186,46 @@ def test_repr_states() -> None:
 
 def test_base_class_is_generic_handle() -> None:
     assert issubclass(AsyncResultWork, AsyncWork)
+
+
+def test_add_done_callback_runs_in_order_and_at_once_when_already_done() -> None:
+    work: AsyncResultWork[int] = AsyncResultWork()
+    seen: list[tuple[str, int]] = []
+    work.add_done_callback(lambda w: seen.append(("first", w.wait())))
+    work.add_done_callback(lambda w: seen.append(("second", w.wait())))
+    assert seen == []
+    work.set_result(5)
+    assert seen == [("first", 5), ("second", 5)]
+    work.add_done_callback(lambda w: seen.append(("late", w.wait())))
+    assert seen[-1] == ("late", 5)
+
+
+def test_a_failing_done_callback_is_logged_and_the_others_still_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    work: AsyncResultWork[int] = AsyncResultWork()
+    seen: list[int] = []
+
+    def broken(_: object) -> None:
+        raise RuntimeError("callback bug")
+
+    work.add_done_callback(broken)
+    work.add_done_callback(lambda w: seen.append(w.wait()))
+    with caplog.at_level("ERROR", logger="p2p_asyncwork"):
+        work.set_result(3)
+    assert seen == [3]
+    assert work.wait(timeout=1.0) == 3
+    assert [str(r.exc_info[1]) for r in caplog.records if r.exc_info] == ["callback bug"]
+    with caplog.at_level("ERROR", logger="p2p_asyncwork"):
+        work.add_done_callback(broken)  # already done: runs now, still only logged
+    assert [str(r.exc_info[1]) for r in caplog.records if r.exc_info] == ["callback bug"] * 2
+
+
+def test_add_done_callback_sees_the_failure_of_a_failed_work() -> None:
+    work: AsyncResultWork[int] = AsyncResultWork()
+    errors: list[BaseException | None] = []
+    work.add_done_callback(lambda w: errors.append(w.exception()))
+    work.set_exception(ValueError("lost"))
+    assert len(errors) == 1
+    assert isinstance(errors[0], ValueError)
+    assert str(errors[0]) == "lost"

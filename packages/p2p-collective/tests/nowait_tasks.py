@@ -64,7 +64,7 @@ def _read(g: CollectiveGroup, n: int) -> tuple[list[Any], dict[str, int]]:
                     counts["large"] += 1
                     loop.remove_reader(fd)
                     work = g.recv(async_op=True, timeout=30)
-                    work._add_done_callback(lambda w: loop.call_soon_threadsafe(finish_large, w))
+                    work.add_done_callback(lambda w: loop.call_soon_threadsafe(finish_large, w))
                     return
                 counts["nowait"] += 1
                 got.append(obj)

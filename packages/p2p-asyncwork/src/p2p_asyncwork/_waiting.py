@@ -42,5 +42,5 @@ def wait_any(works: Iterable[AsyncWork[Any]], timeout: float | None = None) -> b
 
     for w in pending:
         # A work completing while the callbacks are added runs it at once.
-        w._add_done_callback(wake)
+        w.add_done_callback(wake)
     return woken.wait(timeout)

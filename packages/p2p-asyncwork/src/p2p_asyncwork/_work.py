@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
@@ -13,6 +14,15 @@ from p2p_asyncwork._errors import WorkTimeoutError
 
 T = TypeVar("T")
 _MISSING: Any = object()
+_log = logging.getLogger("p2p_asyncwork")
+
+
+def _run_callback(fn: Callable[[Any], None], work: AsyncWork[Any]) -> None:
+    """Call one done-callback; what it raises is logged, never passed to the completer."""
+    try:
+        fn(work)
+    except Exception:
+        _log.exception("done-callback %r of %r raised; ignored", fn, work)
 
 
 class AsyncWork(Generic[T]):
@@ -69,16 +79,38 @@ class AsyncWork(Generic[T]):
         for waiter in waiters or ():
             waiter.release()
         for cb in callbacks:
-            cb(self)
+            _run_callback(cb, self)
         return True
 
-    def _add_done_callback(self, fn: Callable[[AsyncWork[T]], None]) -> None:
-        """Run ``fn(self)`` on completion, in the completing thread (now, if already done)."""
+    def add_done_callback(self, fn: Callable[[AsyncWork[T]], None]) -> None:
+        """Call ``fn(work)`` once the work completes, successfully or not.
+
+        ``fn`` runs in the thread that completes the work (a transport thread, for the
+        works of a group), or at once in the calling thread if the work is already done,
+        as :meth:`concurrent.futures.Future.add_done_callback` does. It should be quick
+        and must not block: hand longer work to a queue or an event loop
+        (``loop.call_soon_threadsafe``). Callbacks run in the order they were added. An
+        exception raised by ``fn`` is logged (logger ``p2p_asyncwork``) and dropped, so
+        one failing callback neither reaches the transport nor stops the others.
+
+        Example:
+            >>> from p2p_asyncwork import AsyncResultWork
+            >>> seen = []
+            >>> work = AsyncResultWork()
+            >>> work.add_done_callback(lambda w: seen.append(w.wait()))
+            >>> work.set_result(7)
+            >>> seen
+            [7]
+        """
         with self._lock:
             if not self._done:
                 self._callbacks.append(fn)
                 return
-        fn(self)
+        _run_callback(fn, self)
+
+    def _add_done_callback(self, fn: Callable[[AsyncWork[T]], None]) -> None:
+        """TEMPORARY alias while the channel modules move (removed in the same change)."""
+        self.add_done_callback(fn)
 
     def _settled(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) for completion; whether it came."""
@@ -153,7 +185,7 @@ class AsyncWork(Generic[T]):
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(_resolve, fut)
 
-            self._add_done_callback(wake)
+            self.add_done_callback(wake)
             await fut
         return self._outcome()
 
@@ -258,7 +290,7 @@ class AsyncFuncWork(AsyncWork[Any]):
         self._args = args
         self._kwargs = kwargs or {}
         self._predecessor = predecessor
-        predecessor._add_done_callback(self._on_predecessor_done)
+        predecessor.add_done_callback(self._on_predecessor_done)
 
     def _on_predecessor_done(self, pred: AsyncWork[Any]) -> None:
         if pred._exception is not None:
@@ -271,7 +303,7 @@ class AsyncFuncWork(AsyncWork[Any]):
             return
         if isinstance(out, AsyncWork):
             last = out.get_last_work()
-            last._add_done_callback(self._on_inner_done)
+            last.add_done_callback(self._on_inner_done)
             return
         self._complete(result=out, cuda_event=record_event_if_cuda())
 

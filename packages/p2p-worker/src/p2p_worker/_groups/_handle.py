@@ -188,9 +188,10 @@ class GroupCallHandle(AsyncWork[list[Any]]):
 
     # -- AsyncWork interface ----------------------------------------------------------------
 
-    def _add_done_callback(self, fn: Callable[[AsyncWork[list[Any]]], None]) -> None:
+    def add_done_callback(self, fn: Callable[[AsyncWork[list[Any]]], None]) -> None:
+        """As :meth:`AsyncWork.add_done_callback`; starts watching the ranks' replies first."""
         self._arm()
-        super()._add_done_callback(fn)
+        super().add_done_callback(fn)
 
     def done(self) -> bool:
         """Return True once every rank replied or one failed. Never blocks."""
