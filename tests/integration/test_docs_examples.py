@@ -89,19 +89,15 @@ def p2p_imports(path: Path) -> dict[str, list[str]]:
 
 
 def missing_requirements(path: Path) -> list[str]:
-    """What the example needs from the p2p packages that does not exist yet."""
+    """What the example imports from the p2p packages that they do not have."""
     wanted = [f"{mod}:{name}" for mod, names in p2p_imports(path).items() for name in names]
     wanted += [f"{mod}:" for mod, names in p2p_imports(path).items() if not names]
     wanted += EXTRA_REQUIREMENTS.get(path.name, [])
     return missing_names(wanted)
 
 
-def missing_requirements_of(names: dict[str, list[str]]) -> list[str]:
-    return missing_names([f"{mod}:{name}" for mod, items in names.items() for name in items])
-
-
 def missing_names(wanted: list[str]) -> list[str]:
-    """The ``module:Object.attribute`` items of ``wanted`` that do not exist yet."""
+    """The ``module:Object.attribute`` items of ``wanted`` that do not exist."""
     missing: list[str] = []
     for item in wanted:
         mod_name, _, dotted = item.partition(":")
@@ -166,8 +162,10 @@ def example_params() -> list[object]:
 @pytest.mark.parametrize("path", example_params())
 def test_example_runs(path: Path) -> None:
     missing = missing_requirements(path)
-    if missing:
-        pytest.skip(f"{path.name}: waits for {', '.join(missing)} (not implemented yet)")
+    assert not missing, (
+        f"{path.name} uses names the packages do not have: {', '.join(missing)}"
+        " (a public name renamed or removed? the docs must follow)"
+    )
     timeout = TIMEOUT_RAY if uses_ray(path) else TIMEOUT_PLAIN
     proc = run_program([str(path)], timeout)
     report = f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
@@ -229,9 +227,6 @@ def test_yaml_config_blocks_are_valid() -> None:
     yaml = pytest.importorskip("yaml")
     blocks = [(page, yaml.safe_load(body)) for page, body in code_blocks("yaml")]
     assert blocks, "the docs show configuration blocks; none were found"
-    missing = missing_requirements_of({"p2p_worker": ["parse_cluster_config"]})
-    if missing:
-        pytest.skip(f"waits for {', '.join(missing)}")
     from p2p_worker import parse_cluster_config
 
     for page, data in blocks:

@@ -16,15 +16,6 @@ import pytest
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(420)]
 
 
-def _p2p_missing() -> str | None:
-    try:
-        from p2p_collective import Collective  # noqa: F401
-        from p2p_worker import Cluster, NodePlacementStrategy, Worker  # noqa: F401
-    except ImportError as exc:
-        return f"p2p-worker / p2p-collective not there yet (issues 4, 6): {exc}"
-    return None
-
-
 def _kill_while_pending(cluster: Any, driver_path: Path) -> tuple[dict[str, Any], float]:
     driver = cluster.start_driver([str(driver_path), "pending-recv"])
     try:
@@ -46,7 +37,6 @@ def test_pending_raw_gloo_recv_fails_when_the_worker_node_dies(
     assert after < 10.0, res
 
 
-@pytest.mark.skipif(_p2p_missing() is not None, reason=str(_p2p_missing()))
 def test_pending_p2p_recv_fails_within_seconds_when_the_peer_node_dies(
     fresh_cluster: Any, drivers_dir: Path
 ) -> None:

@@ -10,42 +10,10 @@ from typing import Any
 
 import pytest
 
-
-def _p2p_missing() -> str | None:
-    try:
-        import p2p_worker
-    except ImportError as exc:
-        return f"p2p_worker is not importable: {exc}"
-    names = ("Cluster", "Worker", "NodePlacementStrategy", "WorkerInfo")
-    missing = [n for n in names if not hasattr(p2p_worker, n)]
-    return f"p2p_worker lacks {missing} (issue 6 not landed yet)" if missing else None
-
-
-def _collective_missing() -> str | None:
-    try:
-        from p2p_collective import Collective  # noqa: F401
-    except ImportError as exc:
-        return f"p2p_collective not importable yet (issue 4): {exc}"
-    return None
-
-
-def _has_channels() -> bool:
-    try:
-        from p2p_worker import Worker
-    except ImportError:
-        return False
-    return hasattr(Worker, "create_channel") and hasattr(Worker, "connect_channel")
-
-
-needs_collective = pytest.mark.skipif(
-    _collective_missing() is not None, reason=str(_collective_missing())
-)
-
 pytestmark = [
     pytest.mark.ray,
     pytest.mark.slow,
     pytest.mark.timeout(420),
-    pytest.mark.skipif(_p2p_missing() is not None, reason=str(_p2p_missing())),
 ]
 
 
@@ -62,7 +30,6 @@ def test_placement_puts_one_group_on_each_node(netns_cluster: Any, drive: Any) -
     assert sorted(n["ip"] for n in res["nodes"]) == sorted(ray_ids)
 
 
-@needs_collective
 def test_every_payload_kind_crosses_the_link_both_ways(netns_cluster: Any, drive: Any) -> None:
     before = {r: netns_cluster.link_stats(r) for r in ("head", "worker")}
     res = drive("p2p_driver.py", "payloads")
@@ -81,8 +48,6 @@ def test_every_payload_kind_crosses_the_link_both_ways(netns_cluster: Any, drive
         assert after[role]["tx_bytes"] - before[role]["tx_bytes"] >= big
 
 
-@needs_collective
-@pytest.mark.skipif(not _has_channels(), reason="Worker.create_channel not there yet (issue 7)")
 def test_channels_across_nodes(netns_cluster: Any, drive: Any) -> None:
     before = {r: netns_cluster.link_stats(r)["tx_bytes"] for r in ("head", "worker")}
     res = drive("p2p_driver.py", "channels")

@@ -48,15 +48,6 @@ def test_gloo_over_the_link_follows_the_shaped_rate(netns_cluster: Any, drive: A
     assert ratio <= 1.15
 
 
-def _collective_missing() -> str | None:
-    try:
-        from p2p_collective import Collective  # noqa: F401
-    except ImportError as exc:
-        return f"p2p_collective.Collective not importable yet (issue 4): {exc}"
-    return None
-
-
-@pytest.mark.skipif(_collective_missing() is not None, reason=str(_collective_missing()))
 def test_p2p_collective_alone_crosses_the_link(netns_cluster: Any, drive: Any) -> None:
     before = netns_cluster.link_stats("head")["tx_bytes"]
     res = drive("ray_driver.py", "collective")
