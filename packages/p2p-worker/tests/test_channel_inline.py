@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from channel_helpers import wait_for
 
 from p2p_asyncwork import WorkCancelledError
 from p2p_worker import (
@@ -103,7 +104,7 @@ def test_a_waiting_inline_put_times_out_is_cancelled_and_ends_on_destroy(
     with pytest.raises(ChannelFull):
         ch.put_nowait({"n": 3})
     work = ch.put({"n": 4}, async_op=True)
-    time.sleep(0.2)
+    wait_for(lambda: ch.stats()["waiting_putters"] == 1)  # the put waits at the channel
     assert not work.done()
     assert work.cancel() is True
     with pytest.raises(WorkCancelledError):
@@ -112,7 +113,7 @@ def test_a_waiting_inline_put_times_out_is_cancelled_and_ends_on_destroy(
     assert (st["held"], st["queued"], st["waiting_putters"]) == (1, 1, 0), st
     # A waiting inline put is granted once a get makes room: its item follows in order.
     later = ch.put({"n": 5}, async_op=True)
-    time.sleep(0.2)
+    wait_for(lambda: ch.stats()["waiting_putters"] == 1)
     assert ch.get(timeout=30) == {"n": 1}
     later.wait(30)
     assert ch.get(timeout=30) == {"n": 5}
@@ -120,8 +121,7 @@ def test_a_waiting_inline_put_times_out_is_cancelled_and_ends_on_destroy(
     ch.put({"n": 6})  # waits for the acknowledgement of n=5 to free the slot
     pending = ch.put({"n": 7}, async_op=True)
     behind = ch.put({"n": 8}, async_op=True)  # behind it: not inline, waits too
-    time.sleep(0.2)
-    assert ch.stats()["waiting_putters"] == 2
+    wait_for(lambda: ch.stats()["waiting_putters"] == 2)
     ch.destroy()
     for work in (pending, behind):
         with pytest.raises(ChannelClosedError):
