@@ -43,329 +43,75 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-PREFIX = "p2pmn"
-IFNAME = "p2pmn0"
-BRIDGE = "p2pmnbr"
-STATE_ROOT = Path("/tmp/p2pmn")
-MAX_NODES = 9
-"""Nodes' addresses end in 1..9, so their order as strings is their order as numbers."""
-_TAG_RE = re.compile(r"^[a-z0-9]{1,16}$")
-_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
-_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from netns_driver import EVENT_PREFIX, RESULT_PREFIX, Driver, DriverResult
+from netns_namespaces import (
+    BRIDGE,
+    IFNAME,
+    MAX_NODES,
+    PREFIX,
+    STATE_ROOT,
+    TAG_RE,
+    NetnsClusterError,
+    NetnsUnavailableError,
+    check_support,
+    cleanup_stale,
+    cluster_namespaces,
+    kill_namespace_processes,
+    known_tags,
+    list_namespaces,
+    namespace_pids,
+    node_roles,
+    owner_alive,
+    parse_rate,
+    proc_start_time,
+    ray_bin,
+    read_state,
+    run_cmd,
+    teardown,
+    veth_cmd,
+)
+
+__all__ = [
+    "BRIDGE",
+    "EVENT_PREFIX",
+    "IFNAME",
+    "MAX_NODES",
+    "PREFIX",
+    "RESULT_PREFIX",
+    "SLOW_REGISTRATION",
+    "STATE_ROOT",
+    "Driver",
+    "DriverResult",
+    "NetnsCluster",
+    "NetnsClusterError",
+    "NetnsUnavailableError",
+    "Node",
+    "check_support",
+    "cleanup_stale",
+    "cluster_namespaces",
+    "kill_namespace_processes",
+    "known_tags",
+    "list_namespaces",
+    "main",
+    "namespace_pids",
+    "node_roles",
+    "parse_rate",
+    "ray_bin",
+    "read_state",
+    "teardown",
+]
 
 
-class NetnsUnavailableError(RuntimeError):
-    """Network namespaces cannot be made here (not Linux, not root, no ``ip``, EPERM)."""
-
-
-class NetnsClusterError(RuntimeError):
-    """A step of bringing the cluster up, shaping it or running a driver failed."""
-
-
-RESULT_PREFIX = "P2PMN-RESULT "
-EVENT_PREFIX = "P2PMN-EVENT "
 # What `ray start` prints when a node it started has not registered within its fixed 30 s
 # (ray/_private/node.py); the node's processes keep running (`ray start` does not block).
 SLOW_REGISTRATION = "The current node timed out during startup"
-
-
-@dataclass
-class DriverResult:
-    """What a driver subprocess left: exit status, output, and its last ``P2PMN-RESULT``."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-    result: Any = None
-
-    def check(self) -> Any:
-        """Return the result, or raise NetnsClusterError with the output when the run failed."""
-        if self.returncode != 0 or self.result is None:
-            raise NetnsClusterError(
-                f"driver exited {self.returncode} with result {self.result!r}\n--- stdout (tail)\n"
-                f"{self.stdout[-3000:]}\n--- stderr (tail)\n{self.stderr[-6000:]}"
-            )
-        return self.result
-
-
-class Driver:
-    """A running driver subprocess; its stdout is read line by line as it comes."""
-
-    def __init__(self, argv: list[str], *, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-        self._out: list[str] = []
-        self._err: list[str] = []
-        self._cond = threading.Condition()
-        self._threads = [
-            threading.Thread(target=self._pump, args=(self.proc.stdout, self._out), daemon=True),
-            threading.Thread(target=self._pump, args=(self.proc.stderr, self._err), daemon=True),
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _pump(self, stream: Any, sink: list[str]) -> None:
-        for line in stream:
-            with self._cond:
-                sink.append(line)
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_event(self, name: str, *, timeout: float) -> float:
-        """Wait for the driver to print ``P2PMN-EVENT <name>``; return when it was seen.
-
-        Raises:
-            NetnsClusterError: The driver exited or ``timeout`` passed first.
-        """
-        want = f"{EVENT_PREFIX}{name}"
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while not any(line.strip() == want for line in self._out):
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and not self._threads[0].is_alive()):
-                    self._cond.release()
-                    try:
-                        res = self.finish(timeout=5)
-                    finally:
-                        self._cond.acquire()
-                    raise NetnsClusterError(f"driver never printed {want!r}: {res.stderr[-3000:]}")
-                self._cond.wait(min(left, 0.5))
-        return time.time()
-
-    def kill(self) -> None:
-        """Kill the driver's whole process group (it runs in its own session)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-
-    def finish(self, *, timeout: float) -> DriverResult:
-        """Wait for the driver to exit (killing it after ``timeout``) and collect its output."""
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            self.proc.wait(timeout=10)
-            self._err.append(f"\n[netns_cluster] driver killed after {timeout} s\n")
-        for t in self._threads:
-            t.join(timeout=5)
-        out, err = "".join(self._out), "".join(self._err)
-        result = None
-        for line in out.splitlines():
-            if line.startswith(RESULT_PREFIX):
-                result = json.loads(line[len(RESULT_PREFIX) :])
-        return DriverResult(self.proc.returncode, out, err, result)
-
-
-def _run(cmd: str | list[str], *, timeout: float = 30.0, check: bool = True) -> str:
-    """Run a command (a string is split on spaces) and return its stdout.
-
-    Raises:
-        NetnsClusterError: It failed (with ``check``) or could not start; stderr included.
-    """
-    argv = cmd.split() if isinstance(cmd, str) else cmd
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise NetnsClusterError(f"{' '.join(argv)}: {exc}") from exc
-    if check and proc.returncode != 0:
-        raise NetnsClusterError(
-            f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip() or proc.stdout}"
-        )
-    return proc.stdout
-
-
-def parse_rate(rate: str | int) -> int:
-    """Parse a tc-style rate (``"1gbit"``, ``"200mbit"``) or bits/s as int into bits/s.
-
-    Args:
-        rate: The rate, as tc writes it or as an integer number of bits per second.
-
-    Returns:
-        The rate in bits per second.
-
-    Raises:
-        ValueError: ``rate`` is not positive or not of the form ``<number><unit>``.
-    """
-    if isinstance(rate, int):
-        if rate <= 0:
-            raise ValueError(f"rate must be positive bits/s, got {rate!r}")
-        return rate
-    match = _RATE_RE.match(rate.strip().lower())
-    if not match:
-        raise ValueError(f"rate must look like '1gbit', '200mbit' or '500kbit', got {rate!r}")
-    return int(float(match.group(1)) * _RATE_UNITS[match.group(2)])
-
-
-def ray_bin() -> Path:
-    """The ``ray`` CLI of the running interpreter's environment (next to ``sys.executable``)."""
-    return Path(sys.executable).parent / "ray"
-
-
-def check_support() -> str | None:
-    """Say why namespaces cannot be made here, or None when they can.
-
-    Creates and deletes a throwaway namespace pair with a veth link to prove it.
-    """
-    if not sys.platform.startswith("linux"):
-        return f"network namespaces need Linux, this is {sys.platform}"
-    if os.geteuid() != 0:
-        return f"creating network namespaces needs root, running as euid {os.geteuid()}"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` (iproute2) is not on PATH"
-    if not ray_bin().exists():
-        return f"no `ray` CLI next to {sys.executable}"
-    probe = [f"{PREFIX}-probe{os.getpid()}-{i}" for i in (1, 2)]
-    try:
-        for ns in probe:
-            _run(f"ip netns add {ns}")
-        _run(_veth_cmd(*probe))
-        _run(f"ip -n {probe[0]} link add {BRIDGE} type bridge")
-        _run(f"ip -n {probe[0]} link set {IFNAME} master {BRIDGE}")
-    except NetnsClusterError as exc:
-        return f"cannot create a namespace pair with a veth link and a bridge: {exc}"
-    finally:
-        for ns in probe:
-            _run(f"ip netns del {ns}", check=False)
-    return None
-
-
-def _veth_cmd(ns_a: str, ns_b: str, name_b: str = IFNAME) -> str:
-    # Both ends are created straight inside the namespaces: nothing appears on the host.
-    return f"ip link add {IFNAME} netns {ns_a} type veth peer name {name_b} netns {ns_b}"
-
-
-def node_roles(num_nodes: int) -> list[tuple[str, str]]:
-    """(role, namespace suffix) of each node: head ``h``, worker ``w``, worker2 ``w2``, ..."""
-    roles = [("head", "h"), ("worker", "w")]
-    return roles + [(f"worker{i}", f"w{i}") for i in range(2, num_nodes)]
-
-
-def cluster_namespaces(tag: str) -> list[str]:
-    """The namespaces of cluster ``tag`` that exist: worker nodes, head, switch."""
-    mine = [ns for ns in list_namespaces() if ns.startswith(f"{PREFIX}-{tag}-")]
-    return sorted(mine, key=lambda ns: ({"h": 1, "s": 2}.get(ns.rsplit("-", 1)[1], 0), ns))
-
-
-def list_namespaces() -> list[str]:
-    """Names of every network namespace this harness made (``p2pmn-...``)."""
-    out = _run("ip netns list", check=False)
-    names = [line.split()[0] for line in out.splitlines() if line.strip()]
-    return [n for n in names if n.startswith(PREFIX + "-")]
-
-
-def namespace_pids(ns: str) -> list[int]:
-    """Live (non-zombie) processes inside namespace ``ns``."""
-    out = _run(f"ip netns pids {ns}", check=False)
-    pids = []
-    for tok in out.split():
-        pid = int(tok)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if stat.rsplit(")", 1)[1].split()[0] != "Z":
-            pids.append(pid)
-    return pids
-
-
-def kill_namespace_processes(ns: str, *, grace: float = 5.0) -> list[int]:
-    """SIGTERM every process in ``ns``, SIGKILL what is left after ``grace`` seconds.
-
-    Returns:
-        The pids that were signalled.
-    """
-    pids = namespace_pids(ns)
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for pid in namespace_pids(ns):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while namespace_pids(ns) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not namespace_pids(ns):
-            break
-    left = namespace_pids(ns)
-    if left:
-        raise NetnsClusterError(f"processes {left} in namespace {ns} survived SIGKILL")
-    return pids
-
-
-def _proc_start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _owner_alive(state: dict[str, object]) -> bool:
-    pid = state.get("owner_pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return True  # made by the CLI: lives until `down` names it
-    return _proc_start_time(pid) == state.get("owner_start")
-
-
-def read_state(tag: str) -> dict[str, object]:
-    """The state file of cluster ``tag`` (empty dict when there is none)."""
-    try:
-        data = json.loads((STATE_ROOT / tag / "state.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def known_tags() -> list[str]:
-    """Tags of every cluster with a namespace or a state dir on this machine."""
-    tags = {ns[len(PREFIX) + 1 :].rsplit("-", 1)[0] for ns in list_namespaces()}
-    if STATE_ROOT.is_dir():
-        tags.update(p.name for p in STATE_ROOT.iterdir() if p.is_dir())
-    return sorted(t for t in tags if _TAG_RE.match(t) and not t.startswith("probe"))
-
-
-def teardown(tag: str, *, keep_logs: bool = False) -> None:
-    """Remove cluster ``tag``: its processes, namespaces (and so the veths) and temp dirs."""
-    errors = []
-    for ns in cluster_namespaces(tag):
-        try:
-            kill_namespace_processes(ns)
-        except NetnsClusterError as exc:
-            errors.append(str(exc))
-        _run(f"ip netns del {ns}", check=False)
-    if not keep_logs:
-        shutil.rmtree(STATE_ROOT / tag, ignore_errors=True)
-    if errors:
-        raise NetnsClusterError("; ".join(errors))
-
-
-def cleanup_stale() -> list[str]:
-    """Tear down every cluster whose owning process is gone; return their tags.
-
-    Also deletes namespaces left by a ``check_support`` probe whose process died.
-    """
-    for ns in list_namespaces():
-        match = re.match(rf"^{PREFIX}-probe(\d+)-\d$", ns)
-        if match and _proc_start_time(int(match.group(1))) is None:
-            _run(f"ip netns del {ns}", check=False)
-    stale = [t for t in known_tags() if not _owner_alive(read_state(t))]
-    for tag in stale:
-        teardown(tag)
-    return stale
 
 
 @dataclass(frozen=True)
@@ -410,7 +156,7 @@ class NetnsCluster:
     nodes: list[dict[str, object]] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
-        if not _TAG_RE.match(self.tag):
+        if not TAG_RE.match(self.tag):
             raise ValueError(f"tag must match [a-z0-9]{{1,16}}, got {self.tag!r}")
         if not re.match(r"^10\.\d{1,3}\.\d{1,3}$", self.subnet):
             raise ValueError(f"subnet must be three octets of 10.0.0.0/8, got {self.subnet!r}")
@@ -510,7 +256,7 @@ class NetnsCluster:
         state = {
             "tag": self.tag,
             "owner_pid": owner,
-            "owner_start": _proc_start_time(owner),
+            "owner_start": proc_start_time(owner),
             "head_ns": self.head.netns,
             "worker_ns": self.worker.netns,
             "num_nodes": self.num_nodes,
@@ -533,29 +279,29 @@ class NetnsCluster:
 
     def _make_links(self) -> None:
         for node in self.hosts:
-            _run(f"ip netns add {node.netns}")
+            run_cmd(f"ip netns add {node.netns}")
         sw = self.switch_netns
         if sw is None:
-            _run(_veth_cmd(self.head.netns, self.worker.netns))
+            run_cmd(veth_cmd(self.head.netns, self.worker.netns))
         else:
-            _run(f"ip netns add {sw}")
+            run_cmd(f"ip netns add {sw}")
             # STP is off (the default): a port forwards as soon as it is up.
-            _run(f"ip -n {sw} link add {BRIDGE} type bridge")
+            run_cmd(f"ip -n {sw} link add {BRIDGE} type bridge")
             for key in ("net.bridge.bridge-nf-call-iptables", "net.ipv6.conf.all.disable_ipv6"):
                 # No netfilter pass per bridged packet, no IPv6 chatter on the ports.
-                _run(f"ip netns exec {sw} sysctl -qw {key}={int('ipv6' in key)}", check=False)
+                run_cmd(f"ip netns exec {sw} sysctl -qw {key}={int('ipv6' in key)}", check=False)
             for node in self.hosts:
                 port = self.switch_port(node)
-                _run(_veth_cmd(node.netns, sw, port))
-                _run(f"ip -n {sw} link set {port} master {BRIDGE}")
-                _run(f"ip -n {sw} link set {port} up")
-            _run(f"ip -n {sw} link set {BRIDGE} up")
+                run_cmd(veth_cmd(node.netns, sw, port))
+                run_cmd(f"ip -n {sw} link set {port} master {BRIDGE}")
+                run_cmd(f"ip -n {sw} link set {port} up")
+            run_cmd(f"ip -n {sw} link set {BRIDGE} up")
         for node in self.hosts:
-            _run(f"ip -n {node.netns} link set lo up")
-            _run(f"ip -n {node.netns} addr add {node.ip}/24 dev {IFNAME}")
-            _run(f"ip -n {node.netns} link set {IFNAME} up")
+            run_cmd(f"ip -n {node.netns} link set lo up")
+            run_cmd(f"ip -n {node.netns} addr add {node.ip}/24 dev {IFNAME}")
+            run_cmd(f"ip -n {node.netns} link set {IFNAME} up")
             # No IPv6 on the link: no neighbour/router chatter in the byte counters.
-            _run(
+            run_cmd(
                 f"ip netns exec {node.netns} sysctl -qw net.ipv6.conf.{IFNAME}.disable_ipv6=1",
                 check=False,
             )
@@ -648,7 +394,7 @@ class NetnsCluster:
         bps = parse_rate(rate)
         burst = burst or max(64 * 1024, bps // 8 // 100)
         for ns, dev in self._cable_ends():
-            _run(
+            run_cmd(
                 f"tc -n {ns} qdisc replace dev {dev} root tbf rate {bps}bit"
                 f" burst {burst} latency {latency_ms}ms"
             )
@@ -658,18 +404,18 @@ class NetnsCluster:
     def unshape(self) -> None:
         """Remove the token buckets from every cable."""
         for ns, dev in self._cable_ends():
-            _run(f"tc -n {ns} qdisc del dev {dev} root", check=False)
+            run_cmd(f"tc -n {ns} qdisc del dev {dev} root", check=False)
         self.rate_bps = None
 
     def link_stats(self, role: str, ifname: str = IFNAME) -> dict[str, int]:
         """Byte and packet counters of ``ifname`` (the veth end, or ``lo``) in a namespace."""
-        out = _run(f"ip -n {self.node(role).netns} -j -s link show dev {ifname}")
+        out = run_cmd(f"ip -n {self.node(role).netns} -j -s link show dev {ifname}")
         stats = json.loads(out)[0]["stats64"]
         return {f"{d}_{k}": int(stats[d][k]) for d in ("tx", "rx") for k in ("bytes", "packets")}
 
     def qdisc_stats(self, role: str) -> str:
         """``tc -s qdisc show`` of the veth end of a node, as text."""
-        return _run(f"tc -n {self.node(role).netns} -s qdisc show dev {IFNAME}")
+        return run_cmd(f"tc -n {self.node(role).netns} -s qdisc show dev {IFNAME}")
 
     # ---- drivers -------------------------------------------------------------------------
     def driver_argv(self, args: list[str], role: str = "head") -> list[str]:
@@ -725,16 +471,16 @@ def _cli_status() -> int:
         alive = (
             "persistent (CLI)"
             if not owner
-            else (f"owner pid {owner} " + ("alive" if _owner_alive(state) else "GONE (stale)"))
+            else (f"owner pid {owner} " + ("alive" if owner_alive(state) else "GONE (stale)"))
         )
         print(f"cluster {tag}: address {state.get('address', '?')}, {alive}")
         for ns in cluster_namespaces(tag):
             if ns.endswith("-s"):
-                ports = _run(f"ip -n {ns} -br link show master {BRIDGE}", check=False)
+                ports = run_cmd(f"ip -n {ns} -br link show master {BRIDGE}", check=False)
                 print(f"  {ns}: switch, {len(ports.splitlines())} ports")
                 continue
-            addr = _run(f"ip -n {ns} -br addr show dev {IFNAME}", check=False)
-            qdisc = _run(f"tc -n {ns} qdisc show dev {IFNAME}", check=False)
+            addr = run_cmd(f"ip -n {ns} -br addr show dev {IFNAME}", check=False)
+            qdisc = run_cmd(f"tc -n {ns} qdisc show dev {IFNAME}", check=False)
             print(
                 f"  {ns}: {len(namespace_pids(ns))} processes; {addr.strip()}; "
                 f"{qdisc.splitlines()[0] if qdisc else 'no qdisc'}"

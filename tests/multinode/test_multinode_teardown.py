@@ -95,8 +95,9 @@ def test_check_support_names_the_reason_when_not_root(netns_harness: ModuleType)
     where = Path(tempfile.mkdtemp(prefix="p2p-nobody-"))
     where.chmod(0o755)
     copy = where / TOOL.name
-    shutil.copyfile(TOOL, copy)
-    copy.chmod(0o644)
+    for part in TOOL.parent.glob("netns_*.py"):  # the harness and the modules it imports
+        shutil.copyfile(part, where / part.name)
+        (where / part.name).chmod(0o644)
     code = (
         "import importlib.util, sys\n"
         f"spec = importlib.util.spec_from_file_location('netns_cluster', {str(copy)!r})\n"
