@@ -35,8 +35,9 @@ from p2p_worker._channels import (
 )
 from p2p_worker._config import ClusterConfig, parse_cluster_config
 from p2p_worker._errors import ClusterError, PlacementError, WorkerError
-from p2p_worker._groups._group import WorkerGroup, WorkerRank
+from p2p_worker._groups._group import WorkerGroup
 from p2p_worker._groups._handle import GroupCallHandle
+from p2p_worker._groups._members import WorkerRank
 from p2p_worker._groups._packed import PackedPlacementStrategy
 from p2p_worker._info import NodeInfo, WorkerInfo
 from p2p_worker._job._cluster import Cluster

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -26,6 +24,7 @@ from p2p_worker._groups._group_start import (
     wait_exit,
 )
 from p2p_worker._groups._handle import GroupCallHandle
+from p2p_worker._groups._members import WorkerRank, public_methods
 from p2p_worker._info import NodeInfo, WorkerInfo
 from p2p_worker._job._cluster import Cluster
 from p2p_worker._job._placement import (
@@ -47,36 +46,6 @@ from p2p_worker._process._worker_base import WorkerBase
 from p2p_worker._runtime._state import JobContext, WorkerRuntime, current_runtime
 
 W = TypeVar("W", bound=WorkerBase)
-
-# Public Worker members that make no sense as a remote call on every worker.
-_NOT_REMOTE = frozenset({"create_group", "timer", "worker_timer"})
-
-
-@dataclass(frozen=True)
-class WorkerRank:
-    """One worker of a group, as RLinf's ``WorkerGroup.worker_info_list`` lists it.
-
-    Attributes:
-        worker: The worker's Ray actor handle.
-        rank: Its rank in the group.
-        info: Its :class:`WorkerInfo`.
-    """
-
-    worker: Any
-    rank: int
-    info: WorkerInfo
-
-
-def public_methods(cls: type) -> dict[str, Callable[..., Any]]:
-    """Return the public instance methods of a worker class, by name."""
-    out: dict[str, Callable[..., Any]] = {}
-    for name in dir(cls):
-        if name.startswith("_") or name in _NOT_REMOTE:
-            continue
-        attr = inspect.getattr_static(cls, name)
-        if inspect.isfunction(attr):
-            out[name] = attr
-    return out
 
 
 class WorkerGroup(Generic[W]):
