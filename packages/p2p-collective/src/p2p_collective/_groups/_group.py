@@ -21,6 +21,7 @@ from p2p_collective._compression import (
 from p2p_collective._config import CollectiveConfig
 from p2p_collective._deadline import deadline_after
 from p2p_collective._errors import (
+    CleanFailure,
     CollectiveError,
     CollectiveTimeoutError,
     FramingError,
@@ -49,7 +50,6 @@ from p2p_collective._frames._payload import (
     rebuild,
 )
 from p2p_collective._frames._wire import HEADER_MAX_TENSOR, patch_frame_seq, read_frame
-from p2p_collective._groups._direction import CleanFailure
 from p2p_collective._groups._side import Side
 from p2p_collective._links._emulation import LinkPacer
 from p2p_collective._links._link import Link

@@ -12,13 +12,14 @@ import torch
 from p2p_asyncwork import AsyncResultWork
 from p2p_collective._deadline import deadline_after
 from p2p_collective._errors import (
+    CleanFailure,
     CollectiveError,
     ObjectRefusedError,
     PeerError,
     PeerGoneError,
 )
 from p2p_collective._groups._arrays import as_tensor
-from p2p_collective._groups._direction import CleanFailure, Direction
+from p2p_collective._groups._direction import Direction
 from p2p_collective._groups._multi_connect import MultiConnection
 from p2p_collective._groups._multi_frames import OBJ_HEADER, Incoming, encode_object, read_head
 from p2p_collective._groups._multi_ops import check_reducible, like, reduce_op

@@ -17,12 +17,13 @@ from typing import Any
 
 from p2p_collective._deadline import deadline_after, min_timeout, remaining, to_timedelta
 from p2p_collective._errors import (
+    CleanFailure,
     CollectiveError,
     CollectiveTimeoutError,
     GroupClosedError,
     PeerError,
 )
-from p2p_collective._groups._direction import CleanFailure, Direction
+from p2p_collective._groups._direction import Direction
 from p2p_collective._groups._multi_ops import liveness_mesh
 from p2p_collective._links._torch_gloo import op_options
 from p2p_collective._links._transport import StoreLike
