@@ -18,8 +18,8 @@ import torch
 from p2p_collective._deadline import remaining
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
 from p2p_collective._frames._recvpool import PostedRecv
+from p2p_collective._links._liveness import Watcher, send_record
 from p2p_collective._links._waiter import Waiter, first_line, gloo_failure, wait_direct
-from p2p_collective._peers._liveness import Watcher, send_record
 
 PAYLOAD_TAG = 0
 HEADER_TAG = 1
