@@ -49,7 +49,6 @@ from p2p_collective._frames._payload import (
     flat_bytes,
     rebuild,
 )
-from p2p_collective._frames._wire import HEADER_MAX_TENSOR, patch_frame_seq, read_frame
 from p2p_collective._groups._side import Side
 from p2p_collective._links._emulation import LinkPacer
 from p2p_collective._links._link import Link
@@ -57,6 +56,7 @@ from p2p_collective._links._transport import LinkFactory, StoreLike
 from p2p_collective._peers._auth import JobAuth
 from p2p_collective._peers._peer import Life, Peer, dead_error, new_instance
 from p2p_collective._peers._rendezvous import claim_incarnation
+from p2p_collective._wire._frame_io import HEADER_MAX_TENSOR, patch_frame_seq, read_frame
 from p2p_compress import CompressionError
 
 

@@ -17,7 +17,6 @@ from p2p_collective._errors import (
     PeerError,
 )
 from p2p_collective._frames._framing import HEADER_MAX
-from p2p_collective._frames._headers import HeaderReceiver
 from p2p_collective._groups._direction import Direction
 from p2p_collective._links._emulation import ArrivalGate
 from p2p_collective._links._link import Link
@@ -25,6 +24,7 @@ from p2p_collective._links._transport import LinkFactory, StoreLike
 from p2p_collective._peers._auth import JobAuth
 from p2p_collective._peers._peer import Life, Peer
 from p2p_collective._peers._rendezvous import private_client, wait_key
+from p2p_collective._wire._headers import HeaderReceiver
 
 _OUT_MSG_VIEWS = 256  # message sizes whose send-buffer views a direction keeps
 
