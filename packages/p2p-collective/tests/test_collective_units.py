@@ -25,11 +25,12 @@ from p2p_collective import (
     GroupClosedError,
     parse_collective_config,
 )
+from p2p_collective._errors import CleanFailure
 from p2p_collective._frames._framing import FIXED, HEADER_MAX, Flag, parse_fixed
 from p2p_collective._frames._payload import encode, rebuild
 from p2p_collective._frames._recvpool import ReceiveBufferPool
-from p2p_collective._frames._wire import patch_frame_seq, read_frame
-from p2p_collective._groups._direction import CleanFailure, Direction
+from p2p_collective._groups._direction import Direction
+from p2p_collective._wire._frame_io import patch_frame_seq, read_frame
 
 # -- configuration ---------------------------------------------------------------------
 

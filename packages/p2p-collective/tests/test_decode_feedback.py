@@ -29,7 +29,7 @@ from p2p_collective._compression._decode_rates import (
     pack_record,
     parse_record,
 )
-from p2p_collective._peers._liveness import BYE, RECORD_BYTES, split_records
+from p2p_collective._links._liveness import BYE, RECORD_BYTES, split_records
 from p2p_compress import Lz4Codec, make_synthetic_tensor
 
 pytestmark = pytest.mark.timeout(300)

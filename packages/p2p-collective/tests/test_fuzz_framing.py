@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from p2p_collective import FramingError
 from p2p_collective._frames import _framing as fr
-from p2p_collective._frames._wire import read_frame
+from p2p_collective._wire._frame_io import read_frame
 
 ENTRY = struct.Struct("<BBBBB3xQQ")
 U32 = struct.Struct("<I")

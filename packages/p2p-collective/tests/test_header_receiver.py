@@ -1,4 +1,4 @@
-"""The header receives a direction keeps posted ahead (p2p_collective._frames._headers).
+"""The header receives a direction keeps posted ahead (p2p_collective._wire._headers).
 
 In-process, with a recording link: these pin the bookkeeping (two receives posted
 from the first receive on, topped up before each wait, buffers reused only once the
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from p2p_collective._frames._framing import HEADER_MAX
-from p2p_collective._frames._headers import DEPTH, HeaderReceiver
 from p2p_collective._frames._recvpool import PostedRecv
+from p2p_collective._wire._headers import DEPTH, HeaderReceiver
 
 
 class RecordingLink:

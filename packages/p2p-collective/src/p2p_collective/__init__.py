@@ -36,7 +36,8 @@ from p2p_collective._errors import (
 from p2p_collective._frames._framing import HEADER_MAX
 from p2p_collective._groups._arrays import as_tensor
 from p2p_collective._groups._collective import Collective
-from p2p_collective._groups._group import CollectiveGroup, Unready
+from p2p_collective._groups._group import CollectiveGroup
+from p2p_collective._groups._group_ops import Unready
 from p2p_collective._groups._multi import MultiCollectiveGroup
 from p2p_collective._groups._multi_channel import MultiChannelProcessGroup
 from p2p_collective._groups._multi_create import create_multi_group, join_ranked_group

@@ -1,8 +1,9 @@
 """Error types of p2p-collective.
 
-Every type here derives from :class:`p2p_asyncwork.P2PError`, whose ``__reduce__`` keeps
-the message and the ``__cause__`` when an error is pickled (for instance across a Ray
-actor boundary).
+Every public type here derives from :class:`p2p_asyncwork.P2PError`, whose ``__reduce__``
+keeps the message and the ``__cause__`` when an error is pickled (for instance across a Ray
+actor boundary). :class:`CleanFailure`, last, is internal: the wrapper an operation raises
+to tell its direction's executor that nothing reached the wire.
 """
 
 from __future__ import annotations
@@ -74,3 +75,11 @@ class AuthenticationError(CollectiveError):
     Raised on both sides when one holds a token and the other none, or their tokens
     differ. The message names the group and the peer, never the token.
     """
+
+
+class CleanFailure(Exception):
+    """Raised by an operation that failed before touching the wire; carries the real error."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error

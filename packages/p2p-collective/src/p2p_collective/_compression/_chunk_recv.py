@@ -24,10 +24,9 @@ from p2p_collective._compression._decode_rates import FrameDecodes
 from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._state import CODEC_IDS, WireCodec
 from p2p_collective._compression._stats import WireStats
-from p2p_collective._errors import CollectiveTimeoutError, FramingError
+from p2p_collective._errors import CleanFailure, CollectiveTimeoutError, FramingError
 from p2p_collective._frames._framing import TensorMeta
 from p2p_collective._frames._payload import flat_bytes
-from p2p_collective._groups._direction import CleanFailure
 from p2p_collective._links._emulation import ArrivalGate
 from p2p_collective._links._transport import remaining
 from p2p_compress import (

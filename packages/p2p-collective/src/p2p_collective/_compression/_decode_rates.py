@@ -9,7 +9,7 @@ and codec the raw bytes and seconds are summed. At most one record per codec eve
 :data:`REPORT_INTERVAL` seconds goes back to the sender (:class:`DecodeReporter`).
 
 The path back is the direction's **liveness connection**
-(:mod:`p2p_collective._peers._liveness`): a plain TCP connection between the same two
+(:mod:`p2p_collective._links._liveness`): a plain TCP connection between the same two
 processes that every direction already holds and the watcher thread on the sender
 already reads (today only for a goodbye and end-of-file). A record is 40 bytes,
 written without blocking by the receiving direction thread once a frame's decodes
@@ -56,7 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from p2p_collective._peers._liveness import RECORD_BYTES
+from p2p_collective._links._liveness import RECORD_BYTES
 from p2p_compress import CODEC_NAMES, CODEC_RAW
 
 _log = logging.getLogger("p2p_collective")

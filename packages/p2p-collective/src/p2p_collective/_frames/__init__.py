@@ -1,1 +1,1 @@
-"""Frames: the binary form of one send, its payload classification and its trip over a link."""
+"""Frames: the binary form of one send and the classification of its payload."""

@@ -26,6 +26,7 @@ from typing import Any
 from p2p_asyncwork import AsyncResultWork, WorkTimeoutError
 from p2p_collective._deadline import remaining
 from p2p_collective._errors import (
+    CleanFailure,
     CollectiveTimeoutError,
     GroupBrokenError,
     GroupClosedError,
@@ -34,14 +35,6 @@ from p2p_collective._errors import (
 )
 
 _GRACE = 2.0  # seconds a waiting caller allows past the deadline the executor enforces
-
-
-class CleanFailure(Exception):
-    """Raised by an operation that failed before touching the wire; carries the real error."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -11,33 +10,31 @@ from typing import Any
 import torch
 
 from p2p_asyncwork import AsyncResultWork
-from p2p_collective._deadline import deadline_after, min_timeout, remaining, to_timedelta
+from p2p_collective._deadline import deadline_after
 from p2p_collective._errors import (
+    CleanFailure,
     CollectiveError,
-    CollectiveTimeoutError,
-    GroupClosedError,
     ObjectRefusedError,
     PeerError,
     PeerGoneError,
 )
 from p2p_collective._groups._arrays import as_tensor
-from p2p_collective._groups._direction import CleanFailure, Direction
+from p2p_collective._groups._direction import Direction
+from p2p_collective._groups._multi_connect import MultiConnection
 from p2p_collective._groups._multi_frames import OBJ_HEADER, Incoming, encode_object, read_head
-from p2p_collective._groups._multi_ops import check_reducible, like, liveness_mesh, reduce_op
+from p2p_collective._groups._multi_ops import check_reducible, like, reduce_op
 from p2p_collective._groups._ring import ring_op, ring_reduce_scatter
-from p2p_collective._links._torch_gloo import op_options
 from p2p_collective._links._transport import StoreLike
-from p2p_collective._links._waiter import Waiter, gloo_failure, wait_sliced
+from p2p_collective._links._waiter import Waiter
 from p2p_collective._peers._auth import JobAuth
-from p2p_collective._peers._peer import Life, Peer, announce, new_instance
-from p2p_collective._peers._rendezvous import claim_incarnation, private_client, wait_key
+from p2p_collective._peers._peer import Life, Peer, new_instance
 
 _P2P_TAG = 1 << 28  # far from the tags gloo numbers its collectives with (0, 1, ...)
 RING_MIN_BYTES = 256 << 10
 """``reduce_scatter`` outputs from this size on run as a ring (see :mod:`._ring`)."""
 
 
-class MultiCollectiveGroup:
+class MultiCollectiveGroup(MultiConnection):
     """A group of N >= 2 members running collectives over one gloo process group of N ranks.
 
     Create it with ``Collective.create_collective_group`` given more than two addresses
@@ -127,184 +124,7 @@ class MultiCollectiveGroup:
         """Whether :meth:`close` was called."""
         return self._closed
 
-    # -- the members' fate ----------------------------------------------------------------
-
-    def _bind(self, rank: int, life: Life) -> None:
-        """Bind member ``rank`` to ``life`` (the first met); raise PeerError if it ended."""
-        what = f"coll[{self.name}]"
-        with self._lock:
-            bound = self._lives.get(rank)
-            if bound is None:
-                token = life.subscribe(functools.partial(self._member_gone, rank))
-                self._lives[rank] = (life, token)
-            elif bound[0] is not life:
-                raise PeerError(
-                    f"{what}: member {self.member_names[rank]!r} restarted (a new"
-                    " incarnation) since this group met it; create the group again"
-                )
-        life.check(what)
-
-    def _check_members(self) -> bool:
-        """The ``cancelled`` check of rendezvous waits: closed (True), or raise PeerError."""
-        what = f"coll[{self.name}]"
-        for r, peer in enumerate(self._peers):
-            if peer is None:
-                continue
-            bound = self._lives.get(r)
-            if bound is not None:
-                bound[0].check(what)
-                peer.ask_oracle(what)
-            else:
-                peer.check_unbound(self.store, what)
-        return self._closed
-
-    # -- connection ----------------------------------------------------------------------
-
-    def _connect(self, deadline: float | None) -> Any:
-        if self._pg is not None:
-            if self._gone is not None:
-                raise self._gone
-            return self._pg
-        if self._closed:
-            raise CleanFailure(GroupClosedError(f"coll[{self.name}]: the group was closed"))
-        wait = min_timeout(self.init_timeout, remaining(deadline))
-        cancelled = self._check_members
-        try:
-            cancelled()  # a member known dead fails here, not at the timeout
-            if self._private is None:
-                self._private = private_client(self.store, wait)
-            store = self._private
-            if self._prefix is None:
-                inc = claim_incarnation(store, self.name, self.rank)
-                self._prefix = f"p2p/{self.name}/{inc}/coll{self.world_size}"
-            prefix = self._prefix
-            if not self._joined:
-                announce(store, self._announce_as, self.instance)
-                if self.auth is not None:  # the nonce goes before the announcement
-                    self.auth.publish(store, prefix, str(self.rank))
-                store.set(f"{prefix}/join/{self.rank}", self.instance.encode())
-                self._joined = True
-            end = deadline_after(wait)
-            missing = [
-                self.member_names[r]
-                for r in range(self.world_size)
-                if not wait_key(store, f"{prefix}/join/{r}", remaining(end), cancelled)
-            ]
-            if not missing and self.auth is not None:
-                others = {str(r): n for r, n in enumerate(self.member_names) if r != self.rank}
-                self.auth.verify(
-                    store,
-                    prefix,
-                    str(self.rank),
-                    others,
-                    f"coll[{self.name}]",
-                    wait,
-                    lambda key, t: wait_key(store, key, t, cancelled),
-                )
-            if not missing:
-                for r, peer in enumerate(self._peers):
-                    if peer is not None:
-                        theirs = bytes(store.get(f"{prefix}/join/{r}")).decode(errors="replace")
-                        self._bind(r, peer.bind(theirs))
-        except CollectiveError as exc:
-            raise CleanFailure(exc) from exc
-        except Exception as exc:
-            err = CollectiveError(f"coll[{self.name}]: rendezvous store failed: {exc}")
-            raise CleanFailure(err) from exc
-        if missing:
-            raise CleanFailure(
-                CollectiveTimeoutError(
-                    f"coll[{self.name}]: members {missing} did not join within {wait} s;"
-                    " are they running and creating the same group?"
-                )
-            )
-        socks = liveness_mesh(
-            store,
-            prefix,
-            self.rank,
-            self.member_names,
-            self.links.host,
-            self.init_timeout,
-            lambda key, t: wait_key(store, key, t, cancelled),
-        )
-        try:
-            pg = self.links.gloo_group(
-                store, prefix, self.rank, self.world_size, self.init_timeout, "the members"
-            )
-        except BaseException:
-            for sock in socks.values():
-                sock.close()
-            raise
-        with self._lock:
-            self._socks = socks
-            self._pg = pg
-        for member, sock in socks.items():
-            self.links.watcher.watch(sock, functools.partial(self._sock_gone, member))
-        return pg
-
-    def _sock_gone(self, rank: int, reason: str, died: bool) -> None:
-        """A member's liveness connection ended: it died (its life ends) or closed."""
-        exc = PeerError(
-            f"coll[{self.name}]: member {self.member_names[rank]!r} (rank {rank}) {reason}"
-        )
-        bound = self._lives.get(rank)
-        if died and bound is not None:
-            bound[0].end(exc)  # every group bound to that life hears it, this one included
-        else:
-            self._member_gone(rank, exc)
-
-    def _member_gone(self, rank: int, exc: PeerError) -> None:
-        if self._gone is not None or self._closed:
-            return
-        self._gone = exc
-        self._direction.abort(exc)
-        self._waiter.wake()
-
-    def _gone_now(self) -> PeerError | None:
-        return self._gone
-
-    def _wait(self, works: list[Any], what: str, deadline: float | None, p2p: bool = False) -> None:
-        """Wait for gloo works (see :mod:`p2p_collective._links._waiter`); map failures to ours.
-
-        Collectives are waited for in slices on this thread; gloo's send/recv works never
-        report ``is_completed()``, so the group's waiter thread waits for them.
-        """
-        label = f"coll[{self.name}]: {what}"
-        try:
-            if p2p:  # one hand-off to the waiter thread for all of them
-                self._waiter.wait(works, deadline, self._gone_now, poll=0.1)
-            for work in [] if p2p else works:
-                wait_sliced(work, deadline, self._gone_now, label)
-        except (PeerError, CollectiveTimeoutError):
-            raise
-        except Exception as exc:
-            if self._gone is not None:
-                raise self._gone from exc
-            raise gloo_failure(exc, label, f"{label} did not complete in time") from exc
-
-    def _opts(self, cls: str, deadline: float | None, op: Any = None, root: int = -1) -> Any:
-        """The options object of a collective, with the time left as its timeout.
-
-        One object per kind, reduce op and root is kept and reused (gloo copies what it
-        reads at the call), so an operation builds no options object on the hot path.
-
-        Args:
-            cls: ``"AllreduceOptions"``, ``"BroadcastOptions"``, ...
-            deadline: The operation's deadline.
-            op: The ``reduceOp`` field (None: the class has none).
-            root: The ``rootRank`` field (-1: the class has none).
-        """
-        key = (cls, op, root)
-        opts = self._options.get(key)
-        if opts is None:
-            fields: dict[str, Any] = {}
-            if op is not None:
-                fields["reduceOp"] = op
-            if root >= 0:
-                fields["rootRank"] = root
-            opts = self._options[key] = op_options(cls, to_timedelta(None), **fields)
-        opts.timeout = to_timedelta(None if deadline is None else deadline - time.monotonic())
-        return opts
+    # -- the members' fate, connection and waiting: see MultiConnection -----------------
 
     def _scratch(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """A flat buffer of ``numel`` items of ``dtype``, kept for the next operation.

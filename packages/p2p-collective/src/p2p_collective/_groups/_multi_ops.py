@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from p2p_collective._groups._arrays import as_tensor
+from p2p_collective._links._liveness import open_watch_socket
 from p2p_collective._links._transport import StoreLike
-from p2p_collective._peers._liveness import open_watch_socket
 
 __all__ = [
     "REDUCE_OPS",

@@ -9,16 +9,22 @@ import torch
 from p2p_collective._compression import WireStats
 from p2p_collective._compression._decode_rates import DecodeReporter
 from p2p_collective._deadline import min_timeout, remaining
-from p2p_collective._errors import CollectiveError, FramingError, GroupClosedError, PeerError
+from p2p_collective._errors import (
+    CleanFailure,
+    CollectiveError,
+    FramingError,
+    GroupClosedError,
+    PeerError,
+)
 from p2p_collective._frames._framing import HEADER_MAX
-from p2p_collective._frames._headers import HeaderReceiver
-from p2p_collective._groups._direction import CleanFailure, Direction
+from p2p_collective._groups._direction import Direction
 from p2p_collective._links._emulation import ArrivalGate
 from p2p_collective._links._link import Link
 from p2p_collective._links._transport import LinkFactory, StoreLike
 from p2p_collective._peers._auth import JobAuth
 from p2p_collective._peers._peer import Life, Peer
 from p2p_collective._peers._rendezvous import private_client, wait_key
+from p2p_collective._wire._headers import HeaderReceiver
 
 _OUT_MSG_VIEWS = 256  # message sizes whose send-buffer views a direction keeps
 

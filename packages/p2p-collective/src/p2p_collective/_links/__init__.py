@@ -1,1 +1,1 @@
-"""Links: one direction of a group over one transport (gloo, shared memory), behind one protocol."""
+"""Links: one direction of a group over one transport, behind one protocol, and its liveness."""

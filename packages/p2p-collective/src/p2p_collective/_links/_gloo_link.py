@@ -3,7 +3,7 @@
 Each direction has its own process group, so the two directions never share a socket
 pair or a tag space, and messages of one direction arrive in the order they were sent.
 Header messages and payload messages travel under two tags (see
-:mod:`p2p_collective._frames._headers`).
+:mod:`p2p_collective._wire._headers`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import torch
 from p2p_collective._deadline import remaining
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
 from p2p_collective._frames._recvpool import PostedRecv
+from p2p_collective._links._liveness import Watcher, send_record
 from p2p_collective._links._waiter import Waiter, first_line, gloo_failure, wait_direct
-from p2p_collective._peers._liveness import Watcher, send_record
 
 PAYLOAD_TAG = 0
 HEADER_TAG = 1
 """gloo tags: header messages (each operation's first) and all others travel apart, so
-header receives posted ahead never catch a payload (see :mod:`p2p_collective._frames._headers`)."""
+header receives posted ahead never catch a payload (see :mod:`p2p_collective._wire._headers`)."""
 
 DIRECT_WAIT_MAX = 1 << 20
 """Messages up to this many bytes are waited for in the executing thread."""

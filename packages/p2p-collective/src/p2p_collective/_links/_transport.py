@@ -21,11 +21,11 @@ from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
 from p2p_collective._frames._recvpool import ReceiveBufferPool
 from p2p_collective._links._gloo_link import GlooLink
 from p2p_collective._links._link import Link
+from p2p_collective._links._liveness import Watcher, open_watch_socket
 from p2p_collective._links._shm import join as _shm_join
 from p2p_collective._links._shm import offer as _shm_offer
 from p2p_collective._links._shm_link import ShmLink
 from p2p_collective._links._torch_gloo import make_device, new_gloo_group
-from p2p_collective._peers._liveness import Watcher, open_watch_socket
 
 __all__ = [
     "Link",

@@ -1,1 +1,1 @@
-"""Peers: one remote process each, its identity checks at rendezvous, its liveness and fate."""
+"""Peers: one remote process each, its identity checks at rendezvous and its fate."""

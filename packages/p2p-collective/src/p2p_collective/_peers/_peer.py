@@ -9,7 +9,7 @@ group that includes that address (two-party or N-member) goes through it:
   peer's *instance*: a random id its ``Collective`` drew when it was built. One instance
   is one :class:`Life` of the peer.
 * **Liveness.** Every liveness connection toward the peer (one per connected direction
-  or N-member group, see :mod:`p2p_collective._peers._liveness`) reports to the peer. A
+  or N-member group, see :mod:`p2p_collective._links._liveness`) reports to the peer. A
   connection that ends with the peer's goodbye byte was closed on purpose (that group
   was closed) and fails only that link's operation; one that ends without it, or
   fails, means the process is gone, and so does a ``False`` from the *oracle* the layer

@@ -1,0 +1,1 @@
+"""Wire: a frame's trip over a link: header receives posted ahead, frames put on and taken off."""
