@@ -6,9 +6,6 @@ import pytest
 import torch
 
 from p2p_compress import (
-    CODEC_LZ4,
-    CODEC_RAW,
-    CODEC_ZSTD,
     CompressedTensors,
     Lz4CodecConfig,
     TensorBufferPool,
@@ -20,6 +17,7 @@ from p2p_compress import (
     default_buffer_pool,
     default_codec_provider,
 )
+from p2p_compress.internal import CODEC_LZ4, CODEC_RAW, CODEC_ZSTD
 
 
 def sample() -> dict[str, torch.Tensor]:

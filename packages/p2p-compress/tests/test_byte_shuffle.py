@@ -7,14 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2p_compress import (
-    SHUFFLE_ITEMSIZES,
-    Lz4Codec,
-    make_synthetic_tensor,
-    shuffle_bytes,
-    shuffle_itemsize,
-    unshuffle_bytes,
-)
+from p2p_compress import Lz4Codec, make_synthetic_tensor, shuffle_bytes, unshuffle_bytes
+from p2p_compress.internal import SHUFFLE_ITEMSIZES, shuffle_itemsize
 
 
 @given(

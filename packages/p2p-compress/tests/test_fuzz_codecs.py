@@ -16,10 +16,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from p2p_compress import (
-    CODEC_LZ4,
-    CODEC_RAW,
-    CODEC_SPARSE,
-    CODEC_ZSTD,
     CompressionError,
     Lz4Codec,
     Lz4CodecConfig,
@@ -33,6 +29,7 @@ from p2p_compress import (
     compress_tensors,
     decompress_into_tensor,
 )
+from p2p_compress.internal import CODEC_LZ4, CODEC_RAW, CODEC_SPARSE, CODEC_ZSTD
 
 CODECS: dict[str, TensorCodec] = {
     "lz4": Lz4Codec(),

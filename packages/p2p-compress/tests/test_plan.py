@@ -7,9 +7,6 @@ import torch
 from conftest import raw_bytes
 
 from p2p_compress import (
-    CODEC_LZ4,
-    CODEC_RAW,
-    CODEC_ZSTD,
     LZ4_MAX_INPUT_SIZE,
     RAW_REASONS,
     CompressionError,
@@ -22,6 +19,7 @@ from p2p_compress import (
     decompress_into_tensor,
     plan_compression,
 )
+from p2p_compress.internal import CODEC_LZ4, CODEC_RAW, CODEC_ZSTD
 
 LZ4 = TensorCompressionConfig(
     codec=Lz4CodecConfig(), min_bytes=1024, excluded_dtypes=(torch.float32,)

@@ -7,7 +7,8 @@ import threading
 import pytest
 import torch
 
-from p2p_compress import BufferLease, TensorBufferPool, TensorBufferPoolConfig
+from p2p_compress import TensorBufferPool, TensorBufferPoolConfig
+from p2p_compress.internal import BufferLease
 
 
 def stats(pool: TensorBufferPool) -> dict[str, int]:

@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from p2p_compress import (
-    BufferLease,
     CompressionError,
     Lz4Codec,
     TensorBufferPool,
@@ -17,6 +16,7 @@ from p2p_compress import (
     ZstdCodec,
     compress_tensors,
 )
+from p2p_compress.internal import BufferLease
 
 CODECS: list[TensorCodec] = [
     Lz4Codec(),

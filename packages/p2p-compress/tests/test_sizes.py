@@ -1,10 +1,10 @@
-"""The stack's one size rule: p2p_compress.parse_size (advise and p2p-bench both use it)."""
+"""The stack's one size rule, p2p_compress.internal.parse_size (advise and p2p-bench use it)."""
 
 from __future__ import annotations
 
 import pytest
 
-from p2p_compress import SIZE_RULE, parse_size
+from p2p_compress.internal import SIZE_RULE, parse_size
 
 
 @pytest.mark.parametrize(

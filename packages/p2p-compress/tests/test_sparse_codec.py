@@ -13,8 +13,6 @@ import pytest
 import torch
 
 from p2p_compress import (
-    CODEC_NAMES,
-    CODEC_SPARSE,
     CompressionError,
     SparseCodec,
     SparseCodecConfig,
@@ -27,6 +25,7 @@ from p2p_compress import (
     plan_compression,
     probe_codec_library,
 )
+from p2p_compress.internal import CODEC_NAMES, CODEC_SPARSE
 
 
 def _pack(codec: SparseCodec, t: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,6 @@ from p2p_collective._groups._group_ops import Unready
 from p2p_collective._groups._multi import MultiCollectiveGroup
 from p2p_collective._groups._multi_channel import MultiChannelProcessGroup
 from p2p_collective._groups._multi_create import create_multi_group, join_ranked_group
-from p2p_collective._groups._multi_ops import check_reducible
 from p2p_collective._links._emulation import EMULATED_WINDOW_BYTES, LinkEmulation
 from p2p_collective._peers._rendezvous import Store
 
@@ -56,7 +55,6 @@ __all__ = [
     "create_multi_group",
     "join_ranked_group",
     "as_tensor",
-    "check_reducible",
     "Store",
     "CollectiveConfig",
     "NetEmulationConfig",

@@ -20,7 +20,6 @@ Example:
     True
 """
 
-from p2p_compress._advice._sizes import SIZE_RULE, parse_size
 from p2p_compress._advice._synthetic import SYNTHETIC_KINDS, make_synthetic_tensor
 from p2p_compress._api import (
     CompressedTensor,
@@ -31,19 +30,12 @@ from p2p_compress._api import (
     default_codec_provider,
 )
 from p2p_compress._codecs._codec import (
-    CODEC_LZ4,
-    CODEC_NAMES,
-    CODEC_RAW,
-    CODEC_SPARSE,
-    CODEC_ZSTD,
     TensorCodec,
 )
 from p2p_compress._codecs._lz4 import LZ4_MAX_INPUT_SIZE, Lz4Codec
 from p2p_compress._codecs._probe import probe_codec_library
 from p2p_compress._codecs._shuffle import (
-    SHUFFLE_ITEMSIZES,
     shuffle_bytes,
-    shuffle_itemsize,
     unshuffle_bytes,
 )
 from p2p_compress._codecs._sparse import SparseCodec
@@ -63,12 +55,10 @@ from p2p_compress._delta._patch import DELTA_CODECS, DELTA_ITEMSIZES, DELTA_KIND
 from p2p_compress._errors import CompressionError, CompressionTimeoutError
 from p2p_compress._plan import (
     RAW_REASONS,
-    CompressionPlan,
-    WireEntry,
     decompress_into_tensor,
     plan_compression,
 )
-from p2p_compress._pool import BufferLease, TensorBufferPool
+from p2p_compress._pool import TensorBufferPool
 from p2p_compress._provider import TensorCodecProvider
 
 __version__ = "0.1.0"
@@ -91,26 +81,16 @@ __all__ = [
     "Lz4Codec",
     "ZstdCodec",
     "SparseCodec",
-    "CODEC_RAW",
-    "CODEC_LZ4",
-    "CODEC_ZSTD",
-    "CODEC_SPARSE",
-    "CODEC_NAMES",
     "LZ4_MAX_INPUT_SIZE",
     # provider and pool
     "TensorCodecProvider",
     "TensorBufferPool",
-    "BufferLease",
     # the sender's decision and the receiver's decode
     "plan_compression",
-    "CompressionPlan",
-    "WireEntry",
     "RAW_REASONS",
     "decompress_into_tensor",
     "shuffle_bytes",
-    "shuffle_itemsize",
     "unshuffle_bytes",
-    "SHUFFLE_ITEMSIZES",
     # standalone use
     "compress_tensors",
     "decompress_tensors",
@@ -129,8 +109,5 @@ __all__ = [
     "DELTA_CODECS",
     "DELTA_ITEMSIZES",
     "DELTA_PREFERENCES",
-    # command-line helpers
-    "parse_size",
-    "SIZE_RULE",
     "__version__",
 ]

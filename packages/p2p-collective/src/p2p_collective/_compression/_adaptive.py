@@ -80,7 +80,8 @@ from typing import Any, Final
 import torch
 
 from p2p_collective._compression._decode_rates import DecodeFigures
-from p2p_compress import CODEC_NAMES, Lz4Codec, TensorCodec, shuffle_bytes, unshuffle_bytes
+from p2p_compress import Lz4Codec, TensorCodec, shuffle_bytes, unshuffle_bytes
+from p2p_compress.internal import CODEC_NAMES
 
 EWMA: Final = 0.3
 """Weight of a new observation in the running estimates."""

@@ -30,14 +30,12 @@ from p2p_collective._frames._payload import flat_bytes
 from p2p_collective._links._emulation import ArrivalGate
 from p2p_collective._links._transport import remaining
 from p2p_compress import (
-    CODEC_RAW,
-    SHUFFLE_ITEMSIZES,
-    BufferLease,
     CompressionError,
     CompressionTimeoutError,
     decompress_into_tensor,
     unshuffle_bytes,
 )
+from p2p_compress.internal import CODEC_RAW, SHUFFLE_ITEMSIZES, BufferLease
 
 
 class _Decode:

@@ -24,7 +24,7 @@ back to the pool once its send completed.
 
 Byte shuffle: when a tensor's elements are 2, 4 or 8 bytes wide and lz4 shrinks a
 16 KiB sample of it at least 1.25x more after :func:`~p2p_compress.shuffle_bytes`
-(:func:`~p2p_compress.shuffle_itemsize`; token ids stored as int64: 3.9x instead of 2.0x),
+(:func:`~p2p_compress.internal.shuffle_itemsize`; token ids stored as int64: 3.9x instead of 2.0x),
 its lz4 and zstd chunks are shuffled into a pooled buffer before compression (no
 buffer within the budget: compressed unshuffled). A chunk that stays raw goes
 unshuffled.
@@ -46,14 +46,8 @@ from p2p_collective._compression._jobs import Job
 from p2p_collective._compression._state import WireCodec
 from p2p_collective._frames._framing import Flag, TensorMeta, patch_flags
 from p2p_collective._frames._payload import OutFrame
-from p2p_compress import (
-    CODEC_RAW,
-    CODEC_SPARSE,
-    BufferLease,
-    plan_compression,
-    shuffle_bytes,
-    shuffle_itemsize,
-)
+from p2p_compress import plan_compression, shuffle_bytes
+from p2p_compress.internal import CODEC_RAW, CODEC_SPARSE, BufferLease, shuffle_itemsize
 
 CHUNK_MAGIC: Final = b"P2PC"
 SHUFFLED: Final = 0x80

@@ -24,14 +24,8 @@ from p2p_collective._compression._stats import WireStats
 from p2p_collective._errors import CollectiveTimeoutError, FramingError
 from p2p_collective._frames._framing import TensorMeta
 from p2p_collective._links._transport import remaining
-from p2p_compress import (
-    CODEC_NAMES,
-    CODEC_RAW,
-    BufferLease,
-    CompressionError,
-    CompressionTimeoutError,
-    decompress_into_tensor,
-)
+from p2p_compress import CompressionError, CompressionTimeoutError, decompress_into_tensor
+from p2p_compress.internal import CODEC_NAMES, CODEC_RAW, BufferLease
 
 
 def codec_name(codec_id: int) -> str:

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from p2p_collective._links._liveness import RECORD_BYTES
-from p2p_compress import CODEC_NAMES, CODEC_RAW
+from p2p_compress.internal import CODEC_NAMES, CODEC_RAW
 
 _log = logging.getLogger("p2p_collective")
 

@@ -28,7 +28,8 @@ from p2p_collective._frames._framing import (
     patch_wire_total,
 )
 from p2p_collective._frames._payload import OutFrame, flat_bytes
-from p2p_compress import CompressionPlan, WireEntry, plan_compression
+from p2p_compress import plan_compression
+from p2p_compress.internal import CompressionPlan, WireEntry
 
 
 class Packed:

@@ -16,7 +16,7 @@ from p2p_collective._compression._pack import Packed, compress_frame
 from p2p_collective._compression._state import WireCodec
 from p2p_collective._compression._stats import WireStats
 from p2p_collective._frames._payload import OutFrame
-from p2p_compress import CODEC_SPARSE, shuffle_itemsize
+from p2p_compress.internal import CODEC_SPARSE, shuffle_itemsize
 
 
 def _main_dtype(codec: WireCodec, frame: OutFrame) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from p2p_collective._compression._adaptive import LinkAdvisor, Sampler
 from p2p_collective._compression._decode_rates import DecodeReporter, FrameDecodes
 from p2p_collective._frames._framing import TensorMeta
-from p2p_compress import CODEC_RAW
+from p2p_compress.internal import CODEC_RAW
 
 
 @dataclass

@@ -104,7 +104,7 @@ def measure(
     """Compress and decompress every tensor with every setting, checking the round trip.
 
     A tensor of two chunks or more whose bytes p2p-collective's chunked frames would
-    byte-shuffle first (:func:`~p2p_compress.shuffle_itemsize`) is measured that way:
+    byte-shuffle first (:func:`~p2p_compress.internal.shuffle_itemsize`) is measured that way:
     shuffle and compress, decompress and unshuffle.
 
     Args:

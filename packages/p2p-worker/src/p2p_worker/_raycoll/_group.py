@@ -28,7 +28,8 @@ from typing import Any
 
 import ray
 
-from p2p_collective import Collective, CollectiveGroup, MultiCollectiveGroup, check_reducible
+from p2p_collective import Collective, CollectiveGroup, MultiCollectiveGroup
+from p2p_collective.internal import check_reducible
 from p2p_worker._raycoll._checks import as_torch, check_not_self, check_rank
 from p2p_worker._raycoll._env import Meeting, meeting
 from p2p_worker._raycoll._errors import CollectiveArgumentError, TensorTypeError

@@ -2,7 +2,7 @@
 
 Everything here is pure (no Ray): parsing the command-line values and expanding them
 into the list of :class:`Cell` s the runner executes, in the order it executes them.
-Sizes follow the stack's one size rule, :func:`p2p_compress.parse_size`.
+Sizes follow the stack's one size rule, :func:`p2p_compress.internal.parse_size`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from p2p_compress import parse_size as _parse_size
+from p2p_compress.internal import parse_size as _parse_size
 
 KINDS: Final = ("tensor", "tensor_list", "tensor_dict", "dataclass", "object")
 """Payload kinds of seed 004 / 000, in report order."""
@@ -99,7 +99,7 @@ MAX_SIZE: Final = 4 * 1024**3
 def parse_size(text: str) -> int:
     """Parse one payload size such as ``64KiB``, ``1M``, ``8MiB``, ``2GB`` or ``4096``.
 
-    The one size rule of the stack, :func:`p2p_compress.parse_size`: ``K``/``KiB``,
+    The one size rule of the stack, :func:`p2p_compress.internal.parse_size`: ``K``/``KiB``,
     ``M``/``MiB``, ``G``/``GiB`` are powers of 1024; ``kB``/``MB``/``GB`` are powers of
     1000; a bare number is bytes. Case is ignored. A payload is 1 byte to 4 GiB.
 
