@@ -5,7 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from p2p_asyncwork import AsyncResultWork, wait_any
+from p2p_asyncwork.internal import CONFIGURED, check_timeout
 
 
 def test_a_completion_on_another_thread_wakes_the_waiter_without_polling() -> None:
@@ -46,3 +49,18 @@ def test_repeated_waits_over_the_same_works_each_see_the_next_completion() -> No
         assert wait_any([w for w in works if not w.done()], timeout=5.0)
         seen.append([w.done() for w in works].count(True))
     assert seen == [1, 2, 3]
+
+
+@pytest.mark.parametrize("bad", [True, False, float("nan"), -1, -0.5, "3", [1]])
+def test_check_timeout_refuses_bools_nan_negatives_and_non_numbers(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"^get\(timeout=\): got .*; allowed: seconds >= 0"):
+        check_timeout(bad, "get(timeout=)")
+
+
+def test_check_timeout_returns_floats_and_names_the_meaning_of_none() -> None:
+    assert check_timeout(0) == 0.0
+    assert check_timeout(3) == 3.0
+    assert check_timeout(float("inf")) == float("inf")
+    assert check_timeout(None) is None
+    with pytest.raises(ValueError, match=r"or None \(the configured op_timeout\)$"):
+        check_timeout(-1, none=CONFIGURED)

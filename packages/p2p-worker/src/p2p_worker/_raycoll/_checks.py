@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from p2p_asyncwork.internal import CONFIGURED
+from p2p_asyncwork.internal import check_timeout as check_seconds
 from p2p_collective import as_tensor
 from p2p_worker._raycoll._errors import (
     CollectiveArgumentError,
@@ -89,11 +91,10 @@ def check_timeout(timeout: object) -> float | None:
     Raises:
         CollectiveArgumentError: It is neither None nor a number >= 0.
     """
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-        raise CollectiveArgumentError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
-    return float(timeout)
+    try:
+        return check_seconds(timeout, none=CONFIGURED)
+    except ValueError as exc:
+        raise CollectiveArgumentError(str(exc)) from None
 
 
 def check_tensor(value: object, where: str, op: str) -> None:

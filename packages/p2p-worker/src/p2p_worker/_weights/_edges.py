@@ -30,15 +30,6 @@ def deadline_after(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
 
-def check_timeout(value: object, arg: str) -> float | None:
-    """Return ``value`` as seconds (or None), else raise naming ``arg``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{arg}: got {value!r}; allowed: seconds >= 0 or None (no limit)")
-    return float(value)
-
-
 class Edges:
     """The pair groups of one sync from this worker, one per peer, made on first use."""
 

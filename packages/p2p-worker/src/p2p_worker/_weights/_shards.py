@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 from p2p_asyncwork import AsyncWork
-from p2p_worker._weights._edges import check_timeout
+from p2p_asyncwork.internal import check_timeout
 from p2p_worker._weights._errors import WeightSyncError
 from p2p_worker._weights._layout import named_tensors, target_entries
 from p2p_worker._weights._pipeline import run_async

@@ -17,13 +17,13 @@ from typing import Any
 import torch
 
 from p2p_asyncwork import AsyncWork, wait_any
+from p2p_asyncwork.internal import check_timeout
 from p2p_collective import PeerError
 from p2p_worker._weights import _messages as m
 from p2p_worker._weights._codec import checksum, encode_delta
 from p2p_worker._weights._edges import (
     Edges,
     Outbox,
-    check_timeout,
     deadline_after,
     ready,
     remaining,

@@ -19,13 +19,13 @@ from typing import Any
 import torch
 
 from p2p_asyncwork import AsyncWork
+from p2p_asyncwork.internal import check_timeout
 from p2p_collective import CollectiveGroup, PeerError
 from p2p_worker._weights import _messages as m
 from p2p_worker._weights._codec import apply_delta, checksum
 from p2p_worker._weights._edges import (
     Edges,
     Outbox,
-    check_timeout,
     deadline_after,
     ready,
     remaining,
