@@ -149,6 +149,12 @@ def test_group_dispatch_and_argument_errors() -> None:
             g.allreduce(ro)
         with pytest.raises(ValueError, match="timeout"):
             g.barrier(timeout=-1)
+        # One rule with two-member groups: bool and NaN are refused, not read as 1 s / NaN.
+        for bad in (True, float("nan"), "5"):
+            with pytest.raises(ValueError, match=r"timeout: got .*the configured op_timeout"):
+                g.barrier(timeout=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"timeout: got True; .*or None \(no limit\)"):
+            Collective("m9", store, timeout=True)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="inputs"):
             g.reduce_scatter(torch.ones(2), [torch.ones(2)])
         with pytest.raises(ValueError, match="own address"):

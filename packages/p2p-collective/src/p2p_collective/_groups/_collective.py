@@ -9,6 +9,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from p2p_asyncwork.internal import NO_LIMIT, check_timeout
 from p2p_collective._compression import WireCodec
 from p2p_collective._config import CollectiveConfig
 from p2p_collective._errors import GroupClosedError
@@ -142,10 +143,8 @@ class Collective:
         self.config = config if config is not None else CollectiveConfig()
         if timeout is _USE_CONFIG:
             self.init_timeout = self.config.init_timeout
-        elif timeout is None or (isinstance(timeout, (int, float)) and timeout >= 0):
-            self.init_timeout = None if timeout is None else float(timeout)
         else:
-            raise ValueError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
+            self.init_timeout = check_timeout(timeout, none=NO_LIMIT)
         self._lock = threading.Lock()
         self._groups: dict[str, CollectiveGroup] = {}
         self._wire: WireCodec | None = None

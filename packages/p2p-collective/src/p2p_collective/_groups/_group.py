@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -11,6 +10,7 @@ from typing import Any
 import torch
 
 from p2p_asyncwork import AsyncResultWork
+from p2p_asyncwork.internal import CONFIGURED, check_timeout
 from p2p_collective._compression import (
     Outgoing,
     WireCodec,
@@ -223,17 +223,8 @@ class CollectiveGroup(GroupOps):
             return self._incarnation
 
     def _deadline(self, timeout: float | None) -> float | None:
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or math.isnan(timeout)
-            or timeout < 0
-        ):
-            raise ValueError(
-                f"timeout: got {timeout!r}; allowed: seconds >= 0, float('inf') for no limit,"
-                " or None for the configured op_timeout"
-            )
-        return deadline_after(self.config.op_timeout if timeout is None else float(timeout))
+        seconds = check_timeout(timeout, none=CONFIGURED)
+        return deadline_after(self.config.op_timeout if seconds is None else seconds)
 
     # -- send / recv of any payload -----------------------------------------------------
 

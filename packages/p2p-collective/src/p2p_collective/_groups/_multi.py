@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from p2p_asyncwork import AsyncResultWork
+from p2p_asyncwork.internal import CONFIGURED, check_timeout
 from p2p_collective._deadline import deadline_after
 from p2p_collective._errors import (
     CleanFailure,
@@ -146,9 +147,8 @@ class MultiCollectiveGroup(MultiConnection):
         timeout: float | None,
         async_op: bool,
     ) -> Any:
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ValueError(f"timeout: got {timeout!r}; allowed: seconds >= 0 or None")
-        deadline = deadline_after(self.config.op_timeout if timeout is None else float(timeout))
+        seconds = check_timeout(timeout, none=CONFIGURED)
+        deadline = deadline_after(self.config.op_timeout if seconds is None else seconds)
         gone = self._gone
         if gone is not None:  # a member is gone: fail at once, never queue
             err = PeerGoneError(f"coll[{self.name}]: {label} refused: {gone}")
