@@ -4,8 +4,9 @@ A group of N >= 2 members runs its collectives on one ``p2p_collective``
 ``MultiCollectiveGroup`` (gloo, N ranks) and its ``send`` / ``recv`` on two-party
 groups, one per pair of members that exchange tensors, so two members on one node move
 the bytes through shared memory. A group of two members on one node runs its
-collectives over shared memory too, on a pair of its own (see :mod:`._pair`), and a
-group of three or more on one node on a ring of such pairs (see :mod:`._ringpairs`). All of
+collectives over shared memory too, on a pair of its own, and a group of three or more
+on one node on a ring of such pairs (p2p-collective's ``PairCollectives`` and
+``RingCollectives``, from ``p2p_collective.internal``). All of
 them belong to a ``Collective`` of this group alone, named after the group, its
 incarnation and the member's rank; nothing touches the network before the first
 operation, which waits for the other members.
@@ -29,12 +30,10 @@ from typing import Any
 import ray
 
 from p2p_collective import Collective, CollectiveGroup, MultiCollectiveGroup
-from p2p_collective.internal import check_reducible
+from p2p_collective.internal import PairCollectives, RingCollectives, check_like, check_reducible
 from p2p_worker._raycoll._checks import as_torch, check_not_self, check_rank
 from p2p_worker._raycoll._env import Meeting, meeting
 from p2p_worker._raycoll._errors import CollectiveArgumentError, TensorTypeError
-from p2p_worker._raycoll._pair import PairCollectives, check_like
-from p2p_worker._raycoll._ringpairs import RingCollectives
 from p2p_worker._raycoll._types import Backend
 from p2p_worker._runtime._oracle import actor_id_alive
 
@@ -254,7 +253,8 @@ class GroupHandle:
         """How this group's collectives travel: ``"shm"`` or ``"gloo"``.
 
         ``"shm"`` for a group whose members are all on one node (two members: see
-        :mod:`._pair`; more: :mod:`._ringpairs`), ``"gloo"`` otherwise; None for a group
+        ``p2p_collective.internal.PairCollectives``; more:
+        ``RingCollectives``), ``"gloo"`` otherwise; None for a group
         of one, or before the group's first collective decided it.
         """
         if self._world_size == 1:

@@ -1,4 +1,4 @@
-"""The collectives of a group of two members on one node, over shared memory.
+"""The collectives of two members on one node, over their pair group's shared memory.
 
 With two members every collective is one exchange or one message: ``allreduce`` and
 ``allgather`` send this member's tensor while receiving the other's, ``broadcast`` and
@@ -29,7 +29,8 @@ import time
 
 import torch
 
-from p2p_collective import CollectiveGroup
+from p2p_collective._deadline import remaining
+from p2p_collective._groups._group import CollectiveGroup
 
 SYNC_SEND_MAX = 64 << 10
 """Bytes up to which an exchange sends in the calling thread before receiving.
@@ -51,11 +52,6 @@ def check_like(items: list[torch.Tensor], t: torch.Tensor, where: str, op: str) 
                 f"{op}: {where}[{i}] is {x.dtype}{tuple(x.shape)}, tensor is"
                 f" {t.dtype}{tuple(t.shape)}; they must match"
             )
-
-
-def time_left(deadline: float | None) -> float | None:
-    """Seconds left until a ``time.monotonic()`` deadline (None: no limit), at least 0."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def combine(out: torch.Tensor, other: torch.Tensor, op: str) -> None:
@@ -96,10 +92,10 @@ class PairCollectives:
         probe = torch.zeros(_PROBE, dtype=torch.uint8)
         if self.rank == 0:
             self.pair.send_tensor(probe, timeout=timeout)
-            self.pair.recv_tensor(probe, timeout=time_left(deadline))
+            self.pair.recv_tensor(probe, timeout=remaining(deadline))
         else:
             self.pair.recv_tensor(probe, timeout=timeout)
-            self.pair.send_tensor(probe, timeout=time_left(deadline))
+            self.pair.send_tensor(probe, timeout=remaining(deadline))
         stats = self.pair.stats()
         return all(stats[side].get("transport") == "shm" for side in ("send", "recv"))
 
@@ -117,13 +113,13 @@ class PairCollectives:
         nbytes = mine.numel() * mine.element_size()
         if nbytes <= SYNC_SEND_MAX:
             self.pair.send_tensor(mine, timeout=timeout)
-            self.pair.recv_tensor(theirs, timeout=time_left(deadline))
+            self.pair.recv_tensor(theirs, timeout=remaining(deadline))
             return
         sent = self.pair.send_tensor(mine, async_op=True, timeout=timeout)
         try:
             self.pair.recv_tensor(theirs, timeout=timeout)
         finally:
-            sent.wait(timeout=time_left(deadline))
+            sent.wait(timeout=remaining(deadline))
 
     def takes(self, op: str, t: torch.Tensor) -> bool:
         """Whether the pair runs ``op`` on ``t``: always (it won at every measured size)."""

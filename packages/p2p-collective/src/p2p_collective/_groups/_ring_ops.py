@@ -41,11 +41,10 @@ from typing import Any
 
 import torch
 
-from p2p_collective import CollectiveGroup, GroupBrokenError, PeerError, PeerGoneError
-from p2p_worker._raycoll._pair import combine, time_left
-
-SYNC_SEND_MAX = 64 << 10
-"""Bytes up to which a step sends in the calling thread before receiving."""
+from p2p_collective._deadline import remaining
+from p2p_collective._errors import GroupBrokenError, PeerError, PeerGoneError
+from p2p_collective._groups._group import CollectiveGroup
+from p2p_collective._groups._pair_ops import SYNC_SEND_MAX, combine  # a step sends alike
 
 SMALL_ALLREDUCE = 64 << 10
 """Bytes up to which ``allreduce`` gathers whole tensors and reduces them locally."""
@@ -160,11 +159,11 @@ class RingCollectives:
         for low, _high, pair in edges:
             # the lower rank of a pair sends first, the higher receives first
             if r == low:
-                pair.send_tensor(probe, timeout=time_left(deadline))
-                pair.recv_tensor(probe, timeout=time_left(deadline))
+                pair.send_tensor(probe, timeout=remaining(deadline))
+                pair.recv_tensor(probe, timeout=remaining(deadline))
             else:
-                pair.recv_tensor(probe, timeout=time_left(deadline))
-                pair.send_tensor(probe, timeout=time_left(deadline))
+                pair.recv_tensor(probe, timeout=remaining(deadline))
+                pair.send_tensor(probe, timeout=remaining(deadline))
         mine = wanted and all(
             pair.stats()[side].get("transport") == "shm"
             for pair in (self.left, self.right)
@@ -173,9 +172,9 @@ class RingCollectives:
         verdict = torch.tensor([1 if mine else 0], dtype=torch.uint8)
         got = torch.zeros(1, dtype=torch.uint8)
         for _ in range(n - 1):
-            sent = self.right.send_tensor(verdict, async_op=True, timeout=time_left(deadline))
-            self.left.recv_tensor(got, timeout=time_left(deadline))
-            sent.wait(timeout=time_left(deadline))
+            sent = self.right.send_tensor(verdict, async_op=True, timeout=remaining(deadline))
+            self.left.recv_tensor(got, timeout=remaining(deadline))
+            sent.wait(timeout=remaining(deadline))
             verdict = torch.minimum(verdict, got)
         return bool(verdict.item())
 
@@ -191,14 +190,14 @@ class RingCollectives:
     def _step(self, mine: torch.Tensor, theirs: torch.Tensor, deadline: float | None) -> None:
         """Send ``mine`` to the right while receiving the left's tensor into ``theirs``."""
         if mine.numel() * mine.element_size() <= SYNC_SEND_MAX:
-            self.right.send_tensor(mine, timeout=time_left(deadline))
-            self.left.recv_tensor(theirs, timeout=time_left(deadline))
+            self.right.send_tensor(mine, timeout=remaining(deadline))
+            self.left.recv_tensor(theirs, timeout=remaining(deadline))
             return
-        sent = self.right.send_tensor(mine, async_op=True, timeout=time_left(deadline))
+        sent = self.right.send_tensor(mine, async_op=True, timeout=remaining(deadline))
         try:
-            self.left.recv_tensor(theirs, timeout=time_left(deadline))
+            self.left.recv_tensor(theirs, timeout=remaining(deadline))
         finally:
-            sent.wait(timeout=time_left(deadline))
+            sent.wait(timeout=remaining(deadline))
 
     def run(self, fn: Callable[..., None], *args: Any, timeout: float | None) -> None:
         """Run one operation; a failure breaks the ring (closes both pairs) and re-raises.
@@ -267,12 +266,12 @@ class RingCollectives:
             for lo, hi in _pieces(flat.numel(), t.element_size(), self.chain_bytes):
                 piece = flat[lo:hi]
                 if pos > 0:
-                    self.left.recv_tensor(piece, timeout=time_left(deadline))
+                    self.left.recv_tensor(piece, timeout=remaining(deadline))
                 if pos < self.size - 1:
                     self._forward(piece, hi == flat.numel(), sends, deadline)
         finally:
             for s in sends:
-                s.wait(timeout=time_left(deadline))
+                s.wait(timeout=remaining(deadline))
 
     def _reduce(self, t: torch.Tensor, dst: int, op: str, deadline: float | None) -> None:
         """``t`` of ``dst`` becomes the reduction; the other members' ``t`` is unchanged.
@@ -292,16 +291,16 @@ class RingCollectives:
                     continue
                 if pos == last:
                     got = self._chain_buf(hi - lo, t.dtype)
-                    self.left.recv_tensor(got, timeout=time_left(deadline))
+                    self.left.recv_tensor(got, timeout=remaining(deadline))
                     combine(flat[lo:hi], got, op)
                     continue
                 piece = acc[lo:hi]
-                self.left.recv_tensor(piece, timeout=time_left(deadline))
+                self.left.recv_tensor(piece, timeout=remaining(deadline))
                 combine(piece, flat[lo:hi], op)
                 self._forward(piece, hi == flat.numel(), sends, deadline)
         finally:
             for s in sends:
-                s.wait(timeout=time_left(deadline))
+                s.wait(timeout=remaining(deadline))
 
     def _forward(
         self, piece: torch.Tensor, last: bool, sends: list[Any], deadline: float | None
@@ -316,9 +315,9 @@ class RingCollectives:
         6.23 ms with a queued last send, 5.45 ms sent here; reduce 7.80 and 6.30 ms.
         """
         if last:
-            self.right.send_tensor(piece, timeout=time_left(deadline))
+            self.right.send_tensor(piece, timeout=remaining(deadline))
         else:
-            sends.append(self.right.send_tensor(piece, async_op=True, timeout=time_left(deadline)))
+            sends.append(self.right.send_tensor(piece, async_op=True, timeout=remaining(deadline)))
 
     def _chain_buf(self, n: int, dtype: torch.dtype) -> torch.Tensor:
         return self._scratch(n, dtype)

@@ -1,4 +1,4 @@
-"""The ring collectives of ``p2p_worker.compat`` for 3+ members (``_raycoll._ringpairs``).
+"""The ring collectives of 3+ members on one node (``_groups._ring_ops``).
 
 Three spawned processes meet through a ``TCPStore``, without Ray: with shared memory on
 in all of them, the ring says so after connecting and gives every member the same
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import torch
-from raycoll_spawn import run_members
+from pair_spawn import run_members
 
-from p2p_worker._raycoll._ringpairs import CHAIN_CHUNK, _pieces, takes
+from p2p_collective._groups._ring_ops import CHAIN_CHUNK, _pieces, takes
 
 pytestmark = pytest.mark.timeout(120)
 N = 3
@@ -24,7 +24,7 @@ CHAIN_N = 100_003  # float32 items: one shared-memory message of 400 KB
 
 
 def _ring(coll: Any, rank: int, key: str) -> Any:
-    from p2p_worker._raycoll._ringpairs import RingCollectives
+    from p2p_collective._groups._ring_ops import RingCollectives
 
     def pair(peer: int) -> Any:
         a, b = min(rank, peer), max(rank, peer)

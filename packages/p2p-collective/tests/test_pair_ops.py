@@ -1,4 +1,4 @@
-"""The two-member collectives of ``p2p_worker.compat`` (``_raycoll._pair``), without Ray.
+"""Two members' collectives over their pair group (``_groups._pair_ops``), without Ray.
 
 Two spawned processes meet through a ``TCPStore``: with shared memory on, the pair
 says so after its first exchange and every collective gives the reduction of both
@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 import torch
-from raycoll_spawn import run_members
+from pair_spawn import run_members
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _pair_body(coll: Any, rank: int, key: str) -> tuple[bool, list[bool]]:
-    from p2p_worker._raycoll._pair import PairCollectives
+    from p2p_collective._groups._pair_ops import PairCollectives
 
     pair = coll.create_pair_group([f"{key}-0", f"{key}-1"], group_name=f"{key}/coll")
     two = PairCollectives(pair, rank)
