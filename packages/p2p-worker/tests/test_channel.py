@@ -31,7 +31,7 @@ from p2p_worker import (
     connect_channel,
     create_channel,
 )
-from p2p_worker._channels.proto import CHANNEL_NAMESPACE
+from p2p_worker._channels._protocol.proto import CHANNEL_NAMESPACE
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 

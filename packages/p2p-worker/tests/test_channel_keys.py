@@ -12,7 +12,7 @@ import pickle
 
 import pytest
 
-from p2p_worker._channels.keys import (
+from p2p_worker._channels._protocol.keys import (
     DEFAULT_KEY,
     Keyed,
     batch_weight,
@@ -21,7 +21,7 @@ from p2p_worker._channels.keys import (
     unwrap,
     wrap,
 )
-from p2p_worker._channels.queue import RESET, ChannelQueue, Item
+from p2p_worker._channels._server.queue import RESET, ChannelQueue, Item
 
 
 def put(q: ChannelQueue, obj: object, key: object = DEFAULT_KEY, weight: int = 0) -> None:

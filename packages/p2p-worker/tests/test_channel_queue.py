@@ -21,14 +21,14 @@ from p2p_worker import (
     ChannelNotFoundError,
     WorkerError,
 )
-from p2p_worker._channels.keys import DEFAULT_KEY
-from p2p_worker._channels.queue import (
+from p2p_worker._channels._protocol.keys import DEFAULT_KEY
+from p2p_worker._channels._protocol.payload import payload_nbytes
+from p2p_worker._channels._server.queue import (
     CANCELLED,
     PASSING_GRACE,
     RESET,
     ChannelQueue,
     Item,
-    payload_nbytes,
 )
 
 
@@ -390,7 +390,7 @@ def test_settle_frees_the_slots_of_arrived_items_and_puts_the_rest_back_in_order
 
 
 def test_payload_counts_per_link_generation_are_final_once_no_receive_is_posted() -> None:
-    from p2p_worker._channels.peers import Payloads
+    from p2p_worker._channels._server.peers import Payloads
 
     p = Payloads()
     for _ in range(3):

@@ -9,22 +9,28 @@ from typing import Any, Literal, cast, overload
 
 import ray
 
-from p2p_worker._channels.client import NO_CREDIT, ChannelLink
-from p2p_worker._channels.connect import connect_link
-from p2p_worker._channels.endpoint import (
+from p2p_worker._channels._client.connect import connect_link
+from p2p_worker._channels._client.endpoint import (
     cached_handle,
+    current_endpoint,
     endpoint_for_store,
     forget_handle,
     remember_handle,
 )
-from p2p_worker._channels.errors import ChannelClosedError, ChannelError
-from p2p_worker._channels.inline import PutRequest
-from p2p_worker._channels.keys import DEFAULT_KEY, check_key, check_weight, wrap
-from p2p_worker._channels.local import LocalChannel
-from p2p_worker._channels.proto import (
+from p2p_worker._channels._client.inline import PutRequest
+from p2p_worker._channels._client.link import NO_CREDIT, ChannelLink
+from p2p_worker._channels._client.local import LocalChannel
+from p2p_worker._channels._client.work import ChannelWork, check_timeout, refuse_waiting_in_callback
+from p2p_worker._channels._protocol.errors import (
+    ChannelClosedError,
+    ChannelError,
+    ChannelExistsError,
+)
+from p2p_worker._channels._protocol.keys import DEFAULT_KEY, check_key, check_weight, wrap
+from p2p_worker._channels._protocol.proto import (
     DEFAULT_TRANSFER_TIMEOUT as DEFAULT_TRANSFER_TIMEOUT,  # re-exported
 )
-from p2p_worker._channels.proto import (
+from p2p_worker._channels._protocol.proto import (
     GET,
     MAX_BATCH,
     PREFETCH,
@@ -32,7 +38,6 @@ from p2p_worker._channels.proto import (
     check_channel_name,
 )
 from p2p_worker._channels.spawn import resolve_names, spawn_channel_worker
-from p2p_worker._channels.work import ChannelWork, check_timeout, refuse_waiting_in_callback
 
 DEFAULT_CONNECT_TIMEOUT = 30.0
 DEFAULT_QUERY_TIMEOUT = 60.0
@@ -181,9 +186,6 @@ class Channel:
         Example:
             >>> channel = Channel.create(name="rollouts", maxsize=64)  # doctest: +SKIP
         """
-        from p2p_worker._channels.endpoint import current_endpoint
-        from p2p_worker._channels.errors import ChannelExistsError
-
         del disable_distributed_log
         if local is True:  # RLinf's in-process channel: no job, no channel worker
             check_channel_name(name)
@@ -224,8 +226,6 @@ class Channel:
         Example:
             >>> channel = Channel.connect("rollouts")  # doctest: +SKIP
         """
-        from p2p_worker._channels.endpoint import current_endpoint
-
         del current_worker
         return connect_on(current_endpoint(cluster), name, timeout)
 

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkCancelledError, WorkTimeoutError
-from p2p_worker._channels.errors import ChannelClosedError, ChannelError
-from p2p_worker._channels.keys import DEFAULT_KEY
+from p2p_worker._channels._protocol.errors import ChannelClosedError, ChannelError
+from p2p_worker._channels._protocol.keys import DEFAULT_KEY
 
 CONTROL_GRACE = 30.0  # seconds a blocking call waits past its own bounds for an answer
 

@@ -105,7 +105,7 @@ GIVE_BACK = 6
 RECEIPT = -1  # the token of a receipt (requests are numbered from 0)
 
 PREFETCH = 8
-"""Most items a blocking ``get()`` takes at once when they are queued (see ``_channels.prefetch``).
+"""Most items a blocking ``get()`` takes at once when queued (see ``_channels._client.prefetch``).
 
 Only items without tensors, only when the channel worker can answer at once and no
 other get of that key waits; each extra item is numbered with a token the request

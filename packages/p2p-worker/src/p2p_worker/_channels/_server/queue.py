@@ -14,23 +14,21 @@ a timeout) still waits for items that are arriving, so a completed put is never 
 
 Waiting producers and consumers are served strictly in arrival order; a freed slot or a
 new item is handed straight to the oldest waiter. Items are queued per key (one FIFO
-each, see :mod:`p2p_worker._channels.keys`); a getter waits on its key's FIFO only. The
+each, see :mod:`p2p_worker._channels._protocol.keys`); a getter waits on its key's FIFO only. The
 slots are shared by all keys: ``maxsize`` bounds the channel, not each key.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from p2p_worker._channels.errors import ChannelClosedError
-from p2p_worker._channels.keys import DEFAULT_KEY, batch_weight, unwrap
+from p2p_worker._channels._protocol.errors import ChannelClosedError
+from p2p_worker._channels._protocol.keys import DEFAULT_KEY, batch_weight, unwrap
+from p2p_worker._channels._protocol.payload import payload_nbytes
 
 PASSING_GRACE = 0.25
 """Seconds a put without waiting still waits, when the channel is full only because some
@@ -55,31 +53,6 @@ CANCELLED = _Signal("CANCELLED")
 """Resolves a waiter that its caller withdrew (``ChannelWork.cancel``)."""
 
 
-def payload_nbytes(obj: Any) -> int:
-    """Tensor bytes of an item: what ``max_bytes`` of ``get_batch`` counts.
-
-    Tensors, lists/tuples of tensors, dicts of tensors and dataclass tensor fields are
-    counted; any other part of an item counts as 0 bytes.
-
-    Example:
-        >>> payload_nbytes({"x": torch.zeros(4), "step": 3})
-        16
-    """
-    if isinstance(obj, torch.Tensor):
-        return int(obj.numel() * obj.element_size())
-    if isinstance(obj, (list, tuple)):
-        return sum(payload_nbytes(x) for x in obj if isinstance(x, torch.Tensor))
-    if isinstance(obj, dict):
-        return sum(payload_nbytes(v) for v in obj.values() if isinstance(v, torch.Tensor))
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return sum(
-            payload_nbytes(v)
-            for f in dataclasses.fields(obj)
-            if isinstance(v := getattr(obj, f.name, None), torch.Tensor)
-        )
-    return 0
-
-
 @dataclass
 class Item:
     """One queued item: the received object, its tensor bytes, key and weight."""
@@ -91,7 +64,7 @@ class Item:
 
 
 def item_of(obj: Any) -> Item:
-    """A received object as a queue item (a :class:`~p2p_worker._channels.keys.Keyed` is opened)."""
+    """A received object as a queue item (a ``Keyed`` envelope is opened, see ``keys``)."""
     item, key, weight = unwrap(obj)
     return Item(item, payload_nbytes(item), key, weight)
 
@@ -524,14 +497,3 @@ def _prune(waiters: deque[_Waiter]) -> None:
 def _give_back(result: Any, give_back: Callable[[Any], None]) -> None:
     if result is True or isinstance(result, list):
         give_back(result)
-
-
-class Void:
-    """Sent by a producer in place of its item when it abandoned a granted put.
-
-    The channel worker frees the slot and queues nothing, so the producer's link stays
-    in step without the item entering the channel.
-    """
-
-    def __repr__(self) -> str:
-        return "<channel void>"

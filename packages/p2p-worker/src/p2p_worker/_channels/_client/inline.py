@@ -16,9 +16,9 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from p2p_worker._channels.keys import unwrap
-from p2p_worker._channels.proto import INLINE_BYTES, PUT, PUT_INLINE
-from p2p_worker._channels.queue import payload_nbytes
+from p2p_worker._channels._protocol.keys import unwrap
+from p2p_worker._channels._protocol.payload import payload_nbytes
+from p2p_worker._channels._protocol.proto import INLINE_BYTES, PUT, PUT_INLINE
 
 
 def rides_inline(item: Any) -> bool:

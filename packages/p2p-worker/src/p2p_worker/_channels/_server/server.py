@@ -6,7 +6,7 @@ gets and ``Channel.qsize`` never make a Ray call. Each peer has two collective g
 this worker, named with the peer's link generation:
 
 - the *control group* carries the peer's requests, read in order by a
-  :class:`~p2p_worker._channels.readers.RequestReader` (from the event loop itself
+  :class:`~p2p_worker._channels._server.readers.RequestReader` (from the event loop itself
   for a same-node peer, else from the group's receiving thread); each request is served
   in turn (it takes its place among the channel's waiters in the order the peer issued
   it, :meth:`ChannelWorker._serve`), so a consumer's gets are served in the order it
@@ -18,15 +18,15 @@ this worker, named with the peer's link generation:
 - the *link* carries put payloads in, and answers out: ``(token, answer, count)``
   followed by the ``count`` items a get was granted (items without tensors ride inside
   the answer). Sent items keep their slots until the peer acknowledges them (``ACK`` on
-  the control group, usually riding on its next request, see ``_channels.acks``; items
-  a blocking get prefetched, one by one, see ``_channels.prefetch``); when the link fails
+  the control group, usually riding on its next request, see ``_channels._client.acks``; items
+  a blocking get prefetched, one by one, see ``_channels._client.prefetch``); when the link fails
   first, they go back to the head, in order, so a consumer that dies loses no item.
 
 A put request waits (FIFO) for a free slot, takes it and posts a receive on the link
 for the payload; its answer grants the slot, and the producer then sends its item. No
 payload ever travels without a slot, so ``maxsize`` bounds memory. A small item without
 tensors may ride inside its put request instead (``PUT_INLINE``, see
-``_channels.inline``): granted, it is queued at once: no payload receive, no payload
+``_channels._client.inline``): granted, it is queued at once: no payload receive, no payload
 hand-off to the loop; while it waits, the request (item included) is all it holds, one per
 producer at a time. A grant may also lend *credits*: further free slots, each with a
 receive posted ahead, so the producer's next puts are plain sends without a request.
@@ -53,11 +53,8 @@ import ray
 import torch
 
 from p2p_collective import GroupClosedError
-from p2p_worker._channels.launched import launched_spec
-from p2p_worker._channels.lifetime import watch_store
-from p2p_worker._channels.peers import Peer, Tokens
-from p2p_worker._channels.prefetch import SoleConsumer
-from p2p_worker._channels.proto import (
+from p2p_worker._channels._protocol.payload import Void
+from p2p_worker._channels._protocol.proto import (
     ACK,
     ACKED,
     GET,
@@ -75,19 +72,23 @@ from p2p_worker._channels.proto import (
     link_group_name,
     wire_timeout,
 )
-from p2p_worker._channels.proto import CANCELLED as CANCELLED_ANSWER
-from p2p_worker._channels.proto import RESET as RESET_ANSWER
-from p2p_worker._channels.queue import (
+from p2p_worker._channels._protocol.proto import CANCELLED as CANCELLED_ANSWER
+from p2p_worker._channels._protocol.proto import RESET as RESET_ANSWER
+from p2p_worker._channels._server.launched import launched_spec
+from p2p_worker._channels._server.lifetime import watch_store
+from p2p_worker._channels._server.peers import Peer, Tokens
+from p2p_worker._channels._server.queue import (
     CANCELLED,
     RESET,
     ChannelQueue,
     Item,
-    Void,
     item_of,
 )
-from p2p_worker._channels.readers import PayloadReader, RequestReader
-from p2p_worker._channels.replies import Replies
-from p2p_worker._channels.views import ChannelViews
+from p2p_worker._channels._server.readers import PayloadReader, RequestReader
+from p2p_worker._channels._server.replies import Replies
+from p2p_worker._channels._server.sole import SoleConsumer
+from p2p_worker._channels._server.views import ChannelViews
+from p2p_worker._groups._group import WorkerGroup
 from p2p_worker._info import WorkerInfo
 from p2p_worker._workers._runtime import WorkerRuntime
 from p2p_worker._workers._untraced import untraced_internals
@@ -162,7 +163,7 @@ class ChannelWorker(ChannelViews, WorkerBase):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._counts = {"puts": 0, "gets": 0, "failures": 0, "resets": 0, "voids": 0, "inline": 0}
         self._counts["prefetched"] = 0
-        self._sole = SoleConsumer()  # a get may prefetch only for it (_channels.prefetch)
+        self._sole = SoleConsumer()  # a get may prefetch only for it (_channels._client.prefetch)
         self._stop = threading.Event()
         threading.Thread(
             target=watch_store, args=(spec.job, self._stop), name="p2p-channel-watch", daemon=True
@@ -178,8 +179,6 @@ class ChannelWorker(ChannelViews, WorkerBase):
         Returns:
             An unlaunched ``WorkerGroup``; the channel takes the name it is launched with.
         """
-        from p2p_worker._groups._group import WorkerGroup
-
         return WorkerGroup(cls, (), {"maxsize": maxsize})
 
     # -- links --------------------------------------------------------------------------

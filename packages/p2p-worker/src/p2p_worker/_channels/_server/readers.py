@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from p2p_collective import CollectiveTimeoutError, GroupClosedError, Unready
-from p2p_worker._channels.proto import wire_timeout
+from p2p_worker._channels._protocol.proto import wire_timeout
 
 logger = logging.getLogger("p2p_worker.channel")
 

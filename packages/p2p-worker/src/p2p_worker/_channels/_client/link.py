@@ -25,19 +25,21 @@ from typing import Any, cast
 import ray
 
 from p2p_asyncwork import AsyncWork, WorkCancelledError
-from p2p_worker._channels.acks import FLUSHER, AckBatch
-from p2p_worker._channels.errors import (
+from p2p_worker._channels._client.acks import FLUSHER, AckBatch
+from p2p_worker._channels._client.failure import Unconfirmed, fail_ops_soon
+from p2p_worker._channels._client.handshake import open_groups
+from p2p_worker._channels._client.linger import Linger
+from p2p_worker._channels._client.order import IssueOrder
+from p2p_worker._channels._client.prefetch import Prefetched
+from p2p_worker._channels._client.work import CONTROL_GRACE, ChannelWork, Op, wait_within
+from p2p_worker._channels._protocol.errors import (
     ChannelClosedError,
     ChannelEmpty,
     ChannelError,
     ChannelFull,
 )
-from p2p_worker._channels.failure import Unconfirmed, fail_ops_soon
-from p2p_worker._channels.handshake import open_groups
-from p2p_worker._channels.linger import Linger
-from p2p_worker._channels.order import IssueOrder
-from p2p_worker._channels.prefetch import Prefetched
-from p2p_worker._channels.proto import (
+from p2p_worker._channels._protocol.payload import Void
+from p2p_worker._channels._protocol.proto import (
     CANCELLED,
     GIVE_BACK,
     NO_ROOM,
@@ -47,8 +49,6 @@ from p2p_worker._channels.proto import (
     decode,
     wire_timeout,
 )
-from p2p_worker._channels.queue import Void
-from p2p_worker._channels.work import CONTROL_GRACE, ChannelWork, Op, wait_within
 
 CREDITS = 8  # put credits a put asks for (the channel worker may lend fewer)
 CREDIT_LINGER = 0.05  # seconds without a put after which unused credits are handed back
@@ -91,7 +91,7 @@ class ChannelLink:
         # when the link fails, so a reset never sends items that arrived here elsewhere.
         self._got: dict[int, list[Any]] = {}
         self._acks = AckBatch()  # acknowledgements waiting for the next request
-        # items a blocking get took ahead (see _channels.prefetch)
+        # items a blocking get took ahead (see _channels._client.prefetch)
         self.prefetched = Prefetched(_Locks(self._send_lock, self._lock), self.give_back_prefetched)
         self._prefetching: dict[int, Any] = {}  # token -> key of a prefetching get in flight
         self.closed = False
@@ -406,7 +406,7 @@ class ChannelLink:
                 if self._broken is not None:
                     self._reconnect()
                 token = self._token
-                self._token += reserve  # a prefetching get numbers its items (_channels.prefetch)
+                self._token += reserve  # a prefetching get numbers its items (see prefetch)
                 fut: Future[Any] = Future()
                 self._pending[token] = fut
                 ctl, group = self._ctl, self._group
@@ -631,7 +631,7 @@ class ChannelLink:
                     send, lambda w: self._ask_reset(gen) if w.exception(0) else None
                 )
 
-    # -- prefetched items (see _channels.prefetch) -------------------------------------
+    # -- prefetched items (see _channels._client.prefetch) -------------------------------------
 
     def gets_idle(self) -> bool:
         """Whether no get of this process is in flight (a new blocking get may prefetch)."""
