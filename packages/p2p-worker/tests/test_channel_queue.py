@@ -24,9 +24,9 @@ from p2p_worker import (
 from p2p_worker._channels._protocol.keys import DEFAULT_KEY
 from p2p_worker._channels._protocol.payload import payload_nbytes
 from p2p_worker._channels._server.queue import (
-    CANCELLED,
     PASSING_GRACE,
-    RESET,
+    WAITER_CANCELLED,
+    WAITER_RESET,
     ChannelQueue,
     Item,
 )
@@ -231,8 +231,8 @@ def test_reset_wakes_only_that_peers_waiters() -> None:
         live_get = asyncio.create_task(q.take("live", 1, None, block=True, timeout=None))
         await asyncio.sleep(0.01)
         assert q.reset_peer("dead") == 2
-        assert await dead_put is RESET
-        assert await dead_get is RESET
+        assert await dead_put is WAITER_RESET
+        assert await dead_get is WAITER_RESET
         q.arrived(Item("item", 0))
         assert objs(await live_get) == ["item"]
 
@@ -248,7 +248,7 @@ def test_cancel_withdraws_a_waiting_call() -> None:
         assert q.cancel("c", 7) is True
         assert q.cancel("c", 7) is False  # already withdrawn
         assert q.cancel("other", 8) is False  # someone else's token
-        assert await first is CANCELLED
+        assert await first is WAITER_CANCELLED
         await put(q, "kept", 0)
         assert objs(await second) == ["kept"]
 

@@ -333,14 +333,9 @@ class Channel:
         if not async_op:
             refuse_waiting_in_callback("a blocking get" if block else "get_nowait")
         link = self._link()
-        with link._lock:
-            mine = [i for i, (k, _) in enumerate(link.orphans) if k == key]
-            taken = [link.orphans[i][1] for i in mine[:max_items]]
-            if target_weight is None:  # items a get abandoned after they were granted
-                for i in reversed(mine[:max_items]):
-                    del link.orphans[i]
-        if target_weight is None:  # then items a get prefetched (older than any queued)
-            taken = taken or link.take_prefetched(key, max_items)
+        if target_weight is None:  # items a get abandoned after they were granted, then
+            # items a get prefetched (older than any queued)
+            taken = link.take_orphans(key, max_items) or link.take_prefetched(key, max_items)
         else:  # a by-weight batch takes them in order from the head
             taken = []
             link.give_back_prefetched()
@@ -596,9 +591,7 @@ class Channel:
         """
         check_key(key)
         link = self._link()
-        with link._lock:  # what the next gets of this process hand out first
-            held = [item for k, item in link.orphans if k == key]
-            held += [entry[3] for entry in link.prefetched.entries if entry[0] == key]
+        held = link.held_items(key)  # what the next gets of this process hand out first
         return held + list(self._query("peek_all", timeout, key))
 
     def __str__(self) -> str:

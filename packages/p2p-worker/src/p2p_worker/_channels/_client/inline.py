@@ -59,6 +59,6 @@ class PutRequest:
         credits = link.want_credits() if self.block else 0
         if self.small and link.puts_settled():
             self.inline = True
-            sync = (link._gen, link._sent)
+            sync = link.sync()  # reentrant: the link's lock is held already
             return (PUT_INLINE, token, self.block, self.timeout, credits, sync, self.item)
         return (PUT, token, self.block, self.timeout, credits)

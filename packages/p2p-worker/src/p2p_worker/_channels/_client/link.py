@@ -38,10 +38,10 @@ from p2p_worker._channels._protocol.errors import (
 )
 from p2p_worker._channels._protocol.payload import Void
 from p2p_worker._channels._protocol.proto import (
-    CANCELLED,
+    CANCELLED_ANSWER,
     GIVE_BACK,
     NO_ROOM,
-    RESET,
+    RESET_ANSWER,
     Hello,
     decode,
     wire_timeout,
@@ -224,9 +224,9 @@ class ChannelLink(LinkAnswers):
             op.work._finish(exception=ChannelFull(f"channel {name!r} is full"))
         elif code == NO_ROOM:
             op.work._finish(exception=ChannelEmpty(f"channel {name!r} is empty"))
-        elif code == CANCELLED:
+        elif code == CANCELLED_ANSWER:
             op.work._finish(exception=WorkCancelledError("the channel operation was cancelled"))
-        elif code == RESET:
+        elif code == RESET_ANSWER:
             op.work._finish(
                 exception=ChannelError(
                     f"channel {name!r}: {op.kind} interrupted, the link to the channel worker"
@@ -360,6 +360,25 @@ class ChannelLink(LinkAnswers):
                 )
 
     # -- prefetched items (see _channels._client.prefetch) -------------------------------------
+
+    def take_orphans(self, key: Any, most: int) -> list[Any]:
+        """Remove and return up to ``most`` of ``key``'s items that abandoned gets left."""
+        with self._lock:
+            mine = [i for i, (k, _) in enumerate(self.orphans) if k == key]
+            taken = [self.orphans[i][1] for i in mine[:most]]
+            for i in reversed(mine[:most]):
+                del self.orphans[i]
+        return taken
+
+    def held_items(self, key: Any) -> list[Any]:
+        """``key``'s items that this process's next gets hand out first (not removed).
+
+        Those abandoned gets left, then those a get prefetched, oldest first.
+        """
+        with self._lock:
+            held = [item for k, item in self.orphans if k == key]
+            held += [entry[3] for entry in self.prefetched.entries if entry[0] == key]
+        return held
 
     def gets_idle(self) -> bool:
         """Whether no get of this process is in flight (a new blocking get may prefetch)."""

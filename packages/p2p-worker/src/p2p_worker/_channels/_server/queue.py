@@ -47,9 +47,9 @@ class _Signal:
 
 
 _TIMED_OUT = _Signal("TIMED_OUT")
-RESET = _Signal("RESET")
+WAITER_RESET = _Signal("WAITER_RESET")
 """Resolves the waiters of a peer whose link to the channel worker was reset."""
-CANCELLED = _Signal("CANCELLED")
+WAITER_CANCELLED = _Signal("WAITER_CANCELLED")
 """Resolves a waiter that its caller withdrew (``ChannelWork.cancel``)."""
 
 
@@ -138,8 +138,8 @@ class ChannelQueue:
 
         Returns:
             True when a slot was taken; False when there was no room (at once when
-            ``block`` is false, else after ``timeout``); :data:`RESET` when ``peer``'s
-            waiters were dropped by :meth:`reset_peer`; :data:`CANCELLED` when the
+            ``block`` is false, else after ``timeout``); :data:`WAITER_RESET` when ``peer``'s
+            waiters were dropped by :meth:`reset_peer`; :data:`WAITER_CANCELLED` when the
             caller withdrew it (:meth:`cancel`).
 
         Raises:
@@ -317,7 +317,7 @@ class ChannelQueue:
             A non-empty list of items; None when none came: the wait (none when
             ``block`` is false, else ``timeout``) is over and no item is arriving any
             more (a weighted batch that got some items by then returns them);
-            :data:`RESET` or :data:`CANCELLED` (see :meth:`reserve`).
+            :data:`WAITER_RESET` or :data:`WAITER_CANCELLED` (see :meth:`reserve`).
 
         Raises:
             ChannelClosedError: The channel is closed (or closes while waiting).
@@ -349,7 +349,7 @@ class ChannelQueue:
             waiter.fut.cancel()
             partial, waiter.batch = waiter.batch, []
             return partial or None
-        if result is RESET or result is CANCELLED:
+        if result is WAITER_RESET or result is WAITER_CANCELLED:
             self._give_back_partial(waiter)
         return result
 
@@ -442,12 +442,12 @@ class ChannelQueue:
         return timed_out
 
     def reset_peer(self, peer: str) -> int:
-        """Resolve every waiter of ``peer`` with :data:`RESET`; return how many."""
+        """Resolve every waiter of ``peer`` with :data:`WAITER_RESET`; return how many."""
         count = 0
         for waiters in (self._putters, self._getters):
             for waiter in waiters:
                 if waiter.peer == peer and not waiter.fut.done():
-                    waiter.fut.set_result(RESET)
+                    waiter.fut.set_result(WAITER_RESET)
                     count += 1
         return count
 
@@ -456,7 +456,7 @@ class ChannelQueue:
         for waiters in (self._putters, self._getters):
             for waiter in waiters:
                 if waiter.peer == peer and waiter.token == token and not waiter.fut.done():
-                    waiter.fut.set_result(CANCELLED)
+                    waiter.fut.set_result(WAITER_CANCELLED)
                     return True
         return False
 

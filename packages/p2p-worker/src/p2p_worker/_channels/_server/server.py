@@ -57,6 +57,7 @@ from p2p_worker._channels._protocol.payload import Void
 from p2p_worker._channels._protocol.proto import (
     ACK,
     ACKED,
+    CANCELLED_ANSWER,
     GET,
     GIVE_BACK,
     NO_ROOM,
@@ -64,6 +65,7 @@ from p2p_worker._channels._protocol.proto import (
     PUT,
     PUT_INLINE,
     QSIZE,
+    RESET_ANSWER,
     ChannelSpec,
     Hello,
     channel_address,
@@ -72,14 +74,12 @@ from p2p_worker._channels._protocol.proto import (
     link_group_name,
     wire_timeout,
 )
-from p2p_worker._channels._protocol.proto import CANCELLED as CANCELLED_ANSWER
-from p2p_worker._channels._protocol.proto import RESET as RESET_ANSWER
 from p2p_worker._channels._server.launched import launched_spec
 from p2p_worker._channels._server.lifetime import watch_store
 from p2p_worker._channels._server.peers import Peer, Tokens
 from p2p_worker._channels._server.queue import (
-    CANCELLED,
-    RESET,
+    WAITER_CANCELLED,
+    WAITER_RESET,
     ChannelQueue,
     Item,
     item_of,
@@ -556,7 +556,7 @@ class ChannelWorker(ChannelViews, WorkerBase):
         """Reserve a slot (and lend credits) for ``peer``; post the receives; the answer.
 
         With ``expect`` (a request over the control group) the grant holds only while
-        ``expect`` is still the peer's link; else the slot is given back (RESET).
+        ``expect`` is still the peer's link; else the slot is given back (RESET_ANSWER).
         ``inline`` is ``(obj,)`` for an item that rode in its request: granted, it is
         queued at once and no payload receive is posted.
         """
@@ -570,9 +570,9 @@ class ChannelWorker(ChannelViews, WorkerBase):
             got = await reserving
         finally:
             tokens.finish(token)
-        if got is CANCELLED:
+        if got is WAITER_CANCELLED:
             return CANCELLED_ANSWER
-        if got is RESET:
+        if got is WAITER_RESET:
             return RESET_ANSWER
         if not got:
             return NO_ROOM
@@ -724,9 +724,9 @@ class ChannelWorker(ChannelViews, WorkerBase):
             items = await taking
         finally:
             tokens.finish(token)
-        if items is CANCELLED:
+        if items is WAITER_CANCELLED:
             return CANCELLED_ANSWER
-        if items is RESET:
+        if items is WAITER_RESET:
             return RESET_ANSWER
         if items is None:
             return NO_ROOM
@@ -736,7 +736,7 @@ class ChannelWorker(ChannelViews, WorkerBase):
         """Withdraw the peer's call ``token`` if it still waits (or has not arrived yet).
 
         Returns:
-            True when the call will answer ``CANCELLED`` and nothing is put or
+            True when the call will answer ``CANCELLED_ANSWER`` and nothing is put or
             taken; False when it was already granted or answered.
         """
         peer = self._peers.get(peer_name)
