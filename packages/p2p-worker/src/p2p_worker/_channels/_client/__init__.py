@@ -3,8 +3,11 @@
 Imports only :mod:`~p2p_worker._channels._protocol` (and lower p2p_worker layers), never
 :mod:`~p2p_worker._channels._server`.
 
-- :mod:`~p2p_worker._channels._client.handle`: the operations of a channel handle;
-- :mod:`~p2p_worker._channels._client.link`: one process's link to a channel worker,
+- :mod:`~p2p_worker._channels._client.operations`: what a channel handle does (put,
+  get, sizes, close, destroy);
+- :mod:`~p2p_worker._channels._client.link`: one process's link to a channel worker
+  (issuing requests, sending payloads), :mod:`~p2p_worker._channels._client.answers`:
+  its receiving half,
   :mod:`~p2p_worker._channels._client.connect`: finding and connecting it,
   :mod:`~p2p_worker._channels._client.handshake`: opening its groups;
 - :mod:`~p2p_worker._channels._client.acks`, :mod:`~p2p_worker._channels._client.order`,
