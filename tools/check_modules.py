@@ -24,11 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _import_graph import circles, import_graph, package_modules
 
 MAX_LINES = 600
-OVER_LIMIT = {
-    "packages/p2p-worker/src/p2p_worker/_channels/client.py": 793,
-    "packages/p2p-worker/src/p2p_worker/_channels/handle.py": 736,
-    "packages/p2p-worker/src/p2p_worker/_channels/server.py": 794,
-}
+OVER_LIMIT: dict[str, int] = {}
 """Files over ``MAX_LINES`` when it came down from 800: path -> the most lines it may have."""
 PACKAGES = ("p2p_asyncwork", "p2p_compress", "p2p_collective", "p2p_worker")
 NO_TORCH_DISTRIBUTED = ("p2p_asyncwork", "p2p_compress")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from p2p_worker._channels.acks import ACK_DELAY, MAX_TICK, TICK_LINGER, AckBatch, AckFlusher
-from p2p_worker._channels.proto import ACK, ACKED, GET
+from p2p_worker._channels._client.acks import ACK_DELAY, MAX_TICK, TICK_LINGER, AckBatch, AckFlusher
+from p2p_worker._channels._protocol.proto import ACK, ACKED, GET
 
 
 class _Link:

@@ -1,7 +1,7 @@
 """Small items ride inside their put requests: order, the bound and waiting puts still hold.
 
 A put of an item without tensors whose pickle is at most ``INLINE_BYTES`` long carries
-the item in its request (``p2p_worker._channels.inline``); these tests mix such puts
+the item in its request (``p2p_worker._channels._client.inline``); these tests mix such puts
 with tensor and large-object puts through a real channel worker on a real local Ray
 cluster, with a producer worker and the driver.
 """
@@ -24,8 +24,8 @@ from p2p_worker import (
     Worker,
     create_channel,
 )
-from p2p_worker._channels.inline import rides_inline
-from p2p_worker._channels.proto import INLINE_BYTES
+from p2p_worker._channels._client.inline import rides_inline
+from p2p_worker._channels._protocol.proto import INLINE_BYTES
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 

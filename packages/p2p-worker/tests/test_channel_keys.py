@@ -12,7 +12,7 @@ import pickle
 
 import pytest
 
-from p2p_worker._channels.keys import (
+from p2p_worker._channels._protocol.keys import (
     DEFAULT_KEY,
     Keyed,
     batch_weight,
@@ -21,7 +21,7 @@ from p2p_worker._channels.keys import (
     unwrap,
     wrap,
 )
-from p2p_worker._channels.queue import RESET, ChannelQueue, Item
+from p2p_worker._channels._server.queue import WAITER_RESET, ChannelQueue, Item
 
 
 def put(q: ChannelQueue, obj: object, key: object = DEFAULT_KEY, weight: int = 0) -> None:
@@ -128,7 +128,7 @@ def test_timed_out_batch_returns_what_it_has_and_reset_gives_it_back() -> None:
         outcome = await reset
         return partial, outcome, await take(q)
 
-    assert asyncio.run(run()) == (["x"], RESET, ["y"])
+    assert asyncio.run(run()) == (["x"], WAITER_RESET, ["y"])
 
 
 def test_cancelled_batch_puts_its_items_back_in_order() -> None:

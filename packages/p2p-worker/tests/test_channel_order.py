@@ -2,7 +2,7 @@
 returned is in the channel before anything any process puts afterwards.
 
 A process's requests travel in order on its control group to the channel worker, which
-serves them in turn (see ``p2p_worker._channels.server``); no Ray call can overtake
+serves them in turn (see ``p2p_worker._channels._server.server``); no Ray call can overtake
 another. A put whose payload travels on its own (a credit, or after a grant) completes
 only with the channel worker's receipt.
 """

@@ -34,7 +34,7 @@ ONE = NodePlacementStrategy([0], cpus_per_worker=0)
 class Taker(Worker):
     def hold_items(self, hold: bool) -> int:
         """Keep prefetched items for a minute (``hold``) instead of 50 ms; this pid."""
-        from p2p_worker._channels import prefetch
+        from p2p_worker._channels._client import prefetch
 
         prefetch.PREFETCH_LINGER = 60.0 if hold else 0.05
         return os.getpid()

@@ -21,14 +21,14 @@ from p2p_worker import (
     ChannelNotFoundError,
     WorkerError,
 )
-from p2p_worker._channels.keys import DEFAULT_KEY
-from p2p_worker._channels.queue import (
-    CANCELLED,
+from p2p_worker._channels._protocol.keys import DEFAULT_KEY
+from p2p_worker._channels._protocol.payload import payload_nbytes
+from p2p_worker._channels._server.queue import (
     PASSING_GRACE,
-    RESET,
+    WAITER_CANCELLED,
+    WAITER_RESET,
     ChannelQueue,
     Item,
-    payload_nbytes,
 )
 
 
@@ -231,8 +231,8 @@ def test_reset_wakes_only_that_peers_waiters() -> None:
         live_get = asyncio.create_task(q.take("live", 1, None, block=True, timeout=None))
         await asyncio.sleep(0.01)
         assert q.reset_peer("dead") == 2
-        assert await dead_put is RESET
-        assert await dead_get is RESET
+        assert await dead_put is WAITER_RESET
+        assert await dead_get is WAITER_RESET
         q.arrived(Item("item", 0))
         assert objs(await live_get) == ["item"]
 
@@ -248,7 +248,7 @@ def test_cancel_withdraws_a_waiting_call() -> None:
         assert q.cancel("c", 7) is True
         assert q.cancel("c", 7) is False  # already withdrawn
         assert q.cancel("other", 8) is False  # someone else's token
-        assert await first is CANCELLED
+        assert await first is WAITER_CANCELLED
         await put(q, "kept", 0)
         assert objs(await second) == ["kept"]
 
@@ -390,7 +390,7 @@ def test_settle_frees_the_slots_of_arrived_items_and_puts_the_rest_back_in_order
 
 
 def test_payload_counts_per_link_generation_are_final_once_no_receive_is_posted() -> None:
-    from p2p_worker._channels.peers import Payloads
+    from p2p_worker._channels._server.peers import Payloads
 
     p = Payloads()
     for _ in range(3):

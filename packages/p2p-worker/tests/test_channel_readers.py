@@ -1,4 +1,4 @@
-"""The channel worker's readers (``_channels.readers``) over real groups.
+"""The channel worker's readers (``_channels._server.readers``) over real groups.
 
 Two Collectives in this process joined by a real rendezvous store: the shared-memory
 link (descriptor, read from the event loop) and the gloo link (shared memory off: the
@@ -25,7 +25,7 @@ from p2p_collective import (
     PeerError,
     parse_collective_config,
 )
-from p2p_worker._channels.readers import PayloadReader, RequestReader
+from p2p_worker._channels._server.readers import PayloadReader, RequestReader
 
 
 @pytest.fixture(params=[True, False], ids=["shm", "gloo"])

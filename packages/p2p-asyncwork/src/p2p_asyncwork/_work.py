@@ -108,10 +108,6 @@ class AsyncWork(Generic[T]):
                 return
         _run_callback(fn, self)
 
-    def _add_done_callback(self, fn: Callable[[AsyncWork[T]], None]) -> None:
-        """TEMPORARY alias while the channel modules move (removed in the same change)."""
-        self.add_done_callback(fn)
-
     def _settled(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) for completion; whether it came."""
         with self._lock:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from p2p_worker._channels.endpoint import driver_endpoint
+from p2p_worker._channels._client.endpoint import driver_endpoint
+from p2p_worker._channels._client.work import ChannelWork
 from p2p_worker._channels.handle import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TRANSFER_TIMEOUT,
@@ -21,7 +22,6 @@ from p2p_worker._channels.handle import (
     create_on,
 )
 from p2p_worker._channels.spawn import resolve_names
-from p2p_worker._channels.work import ChannelWork
 
 if TYPE_CHECKING:
     from p2p_worker._job._cluster import Cluster

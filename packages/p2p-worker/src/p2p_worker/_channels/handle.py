@@ -1,44 +1,37 @@
-"""Channel: the public handle on a named FIFO channel (put, get, get_batch, sizes)."""
+"""Channel: the public handle on a named FIFO channel; creating and connecting handles.
+
+Above both sides: creating a channel starts its channel worker (``spawn``), and a
+handle's operations are the client side's (``_client.operations``).
+"""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from concurrent.futures import Future
-from typing import Any, Literal, cast, overload
+from typing import Any, Literal, overload
 
 import ray
 
-from p2p_worker._channels.client import NO_CREDIT, ChannelLink
-from p2p_worker._channels.connect import connect_link
-from p2p_worker._channels.endpoint import (
+from p2p_asyncwork.internal import check_timeout
+from p2p_worker._channels._client.connect import connect_link
+from p2p_worker._channels._client.endpoint import (
     cached_handle,
+    current_endpoint,
     endpoint_for_store,
-    forget_handle,
     remember_handle,
 )
-from p2p_worker._channels.errors import ChannelClosedError, ChannelError
-from p2p_worker._channels.inline import PutRequest
-from p2p_worker._channels.keys import DEFAULT_KEY, check_key, check_weight, wrap
-from p2p_worker._channels.local import LocalChannel
-from p2p_worker._channels.proto import (
+from p2p_worker._channels._client.link import ChannelLink
+from p2p_worker._channels._client.local import LocalChannel
+from p2p_worker._channels._client.operations import ChannelOperations
+from p2p_worker._channels._protocol.errors import ChannelExistsError
+from p2p_worker._channels._protocol.proto import (
     DEFAULT_TRANSFER_TIMEOUT as DEFAULT_TRANSFER_TIMEOUT,  # re-exported
 )
-from p2p_worker._channels.proto import (
-    GET,
-    MAX_BATCH,
-    PREFETCH,
-    QSIZE,
-    check_channel_name,
-)
+from p2p_worker._channels._protocol.proto import check_channel_name
 from p2p_worker._channels.spawn import resolve_names, spawn_channel_worker
-from p2p_worker._channels.work import ChannelWork, check_timeout, refuse_waiting_in_callback
 
 DEFAULT_CONNECT_TIMEOUT = 30.0
-DEFAULT_QUERY_TIMEOUT = 60.0
 
 
-class Channel:
+class Channel(ChannelOperations):
     """A named FIFO queue between workers (and the driver) with real flow control.
 
     Get one with ``Worker.create_channel`` / ``Worker.connect_channel`` in a worker, or
@@ -77,35 +70,13 @@ class Channel:
         1
     """
 
-    def __init__(self, name: str, store: tuple[str, int], link: ChannelLink | None = None) -> None:
-        self.name = check_channel_name(name)
-        self._store = store
-        self._link_obj = link
-        self._lock = threading.Lock()
-
-    def _link(self) -> ChannelLink:
-        link = self._link_obj
-        if link is not None:
-            return link
-        with self._lock:
-            if self._link_obj is None:
-                endpoint = endpoint_for_store(self._store)
-                self._link_obj = connect_on(endpoint, self.name, DEFAULT_CONNECT_TIMEOUT)._link()
-            return self._link_obj
-
-    def _usable(self) -> bool:
-        link = self._link_obj
-        return link is None or not link.closed
+    def _connect(self) -> ChannelLink:
+        """This process's link to the channel, connected on first use."""
+        endpoint = endpoint_for_store(self._store)
+        return connect_on(endpoint, self.name, DEFAULT_CONNECT_TIMEOUT)._link()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore, (self.name, self._store))
-
-    def __repr__(self) -> str:
-        link = self._link_obj
-        if link is None:
-            return f"<Channel {self.name!r} (not connected yet)>"
-        state = "closed" if link.closed else f"maxsize={link.hello.maxsize}"
-        return f"<Channel {self.name!r} {state}>"
 
     @overload
     @classmethod
@@ -181,9 +152,6 @@ class Channel:
         Example:
             >>> channel = Channel.create(name="rollouts", maxsize=64)  # doctest: +SKIP
         """
-        from p2p_worker._channels.endpoint import current_endpoint
-        from p2p_worker._channels.errors import ChannelExistsError
-
         del disable_distributed_log
         if local is True:  # RLinf's in-process channel: no job, no channel worker
             check_channel_name(name)
@@ -224,470 +192,8 @@ class Channel:
         Example:
             >>> channel = Channel.connect("rollouts")  # doctest: +SKIP
         """
-        from p2p_worker._channels.endpoint import current_endpoint
-
         del current_worker
         return connect_on(current_endpoint(cluster), name, timeout)
-
-    @property
-    def maxsize(self) -> int:
-        """Most items the channel holds at once (0: no bound)."""
-        return self._link().hello.maxsize
-
-    # -- putting --------------------------------------------------------------------------
-
-    def put(
-        self,
-        item: Any,
-        weight: int = 0,
-        key: Any = DEFAULT_KEY,
-        async_op: bool = False,
-        *,
-        timeout: float | None = None,
-    ) -> Any:
-        """Append ``item`` to ``key``'s FIFO; wait while the channel is full.
-
-        RLinf's signature. Returns once the item is in the channel: it then comes out
-        before anything any process puts afterwards. With ``async_op=True`` the returned
-        handle stays pending while the channel is full and completes once the item is in
-        the channel; do not modify the item's tensors before then. A bool second
-        argument is read as ``async_op`` (p2p-worker's earlier ``put(item, async_op)``).
-
-        Args:
-            item: Any picklable object; tensors must be dense, contiguous CPU tensors.
-            weight: The item's weight for ``get_batch(target_weight=...)`` (int >= 0).
-            key: The FIFO to append to (hashable, picklable; default: RLinf's
-                ``"default_queue"``). ``maxsize`` bounds the channel, not each key.
-            async_op: Return a :class:`ChannelWork` at once instead of waiting.
-            timeout: Seconds to wait for room (None: no limit); the payload transfer
-                after it is bounded by the channel's ``transfer_timeout``.
-
-        Returns:
-            None, or a :class:`ChannelWork` whose ``wait()`` returns None.
-
-        Raises:
-            ChannelFull: No room within ``timeout`` (the item was not added).
-            TypeError: ``weight`` is not an int, or ``key`` is unhashable.
-            ValueError: ``timeout`` or ``weight`` is negative, or the item cannot be sent
-                (a tensor not on CPU or not contiguous, an unpicklable object).
-            ChannelError: The transfer failed (the item was not added; but a small
-                item that rode in its request may be in when the link failed just
-                after the channel worker queued it, see the channels guide).
-            ChannelClosedError: The channel is destroyed or its worker died.
-
-        Example:
-            >>> channel.put({"step": 3, "obs": torch.zeros(8)})  # doctest: +SKIP
-            >>> channel.put(torch.ones(4), weight=2, key="env0", async_op=True).wait()  # doctest: +SKIP
-        """  # noqa: E501
-        if isinstance(weight, bool):  # put(item, async_op): the earlier p2p-worker form
-            async_op, weight = weight, 0
-        item = wrap(item, check_key(key), check_weight(weight))
-        timeout = check_timeout(timeout)
-        if not async_op:
-            refuse_waiting_in_callback("a blocking put")
-        link = self._link()
-        done = link.credit_put(item, async_op)
-        if done is not NO_CREDIT:
-            return done
-        op = link.submit("put", PutRequest(link, item, True, timeout), item)
-        return link.follow(op) if async_op else link.run(op, link.limit(timeout))
-
-    def put_nowait(self, item: Any, weight: int = 0, key: Any = DEFAULT_KEY) -> None:
-        """Append ``item`` (with ``weight``, to ``key``) if there is room now; never wait.
-
-        Returns once the item is in the channel (its payload transfer is done).
-
-        Raises:
-            ChannelFull: The channel is full (the item was not added).
-            ValueError: The item cannot be sent.
-            ChannelError: The transfer failed.
-            ChannelClosedError: The channel is destroyed or its worker died.
-
-        Example:
-            >>> try:  # doctest: +SKIP
-            ...     channel.put_nowait(item)
-            ... except ChannelFull:
-            ...     pass
-        """
-        item = wrap(item, check_key(key), check_weight(weight))
-        refuse_waiting_in_callback("put_nowait")
-        link = self._link()
-        if link.credit_put(item, False) is not NO_CREDIT:
-            return
-        op = link.submit("put", PutRequest(link, item, False, None), item)
-        link.run(op, link.limit(0.0))
-
-    # -- getting --------------------------------------------------------------------------
-
-    def _get(
-        self,
-        max_items: int,
-        max_bytes: int | None,
-        block: bool,
-        timeout: float | None,
-        batch: bool,
-        async_op: bool,
-        key: Any = DEFAULT_KEY,
-        target_weight: int | None = None,
-    ) -> Any:
-        if not async_op:
-            refuse_waiting_in_callback("a blocking get" if block else "get_nowait")
-        link = self._link()
-        with link._lock:
-            mine = [i for i, (k, _) in enumerate(link.orphans) if k == key]
-            taken = [link.orphans[i][1] for i in mine[:max_items]]
-            if target_weight is None:  # items a get abandoned after they were granted
-                for i in reversed(mine[:max_items]):
-                    del link.orphans[i]
-        if target_weight is None:  # then items a get prefetched (older than any queued)
-            taken = taken or link.take_prefetched(key, max_items)
-        else:  # a by-weight batch takes them in order from the head
-            taken = []
-            link.give_back_prefetched()
-        if taken:
-            value = taken if batch else taken[0]
-            if not async_op:
-                return value
-            work = ChannelWork(None)
-            work._finish(value)
-            return work
-        # a blocking get() alone in flight may take a few queued items ahead (prefetch)
-        prefetch = PREFETCH if block and not (batch or async_op) and link.gets_idle() else 0
-        op = link.submit(
-            "get",
-            lambda t: (
-                GET,
-                t,
-                max_items,
-                max_bytes,
-                block,
-                timeout,
-                link.sync(),
-                key,
-                target_weight,
-                prefetch,
-            ),
-            batch=batch,
-            reserve=max(prefetch, 1),
-        )
-        op.key = key
-        return link.follow(op) if async_op else link.run(op, link.limit(timeout))
-
-    def get(
-        self, key: Any = DEFAULT_KEY, async_op: bool = False, *, timeout: float | None = None
-    ) -> Any:
-        """Remove and return the oldest item of ``key``; wait while there is none.
-
-        RLinf's signature; a bool first argument is read as ``async_op``
-        (p2p-worker's earlier ``get(async_op)``). A blocking call that is this process's
-        only get in flight may receive up to 8 queued items without tensors at once
-        (when no other process got from the channel in the last 5 s); the next
-        gets of ``key`` return them first, without a round trip. Each keeps its slot
-        until handed out; unused ones go back to the head after 50 ms without a get or
-        when the handle closes (see the channels guide).
-
-        Args:
-            key: The FIFO to take from (default: RLinf's ``"default_queue"``).
-            async_op: Return a :class:`ChannelWork` at once instead of waiting.
-            timeout: Seconds to wait for a put (None: no limit); items already arriving
-                when it expires are still waited for, and the payload transfer to this
-                process is bounded by the channel's ``transfer_timeout``.
-
-        Returns:
-            The item, or a :class:`ChannelWork` whose ``wait()`` returns it.
-
-        Raises:
-            ChannelEmpty: No item within ``timeout`` (nothing was taken).
-            ValueError: ``timeout`` is negative.
-            ChannelError: The transfer failed (the item went back to the head).
-            ChannelClosedError: The channel is destroyed or its worker died.
-
-        Example:
-            >>> item = channel.get(timeout=30.0)  # doctest: +SKIP
-            >>> work = channel.get(async_op=True)  # doctest: +SKIP
-            >>> item = await work  # doctest: +SKIP
-        """
-        if isinstance(key, bool):  # get(async_op): the earlier p2p-worker form
-            key, async_op = DEFAULT_KEY, key
-        check_key(key)
-        timeout = check_timeout(timeout)
-        return self._get(1, None, True, timeout, batch=False, async_op=async_op, key=key)
-
-    def get_nowait(self, key: Any = DEFAULT_KEY) -> Any:
-        """Remove and return the oldest item of ``key`` if there is one; never wait for a put.
-
-        An item whose put was granted but whose payload is still arriving counts as
-        held: the call waits for that payload (at most one transfer timeout).
-
-        Returns:
-            The item.
-
-        Raises:
-            ChannelEmpty: No item is in the channel.
-            ChannelError: The transfer failed (the item went back to the head).
-            ChannelClosedError: The channel is destroyed or its worker died.
-
-        Example:
-            >>> try:  # doctest: +SKIP
-            ...     item = channel.get_nowait()
-            ... except ChannelEmpty:
-            ...     item = None
-        """
-        return self._get(1, None, False, 0.0, batch=False, async_op=False, key=check_key(key))
-
-    def get_batch(
-        self,
-        target_weight: int = 0,
-        key: Any = DEFAULT_KEY,
-        async_op: bool = False,
-        *,
-        max_items: int | None = None,
-        max_bytes: int | None = None,
-        timeout: float | None = None,
-    ) -> Any:
-        """Remove and return a batch of ``key``'s items, oldest first, in one exchange.
-
-        RLinf's form, by weight: items are collected, waiting for more as needed, until
-        their weights reach ``target_weight`` or the next item would exceed it. The
-        first item is always taken, even one heavier than the target; an item of
-        weight 0 counts as 1 (with RLinf's rule, unweighted items would never fill a
-        target above 0). ``get_batch()`` returns one item.
-
-        p2p-worker's form, by count (``max_items=``): waits (up to ``timeout``) only for
-        the first item, then also takes the items already queued, up to ``max_items``
-        and while their tensor bytes keep the total within ``max_bytes`` (tensor bytes
-        count an item's tensors: a tensor, a list/tuple/dict of tensors, dataclass
-        tensor fields).
-
-        Args:
-            target_weight: The weight to collect (int >= 0); by-weight form.
-            key: The FIFO to take from (default: RLinf's ``"default_queue"``).
-            async_op: Return a :class:`ChannelWork` at once instead of waiting.
-            max_items: Most items to return (>= 1); selects the by-count form.
-            max_bytes: By-count form: bound on the batch's tensor bytes after its first
-                item (None: no bound).
-            timeout: Seconds to wait (None: no limit). By weight, a batch that got some
-                items by then returns them.
-
-        Returns:
-            A non-empty list of items, or a :class:`ChannelWork` whose ``wait()``
-            returns it.
-
-        Raises:
-            TypeError: A count, weight or byte bound is not an int; ``key`` unhashable.
-            ValueError: ``max_items`` < 1, ``max_bytes`` < 1, ``target_weight`` < 0,
-                ``timeout`` negative, or ``target_weight`` given with ``max_items``.
-            ChannelEmpty: No item within ``timeout``.
-            ChannelError: Every transfer failed (the items went back to the head).
-            ChannelClosedError: The channel is destroyed or its worker died.
-
-        Example:
-            >>> batch = channel.get_batch(target_weight=8, key="env0")  # doctest: +SKIP
-            >>> batch = channel.get_batch(max_items=32, max_bytes=64 << 20)  # doctest: +SKIP
-        """
-        check_key(key)
-        check_weight(target_weight, "target_weight")
-        timeout = check_timeout(timeout)
-        if max_items is None:
-            if max_bytes is not None:
-                raise ValueError("max_bytes belongs to the by-count form: give max_items too")
-            return self._get(MAX_BATCH, None, True, timeout, True, async_op, key, target_weight)
-        if target_weight:
-            raise ValueError("give target_weight (by weight) or max_items (by count), not both")
-        if isinstance(max_items, bool) or not isinstance(max_items, int):
-            raise TypeError(f"max_items must be an int, got {max_items!r}")
-        if not 1 <= max_items <= MAX_BATCH:
-            raise ValueError(f"max_items must be in 1..{MAX_BATCH}, got {max_items}")
-        if max_bytes is not None:
-            if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
-                raise TypeError(f"max_bytes must be an int or None, got {max_bytes!r}")
-            if max_bytes < 1:
-                raise ValueError(f"max_bytes must be >= 1 or None, got {max_bytes}")
-        return self._get(
-            max_items, max_bytes, True, timeout, batch=True, async_op=async_op, key=key
-        )
-
-    # -- state --------------------------------------------------------------------------
-
-    def _query(self, method: str, timeout: float | None, *args: Any) -> Any:
-        timeout = check_timeout(timeout)
-        link = self._link()
-        try:
-            ref = getattr(link.actor, method).remote(link.peer, link.sync(), *args)
-            return ray.get(ref, timeout=timeout)
-        except ray.exceptions.GetTimeoutError as exc:
-            raise ChannelClosedError(
-                f"channel {self.name!r}: no answer from its channel worker within {timeout} s"
-            ) from exc
-        except ray.exceptions.RayError as exc:
-            raise ChannelClosedError(
-                f"channel {self.name!r}: its channel worker is gone ({exc})"
-            ) from exc
-
-    def qsize(
-        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
-    ) -> int:
-        """Number of items under ``key`` (a snapshot, like ``queue.Queue``'s).
-
-        Counts the queued items of ``key``, this process's own puts included; for the
-        default key also the items of any producer whose put was granted and whose
-        payload is on its way in (their key is known once they arrive). A producer that
-        had several asynchronous puts in flight at once may leave one such grant
-        standing, with no payload coming, until it hands back its unused put credits
-        (about 50 ms after its last put): right after other producers' puts the default
-        key's count can be that much high; ``stats()["arriving"]`` shows those slots.
-        Not the items already taken by a get, nor those a consumer's blocking ``get()``
-        took ahead and holds (see :meth:`get`). ``stats()["queued"]`` counts every key.
-
-        Raises:
-            ChannelClosedError: The channel worker is gone or did not answer in time.
-
-        Example:
-            >>> channel.qsize()  # doctest: +SKIP
-            3
-        """
-        check_key(key)
-        timeout = check_timeout(timeout)
-        link = self._link()
-        return int(_query_link(link, lambda t: (QSIZE, t, link.sync(), key), timeout))
-
-    def empty(
-        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
-    ) -> bool:
-        """Whether ``key`` holds no item (``qsize(key) == 0``; a snapshot).
-
-        Raises:
-            ChannelClosedError: The channel worker is gone or did not answer in time.
-        """
-        return self.qsize(key, timeout=timeout) == 0
-
-    def full(
-        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
-    ) -> bool:
-        """Whether a put would wait now: ``maxsize`` items are held (a snapshot).
-
-        ``key`` is accepted for RLinf's signature; the bound is the channel's, shared
-        by all keys, so the answer is the same for every key.
-
-        Raises:
-            ChannelClosedError: The channel worker is gone or did not answer in time.
-        """
-        check_key(key)
-        st = self.stats(timeout=timeout)
-        return bool(st["maxsize"] > 0 and st["held"] >= st["maxsize"])
-
-    def peek_all(
-        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
-    ) -> list[Any]:
-        """The items queued under ``key``, oldest first, without taking them (RLinf's).
-
-        A snapshot for debugging: copies of the items (each crosses Ray once), this
-        process's own puts included, and first the items this process's gets took ahead
-        (they come out first); not those other consumers hold. ``str(channel)`` shows
-        the default key's.
-
-        Raises:
-            ChannelClosedError: The channel worker is gone or did not answer in time.
-
-        Example:
-            >>> channel.put("a"); channel.put("b")  # doctest: +SKIP
-            >>> channel.peek_all()  # doctest: +SKIP
-            ['a', 'b']
-        """
-        check_key(key)
-        link = self._link()
-        with link._lock:  # what the next gets of this process hand out first
-            held = [item for k, item in link.orphans if k == key]
-            held += [entry[3] for entry in link.prefetched.entries if entry[0] == key]
-        return held + list(self._query("peek_all", timeout, key))
-
-    def __str__(self) -> str:
-        """The default key's queued items (RLinf's ``str(channel)``); the repr if unreachable."""
-        try:
-            return str(self.peek_all())
-        except ChannelError as exc:
-            return f"{self!r} (items unavailable: {exc})"
-
-    def stats(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> dict[str, Any]:
-        """Counters of the channel worker.
-
-        Returns:
-            A dict with ``maxsize``, ``held`` (slots in use: items arriving, queued
-            or being sent to a consumer), ``queued`` (ready to get), ``arriving``
-            (payloads on their way in), ``waiting_putters``,
-            ``waiting_getters``, ``credits`` (slots lent to producers ahead of their
-            puts, see the channels guide), ``puts`` and ``gets`` (completed transfers),
-            ``inline`` (puts whose small item rode in the request), ``prefetched``
-            (items sent ahead to a blocking ``get()``, see the channels guide), ``voids``
-            (abandoned puts), ``failures`` (failed transfers), ``resets`` (links
-            reset), ``peers`` (peer name -> link generation) and ``closed``.
-
-        Raises:
-            ChannelClosedError: The channel worker is gone or did not answer in time.
-        """
-        return dict(self._query("state", timeout))
-
-    # -- lifetime -------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Disconnect this process's handle; the channel itself lives on. Idempotent.
-
-        Operations of this handle still pending fail; a later ``connect_channel``
-        connects afresh.
-        """
-        link = self._link_obj
-        if link is None:
-            return
-        link.close()
-        forget_handle(link.endpoint, self)
-
-    def destroy(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> None:
-        """Destroy the channel for everyone: waiting calls fail, its worker stops.
-
-        Items still in the channel are dropped. The name is free again afterwards.
-
-        Raises:
-            ChannelClosedError: The channel worker did not answer within ``timeout``
-                (it is killed anyway).
-
-        Example:
-            >>> channel.destroy()  # doctest: +SKIP
-        """
-        timeout = check_timeout(timeout)
-        link = self._link()
-        try:
-            ray.get(link.actor.destroy.remote(), timeout=timeout)
-        except ray.exceptions.RayActorError:
-            pass  # already gone
-        except ray.exceptions.RayError as exc:
-            raise ChannelClosedError(f"channel {self.name!r}: destroy failed: {exc}") from exc
-        finally:
-            ray.kill(link.actor, no_restart=True)
-            self.close()
-
-
-def _query_link(
-    link: ChannelLink, request: Callable[[int], tuple[Any, ...]], timeout: float | None
-) -> Any:
-    """Send ``request(token)`` on ``link`` and wait for its answer (no put or get: no order).
-
-    Raises:
-        ChannelClosedError: No answer within ``timeout``, or the channel is gone.
-        ChannelError: The link failed.
-    """
-    op = link.submit("query", request)
-    fut = cast("Future[Any]", op.work.ref)
-    try:
-        answer, _ = fut.result(timeout=timeout)
-    except BaseException as exc:
-        if fut.done():
-            raise
-        raise ChannelClosedError(
-            f"channel {link.hello.name!r}: no answer from its channel worker within {timeout} s"
-        ) from exc
-    if isinstance(answer, BaseException):  # pragma: no cover - set as the exception
-        raise answer
-    return answer
 
 
 def create_on(

@@ -9,14 +9,15 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from p2p_worker._channels.errors import ChannelExistsError
-from p2p_worker._channels.proto import (
+from p2p_asyncwork.internal import check_timeout
+from p2p_worker._channels._protocol.errors import ChannelExistsError
+from p2p_worker._channels._protocol.proto import (
     CHANNEL_NAMESPACE,
     ChannelSpec,
     actor_name,
     check_channel_name,
 )
-from p2p_worker._channels.work import check_timeout
+from p2p_worker._channels._server.server import ChannelWorker
 
 MAX_CONCURRENCY = 10_000  # waiting puts and gets a channel worker serves at once
 
@@ -63,8 +64,6 @@ def spawn_channel_worker(
     spec = ChannelSpec(name, uuid.uuid4().hex[:12], maxsize, job, node_id, transfer_timeout)
     with _lock:
         if _actor_cls is None:
-            from p2p_worker._channels.server import ChannelWorker  # imports Worker
-
             _actor_cls = ray.remote(ChannelWorker)
         actor_cls = _actor_cls
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from p2p_worker._channels.proto import DEFAULT_TRANSFER_TIMEOUT, ChannelSpec
+from p2p_worker._channels._protocol.proto import DEFAULT_TRANSFER_TIMEOUT, ChannelSpec
 from p2p_worker._errors import WorkerError
 
 

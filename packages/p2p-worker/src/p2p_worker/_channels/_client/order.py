@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from p2p_worker._channels.work import Op, answer_processing
+from p2p_worker._channels._client.work import Op, answer_processing
 
 Answer = tuple[Op, Any, BaseException | None]
 Process = Callable[[Op, Any, BaseException | None, bool], None]

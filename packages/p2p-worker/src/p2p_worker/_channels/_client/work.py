@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkCancelledError, WorkTimeoutError
-from p2p_worker._channels.errors import ChannelClosedError, ChannelError
-from p2p_worker._channels.keys import DEFAULT_KEY
+from p2p_asyncwork.internal import check_timeout
+from p2p_worker._channels._protocol.errors import ChannelClosedError, ChannelError
+from p2p_worker._channels._protocol.keys import DEFAULT_KEY
 
 CONTROL_GRACE = 30.0  # seconds a blocking call waits past its own bounds for an answer
 
@@ -115,7 +116,7 @@ class ChannelWork(AsyncChannelWork):
 
     @staticmethod
     def _follow(work: AsyncWork[Any], fn: Callable[[AsyncWork[Any]], None]) -> None:
-        work._add_done_callback(fn)  # same handle family: success and failure
+        work.add_done_callback(fn)  # same handle family: success and failure
 
 
 class Op:
@@ -133,19 +134,6 @@ class Op:
         self.batch = batch
         self.inline = inline  # a put whose item rode in its request (no payload follows)
         self.key: Any = DEFAULT_KEY  # a get's key: where its orphans belong
-
-
-def check_timeout(timeout: object, arg: str = "timeout") -> float | None:
-    """Return ``timeout`` as float seconds (or None).
-
-    Raises:
-        ValueError: ``timeout`` is not a number >= 0 or None.
-    """
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-        raise ValueError(f"{arg} must be a number of seconds >= 0 or None, got {timeout!r}")
-    return float(timeout)
 
 
 def wait_within(work: ChannelWork, limit: float | None, name: str) -> Any:

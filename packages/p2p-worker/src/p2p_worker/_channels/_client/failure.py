@@ -18,8 +18,8 @@ from typing import Any
 
 import ray
 
-from p2p_worker._channels.errors import ChannelClosedError, ChannelError
-from p2p_worker._channels.work import ChannelWork
+from p2p_worker._channels._client.work import ChannelWork
+from p2p_worker._channels._protocol.errors import ChannelClosedError, ChannelError
 
 PROBE_TIMEOUT = 10.0  # seconds to ask Ray whether a channel whose link failed still lives
 

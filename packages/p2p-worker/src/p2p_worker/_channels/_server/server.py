@@ -6,7 +6,7 @@ gets and ``Channel.qsize`` never make a Ray call. Each peer has two collective g
 this worker, named with the peer's link generation:
 
 - the *control group* carries the peer's requests, read in order by a
-  :class:`~p2p_worker._channels.readers.RequestReader` (from the event loop itself
+  :class:`~p2p_worker._channels._server.readers.RequestReader` (from the event loop itself
   for a same-node peer, else from the group's receiving thread); each request is served
   in turn (it takes its place among the channel's waiters in the order the peer issued
   it, :meth:`ChannelWorker._serve`), so a consumer's gets are served in the order it
@@ -18,15 +18,15 @@ this worker, named with the peer's link generation:
 - the *link* carries put payloads in, and answers out: ``(token, answer, count)``
   followed by the ``count`` items a get was granted (items without tensors ride inside
   the answer). Sent items keep their slots until the peer acknowledges them (``ACK`` on
-  the control group, usually riding on its next request, see ``_channels.acks``; items
-  a blocking get prefetched, one by one, see ``_channels.prefetch``); when the link fails
+  the control group, usually riding on its next request, see ``_channels._client.acks``; items
+  a blocking get prefetched, one by one, see ``_channels._client.prefetch``); when the link fails
   first, they go back to the head, in order, so a consumer that dies loses no item.
 
 A put request waits (FIFO) for a free slot, takes it and posts a receive on the link
 for the payload; its answer grants the slot, and the producer then sends its item. No
 payload ever travels without a slot, so ``maxsize`` bounds memory. A small item without
 tensors may ride inside its put request instead (``PUT_INLINE``, see
-``_channels.inline``): granted, it is queued at once: no payload receive, no payload
+``_channels._client.inline``): granted, it is queued at once: no payload receive, no payload
 hand-off to the loop; while it waits, the request (item included) is all it holds, one per
 producer at a time. A grant may also lend *credits*: further free slots, each with a
 receive posted ahead, so the producer's next puts are plain sends without a request.
@@ -53,41 +53,25 @@ import ray
 import torch
 
 from p2p_collective import GroupClosedError
-from p2p_worker._channels.launched import launched_spec
-from p2p_worker._channels.lifetime import watch_store
-from p2p_worker._channels.peers import Peer, Tokens
-from p2p_worker._channels.prefetch import SoleConsumer
-from p2p_worker._channels.proto import (
-    ACK,
-    ACKED,
-    GET,
-    GIVE_BACK,
-    NO_ROOM,
-    PREFETCH,
-    PUT,
-    PUT_INLINE,
-    QSIZE,
+from p2p_worker._channels._protocol.proto import (
     ChannelSpec,
     Hello,
     channel_address,
     control_group_name,
-    granted,
     link_group_name,
     wire_timeout,
 )
-from p2p_worker._channels.proto import CANCELLED as CANCELLED_ANSWER
-from p2p_worker._channels.proto import RESET as RESET_ANSWER
-from p2p_worker._channels.queue import (
-    CANCELLED,
-    RESET,
-    ChannelQueue,
-    Item,
-    Void,
-    item_of,
-)
-from p2p_worker._channels.readers import PayloadReader, RequestReader
-from p2p_worker._channels.replies import Replies
-from p2p_worker._channels.views import ChannelViews
+from p2p_worker._channels._server.launched import launched_spec
+from p2p_worker._channels._server.lifetime import watch_store
+from p2p_worker._channels._server.peers import Peer, Tokens
+from p2p_worker._channels._server.puts import ChannelPuts
+from p2p_worker._channels._server.queue import ChannelQueue, Item
+from p2p_worker._channels._server.readers import PayloadReader
+from p2p_worker._channels._server.replies import Replies
+from p2p_worker._channels._server.requests import ChannelRequests
+from p2p_worker._channels._server.sole import SoleConsumer
+from p2p_worker._channels._server.views import ChannelViews
+from p2p_worker._groups._group import WorkerGroup
 from p2p_worker._info import WorkerInfo
 from p2p_worker._process._untraced import untraced_internals
 from p2p_worker._process._worker_base import WorkerBase
@@ -95,7 +79,6 @@ from p2p_worker._runtime._state import WorkerRuntime
 
 logger = logging.getLogger(__name__)
 
-MAX_CREDITS = 8  # most put credits one grant lends
 HOLD_WAIT = 30.0  # seconds a reset (live) peer's unacknowledged items wait for its report
 HOLD_CHECK = 0.5  # seconds between checks that such a peer still lives
 ARRIVED_WAIT = 30.0  # most seconds ``arrived`` waits for a reset link's receives to end
@@ -103,7 +86,7 @@ ARRIVED_POLL = 0.01  # seconds between its looks
 
 
 @untraced_internals
-class ChannelWorker(ChannelViews, WorkerBase):
+class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
     """The worker that holds one channel's items; one Ray actor per channel.
 
     ``create_channel`` starts one as a detached Ray actor on the requested node, so it
@@ -162,7 +145,7 @@ class ChannelWorker(ChannelViews, WorkerBase):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._counts = {"puts": 0, "gets": 0, "failures": 0, "resets": 0, "voids": 0, "inline": 0}
         self._counts["prefetched"] = 0
-        self._sole = SoleConsumer()  # a get may prefetch only for it (_channels.prefetch)
+        self._sole = SoleConsumer()  # a get may prefetch only for it (_channels._client.prefetch)
         self._stop = threading.Event()
         threading.Thread(
             target=watch_store, args=(spec.job, self._stop), name="p2p-channel-watch", daemon=True
@@ -178,8 +161,6 @@ class ChannelWorker(ChannelViews, WorkerBase):
         Returns:
             An unlaunched ``WorkerGroup``; the channel takes the name it is launched with.
         """
-        from p2p_worker._groups._group import WorkerGroup
-
         return WorkerGroup(cls, (), {"maxsize": maxsize})
 
     # -- links --------------------------------------------------------------------------
@@ -303,7 +284,7 @@ class ChannelWorker(ChannelViews, WorkerBase):
         """Run ``fn(*args, work)`` on the event loop once ``work`` has completed."""
         loop = self._event_loop()
         # No task per transfer: the completing thread schedules a plain callback.
-        work._add_done_callback(lambda w: loop.call_soon_threadsafe(fn, *args, w))
+        work.add_done_callback(lambda w: loop.call_soon_threadsafe(fn, *args, w))
 
     # -- control calls (Ray) ------------------------------------------------------------
 
@@ -360,327 +341,6 @@ class ChannelWorker(ChannelViews, WorkerBase):
         for credit in reader.pending():
             self._post_payload_recv(peer, group, credit)
 
-    # -- requests over the control group ----------------------------------------------
-
-    def _control_open(self, peer: Peer, group: Any, ctl: Any, work: Any) -> None:
-        """The peer's control group is connected: keep one receive posted on it."""
-        exc = work.exception(0)
-        if exc is not None:
-            self._reset(peer, group, exc)
-        elif peer.ctl is ctl:
-            peer.reader = RequestReader(
-                self._event_loop(),
-                ctl,
-                lambda request: self._on_request(peer, group, ctl, request),
-                lambda exc: self._request_failed(peer, group, ctl, exc),
-            )
-            peer.reader.start()
-
-    def _request_failed(self, peer: Peer, group: Any, ctl: Any, exc: BaseException) -> None:
-        """The peer closed its handle, died or went away: its waiting requests end."""
-        if peer.ctl is ctl:
-            logger.debug("channel %r: %s left (%s)", self._spec.name, peer.name, exc)
-            # it acknowledged what it took before it closed
-            self._reset(peer, group, None, hold=False)
-
-    def _on_request(self, peer: Peer, group: Any, ctl: Any, request: Any) -> None:
-        """One request of ``peer`` arrived (in the order it sent them): serve it in turn."""
-        if peer.ctl is not ctl:
-            return  # a reset dropped this control group; its requests answer nothing
-        if request[0] == ACK:  # the peer has the items of its gets ``tokens``: free their slots
-            self._acked(peer, request[1:])
-            return
-        if request[0] == ACKED:  # acknowledgements riding on a request
-            self._acked(peer, request[1])
-            request = request[2]
-        if request[0] == GIVE_BACK:  # prefetched items the peer did not use
-            self._given_back(peer, request[1:])
-            return
-        if request[0] == GET:  # the tokens it reserved; a prefetch only for a sole consumer
-            peer.tokens.skip(request[1] + 1, request[9] - 1)
-            if request[9] and not self._sole.saw(peer.name):
-                request = (*request[:9], 0)
-        if (peer.gate is None or peer.gate.done()) and self._try_now(peer, group, request):
-            return
-        gate, peer.gate = peer.gate, asyncio.get_running_loop().create_future()
-        task = asyncio.ensure_future(self._serve(peer, group, request, gate, peer.gate))
-        self._serving.add(task)
-        task.add_done_callback(self._serving.discard)
-
-    def _acked(self, peer: Peer, tokens: tuple[int, ...]) -> None:
-        """The peer has the items of its gets ``tokens``: free their slots."""
-        for token in tokens:
-            items = peer.unacked.pop(token, None)
-            if items:
-                self._counts["gets"] += len(items)
-                self._queue.release(len(items))
-
-    def _given_back(self, peer: Peer, tokens: tuple[int, ...]) -> None:
-        """Prefetched items of ``tokens`` come back unused: to the head, in their order."""
-        back = [item for token in sorted(tokens) for item in peer.unacked.pop(token, [])]
-        if back:
-            self._queue.push_front(back)
-
-    def _try_now(self, peer: Peer, group: Any, request: tuple[Any, ...]) -> bool:
-        try:
-            return self._serve_now(peer, group, request)
-        except Exception:  # a bad request (say, an unhashable key): the task answers it
-            return False
-
-    def _serve_now(self, peer: Peer, group: Any, request: tuple[Any, ...]) -> bool:
-        """Serve a request that completes at once, without a task; False if it must wait.
-
-        Only called when none of the peer's earlier requests still waits for its place,
-        so answering now keeps the peer's issue order. A put with room, a get whose key
-        holds items (no getter ahead) and a ``qsize`` whose sync holds are answered from
-        here; anything else (and any error) goes the task's way (:meth:`_serve`).
-        """
-        kind, token = request[0], request[1]
-        queue = self._queue
-        if queue.closed or token in peer.tokens.cancelled:
-            return False
-        if kind in (PUT, PUT_INLINE):
-            credits = request[4]
-            inline = request[6:]  # (obj,) of an item riding in its request
-            if inline and not self._synced(peer, *request[5]):
-                return False  # the peer's earlier payloads first (FIFO per producer)
-            if not queue.try_reserve():
-                return False
-            peer.tokens.start(token)
-            peer.tokens.finish(token)
-            answer = self._granted_put(peer, credits, *inline)
-            self._replies.answer(peer, group, token, answer, [])
-            return True
-        if kind == QSIZE:
-            _, _, sync, key = request
-            if not self._synced(peer, *sync):
-                return False
-            peer.tokens.start(token)
-            peer.tokens.finish(token)
-            self._replies.answer(peer, group, token, self._count(key), [])
-            return True
-        _, _, max_items, max_bytes, _, _, sync, key, target_weight, prefetch = request
-        if target_weight is not None or not self._synced(peer, *sync):
-            return False
-        got = queue.try_take(key, max_items, max_bytes)
-        if got is None:
-            return False
-        if prefetch > 1 and len(got) == 1 and got[0].nbytes == 0:  # see proto.PREFETCH
-            got += queue.take_small(key, min(prefetch, PREFETCH) - 1)
-            self._counts["prefetched"] += len(got) - 1
-        peer.tokens.start(token)
-        peer.tokens.finish(token)
-        self._replies.answer(peer, group, token, granted(peer.gen, len(got)), got, prefetch > 1)
-        return True
-
-    def _synced(self, peer: Peer, gen: int, sent: int) -> bool:
-        """Whether ``_sync`` would not wait: the peer's ``sent`` payloads are in."""
-        return peer.gen != gen or peer.seen >= sent
-
-    async def _serve(
-        self,
-        peer: Peer,
-        group: Any,
-        request: tuple[Any, ...],
-        gate: asyncio.Future[None] | None,
-        queued: asyncio.Future[None],
-    ) -> None:
-        """Serve one request; answer it on the peer's link (a get's items follow).
-
-        Requests of one peer queue up (take their place among the waiters) in the order
-        the peer issued them: each waits for ``gate``, its predecessor's ``queued``.
-        """
-        token = request[1]
-        try:
-            if gate is not None and not gate.done():
-                await gate
-            if request[0] in (PUT, PUT_INLINE):
-                _, _, block, timeout, credits, *inline = request
-                if inline:  # the peer's earlier payloads enter first (FIFO per producer)
-                    await self._sync(peer.name, *inline[0])
-                answer: Any = await self._put(
-                    peer, token, block, timeout, credits, group, queued, *inline[1:]
-                )
-                self._replies.answer(peer, group, token, answer, [])
-                return
-            if request[0] == QSIZE:
-                _, _, sync, key = request
-                queued.set_result(None)
-                peer.tokens.start(token)  # never withdrawn: numbered like every request
-                try:
-                    await self._sync(peer.name, *sync)
-                finally:
-                    peer.tokens.finish(token)
-                self._replies.answer(peer, group, token, self._count(key), [])
-                return
-            _, _, max_items, max_bytes, block, timeout, sync, key, target_weight, _ = request
-            await self._sync(peer.name, *sync)
-            got = await self._take(
-                peer, token, max_items, max_bytes, block, timeout, key, target_weight, queued
-            )
-            if isinstance(got, list):
-                if peer.group is not group:  # reset meanwhile: the items stay
-                    self._queue.push_front(got)
-                    return
-                self._replies.answer(peer, group, token, granted(peer.gen, len(got)), got)
-            else:
-                self._replies.answer(peer, group, token, got, [])
-        except Exception as exc:  # ChannelClosedError (destroyed), a bad request
-            self._replies.answer(peer, group, token, exc, [])
-        finally:
-            if not queued.done():
-                queued.set_result(None)
-
-    async def put_begin(
-        self, peer_name: str, token: int, block: bool, timeout: float | None, credits: int = 0
-    ) -> int:
-        """Reserve a slot for the producer's next item and post the receive for it.
-
-        With ``credits`` > 0 it also lends up to that many more free slots (see
-        ``ChannelQueue.grant_credits``) and posts one more receive for each: the
-        producer's next puts are then plain sends, without a call. The answer's count
-        is the number of credits lent.
-        """
-        return await self._put(self._peer(peer_name), token, block, timeout, credits)
-
-    async def _put(
-        self,
-        peer: Peer,
-        token: int,
-        block: bool,
-        timeout: float | None,
-        credits: int,
-        expect: Any = None,
-        queued: asyncio.Future[None] | None = None,
-        *inline: Any,
-    ) -> int:
-        """Reserve a slot (and lend credits) for ``peer``; post the receives; the answer.
-
-        With ``expect`` (a request over the control group) the grant holds only while
-        ``expect`` is still the peer's link; else the slot is given back (RESET).
-        ``inline`` is ``(obj,)`` for an item that rode in its request: granted, it is
-        queued at once and no payload receive is posted.
-        """
-        tokens = peer.tokens
-        if not tokens.start(token):
-            return CANCELLED_ANSWER
-        try:
-            reserving = self._queue.reserve(peer.name, block=block, timeout=timeout, token=token)
-            if queued is not None:
-                queued.set_result(None)  # reserve() takes its place before it first waits
-            got = await reserving
-        finally:
-            tokens.finish(token)
-        if got is CANCELLED:
-            return CANCELLED_ANSWER
-        if got is RESET:
-            return RESET_ANSWER
-        if not got:
-            return NO_ROOM
-        if expect is not None and peer.group is not expect:
-            self._queue.arrival_failed()
-            return RESET_ANSWER
-        return self._granted_put(peer, credits, *inline)
-
-    def _granted_put(self, peer: Peer, credits: int, *inline: Any) -> int:
-        """A put of ``peer`` holds its slot: post the receives (and lend credits); the answer.
-
-        ``inline`` (``(obj,)``): the item came with the request; it is queued now.
-        """
-        group = self._group(peer)
-        if inline:
-            self._counts["puts"] += 1
-            self._counts["inline"] += 1
-            self._queue.arrived(item_of(inline[0]))
-        else:
-            self._expect_payload(peer, group, False)
-        lent = self._queue.grant_credits(min(credits, self._credit_cap()))
-        for _ in range(lent):
-            # An idle producer hands its credits back within a fraction of a second, so
-            # the transfer timeout bounds a credit's payload like any other.
-            self._expect_payload(peer, group, True)
-        return granted(peer.gen, lent)
-
-    def _credit_cap(self) -> int:
-        """Most credits one grant lends: a quarter of the channel, so producers share it."""
-        maxsize = self._spec.maxsize
-        return MAX_CREDITS if maxsize == 0 else min(MAX_CREDITS, maxsize // 4)
-
-    def _expect_payload(self, peer: Peer, group: Any, credit: bool) -> None:
-        """One more payload of ``peer`` is due on ``group`` (a granted put's or a credit's).
-
-        The link's :class:`PayloadReader` takes it from the event loop; without one (a
-        gloo link) a receive is posted for it.
-        """
-        peer.payloads.post(peer.gen)
-        reader = peer.payload_reader
-        if reader is not None:
-            reader.expect(credit)
-        else:
-            self._post_payload_recv(peer, group, credit)
-
-    def _post_payload_recv(self, peer: Peer, group: Any, credit: bool) -> None:
-        """Post the receive of one expected payload on ``peer``'s link ``group``.
-
-        The receiving thread hands the payload to the loop (:meth:`_payload_in`) and
-        then, at once, sends the peer its receipt (``Replies.receipt``), sparing the put
-        a turn of the loop: the item is queued before any request that follows the
-        receipt, since the loop runs what threads hand it in the order they did.
-        """
-        gen, loop = peer.gen, self._event_loop()
-        if peer.receipts[0] is not group:
-            peer.receipts = (group, [0])  # payloads received on this link, counted there
-        count = peer.receipts[1]
-
-        def received(w: Any) -> None:
-            exc = w.exception(0)
-            obj = None if exc is not None else w.wait(0)
-            loop.call_soon_threadsafe(self._payload_in, peer, group, gen, credit, obj, exc)
-            if exc is None:
-                count[0] += 1  # only this thread (the link's receiving one) counts
-                self._replies.receipt(peer, group, count[0])
-
-        timeout = wire_timeout(self._spec.transfer_timeout)
-        group.recv(async_op=True, timeout=timeout)._add_done_callback(received)
-
-    def _payload_in(
-        self,
-        peer: Peer,
-        group: Any,
-        gen: int,
-        credit: bool,
-        obj: Any,
-        exc: BaseException | None,
-        receipt: bool = False,
-    ) -> None:
-        """A payload of ``peer``'s link ``gen`` came (``obj``) or failed: queue or free.
-
-        ``credit``: it was due for a lent credit, else for a granted put. ``receipt``:
-        send the peer its receipt from here (the payload was read on the loop).
-        """
-        peer.payloads.done(gen, exc is None)
-        queue = self._queue
-        if exc is None and not isinstance(obj, Void):
-            self._counts["puts"] += 1
-            (queue.credit_arrived if credit else queue.arrived)(item_of(obj))
-        else:  # nothing came in the slot: the transfer failed, or a Void filled it
-            if exc is not None:
-                self._counts["failures"] += 1
-            elif not credit:  # a credit handed back is no news; an abandoned put is
-                self._counts["voids"] += 1
-            (queue.credit_returned if credit else queue.arrival_failed)()
-        if exc is not None:
-            self._reset(peer, group, exc)
-            return
-        if receipt and peer.group is group:
-            self._replies.receipt(peer, group, peer.count_receipt(group))
-        self._seen(peer, group)
-
-    def _seen(self, peer: Peer, group: Any) -> None:
-        """One more payload of ``peer`` arrived on ``group``: wake the calls waiting for it."""
-        if peer.group is group:
-            peer.wake()
-
     async def _sync(self, peer_name: str | None, gen: int, sent: int) -> None:
         """Wait until the ``sent`` payloads of ``peer_name`` on ``gen`` have arrived.
 
@@ -693,51 +353,11 @@ class ChannelWorker(ChannelViews, WorkerBase):
         peer.syncs.append((sent, fut))
         await asyncio.wait({fut}, timeout=self._spec.transfer_timeout)
 
-    async def _take(
-        self,
-        peer: Peer,
-        token: int,
-        max_items: int,
-        max_bytes: int | None,
-        block: bool,
-        timeout: float | None,
-        key: Any,
-        target_weight: int | None,
-        queued: asyncio.Future[None] | None = None,
-    ) -> list[Item] | int:
-        """Take items for ``peer`` (see ``ChannelQueue.take``); the items or a no-grant answer."""
-        tokens = peer.tokens
-        if not tokens.start(token):
-            return CANCELLED_ANSWER
-        try:
-            taking = self._queue.take(
-                peer.name,
-                max_items,
-                max_bytes,
-                block=block,
-                timeout=timeout,
-                token=token,
-                key=key,
-                target_weight=target_weight,
-            )
-            if queued is not None:
-                queued.set_result(None)  # take() takes its place before it first waits
-            items = await taking
-        finally:
-            tokens.finish(token)
-        if items is CANCELLED:
-            return CANCELLED_ANSWER
-        if items is RESET:
-            return RESET_ANSWER
-        if items is None:
-            return NO_ROOM
-        return list(items)
-
     async def cancel(self, peer_name: str, token: int) -> bool:
         """Withdraw the peer's call ``token`` if it still waits (or has not arrived yet).
 
         Returns:
-            True when the call will answer ``CANCELLED`` and nothing is put or
+            True when the call will answer ``CANCELLED_ANSWER`` and nothing is put or
             taken; False when it was already granted or answered.
         """
         peer = self._peers.get(peer_name)

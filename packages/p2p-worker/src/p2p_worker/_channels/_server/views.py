@@ -1,6 +1,6 @@
 """What a channel worker answers about its contents: sizes, counters and the queued items.
 
-:class:`ChannelViews` is a part of :class:`~p2p_worker._channels.server.ChannelWorker`:
+:class:`ChannelViews` is a part of :class:`~p2p_worker._channels._server.server.ChannelWorker`:
 its Ray methods (``qsize``, ``state``, ``peek_all``) first wait for the caller's own puts
 (``sync``), so a process always sees what it put itself.
 """
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from p2p_worker._channels.keys import DEFAULT_KEY
+from p2p_worker._channels._protocol.keys import DEFAULT_KEY
 from p2p_worker._process._untraced import untraced_internals
 
 if TYPE_CHECKING:
-    from p2p_worker._channels.peers import Peer
-    from p2p_worker._channels.proto import ChannelSpec
-    from p2p_worker._channels.queue import ChannelQueue
+    from p2p_worker._channels._protocol.proto import ChannelSpec
+    from p2p_worker._channels._server.peers import Peer
+    from p2p_worker._channels._server.queue import ChannelQueue
 
 
 @untraced_internals

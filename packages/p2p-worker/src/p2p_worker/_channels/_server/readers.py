@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from p2p_collective import CollectiveTimeoutError, GroupClosedError, Unready
-from p2p_worker._channels.proto import wire_timeout
+from p2p_worker._channels._protocol.proto import wire_timeout
 
 logger = logging.getLogger("p2p_worker.channel")
 
@@ -102,7 +102,7 @@ class LoopReader:
     def _post_large(self) -> None:
         loop = self._loop
         work = self._group.recv(async_op=True, timeout=self._timeout)
-        work._add_done_callback(lambda w: loop.call_soon_threadsafe(self._large_in, w))
+        work.add_done_callback(lambda w: loop.call_soon_threadsafe(self._large_in, w))
 
     def _large_in(self, work: Any) -> None:
         self._paused = False
@@ -181,7 +181,7 @@ class RequestReader(LoopReader):
                     logger.debug("request receive not posted: %s", exc)
             loop.call_soon_threadsafe(self._arrived, work)
 
-        self._group.recv(async_op=True, timeout=self._timeout)._add_done_callback(arrived)
+        self._group.recv(async_op=True, timeout=self._timeout).add_done_callback(arrived)
 
     def _arrived(self, work: Any) -> None:
         if self._stopped:

@@ -105,7 +105,7 @@ GIVE_BACK = 6
 RECEIPT = -1  # the token of a receipt (requests are numbered from 0)
 
 PREFETCH = 8
-"""Most items a blocking ``get()`` takes at once when they are queued (see ``_channels.prefetch``).
+"""Most items a blocking ``get()`` takes at once when queued (see ``_channels._client.prefetch``).
 
 Only items without tensors, only when the channel worker can answer at once and no
 other get of that key waits; each extra item is numbered with a token the request
@@ -128,8 +128,8 @@ def actor_name(store_host: str, store_port: int, name: str) -> str:
 # An answer travels as one int, cheap to pickle (and to return from put_begin over Ray).
 # Negative: no grant; otherwise gen * _SPLIT + count.
 NO_ROOM = -1  # put: full; get: empty
-CANCELLED = -2
-RESET = -3
+CANCELLED_ANSWER = -2  # the call was withdrawn (ChannelWork.cancel): nothing put or taken
+RESET_ANSWER = -3  # the peer's link was reset while the call waited: nothing put or taken
 _SPLIT = 1 << 32
 MAX_BATCH = _SPLIT - 1
 

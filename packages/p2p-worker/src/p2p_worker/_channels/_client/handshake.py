@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from p2p_collective import PeerGoneError
-from p2p_worker._channels.errors import ChannelError
-from p2p_worker._channels.proto import Hello, control_group_name, link_group_name
+from p2p_worker._channels._protocol.errors import ChannelError
+from p2p_worker._channels._protocol.proto import Hello, control_group_name, link_group_name
 
 REBORN_WAIT = 10.0
 """Seconds a new link waits for a re-created channel worker to replace its dead namesake."""

@@ -1,12 +1,12 @@
 """Items a blocking ``get()`` took ahead of its caller: the consumer's prefetch buffer.
 
 A blocking ``Channel.get()`` made while no other get of its process is in flight asks
-for up to :data:`~p2p_worker._channels.proto.PREFETCH` items. When the channel worker can
+for up to :data:`~p2p_worker._channels._protocol.proto.PREFETCH` items. When the channel worker can
 answer at once, no other get of that key waits, and the head items have no tensors, it
 sends several in one answer; the caller gets the first, the others wait here and the
 process's next gets of that key return them without a round trip. The channel worker
-prefetches for a process only when no other process got from the channel in the last
-:data:`SOLE_FOR` seconds (:class:`SoleConsumer`), so with several consumers items leave
+prefetches for a process only when no other process got from the channel lately
+(:class:`~p2p_worker._channels._server.sole.SoleConsumer`), so with several consumers items leave
 one per get, in channel order, as before.
 
 Each prefetched item is acknowledged on its own when a get hands it out (the request
@@ -20,15 +20,13 @@ closes, and before a by-weight ``get_batch`` (which then takes them in order).
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from p2p_worker._channels.linger import Linger
+from p2p_worker._channels._client.linger import Linger
 
 PREFETCH_LINGER = 0.05  # seconds without a get after which unused prefetched items go back
-SOLE_FOR = 5.0  # seconds since another process's last get before a process may prefetch
 
 
 class Prefetched:
@@ -91,32 +89,3 @@ class Prefetched:
     def stop(self) -> None:
         """Stop the timer (the handle closes)."""
         self._linger.stop()
-
-
-class SoleConsumer:
-    """Whether a process is the channel's only consumer lately (the channel worker's view).
-
-    Keeps the process that got last, and when any other process last got.
-
-    Example:
-        >>> sole = SoleConsumer()
-        >>> sole.saw("a"), sole.saw("a"), sole.saw("b"), sole.saw("a")
-        (True, True, False, False)
-    """
-
-    __slots__ = ("last", "last_at", "other_at")
-
-    def __init__(self) -> None:
-        self.last: str | None = None  # the process that got last
-        self.last_at = 0.0
-        self.other_at = float("-inf")  # the last get of any other process
-
-    def saw(self, name: str) -> bool:
-        """A get of ``name`` arrived: whether no other process got for :data:`SOLE_FOR` s."""
-        now = time.monotonic()
-        if name != self.last:
-            if self.last is not None:
-                self.other_at = self.last_at
-            self.last = name
-        self.last_at = now
-        return now - self.other_at >= SOLE_FOR

@@ -1,7 +1,7 @@
 """Acknowledgements of received items that ride on a consumer's next request.
 
 A consumer acknowledges the items of each get (the channel worker frees their slots only
-then, see :mod:`p2p_worker._channels.server`). Sent alone, an acknowledgement costs the
+then, see :mod:`p2p_worker._channels._server.server`). Sent alone, an acknowledgement costs the
 channel worker one more message, thread hand-off and wake-up per get. So it waits, in an
 :class:`AckBatch`, for the consumer's next request and travels inside it
 (``(ACKED, tokens, request)``); if no request follows within :data:`ACK_DELAY` seconds,
@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from p2p_worker._channels.proto import ACK, ACKED
+from p2p_worker._channels._protocol.proto import ACK, ACKED
 
 ACK_DELAY = 0.002  # seconds an acknowledgement waits for a request to ride on
 MAX_TICK = 0.01  # longest pause between ticks while requests take every ack along

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from p2p_worker._channels.queue import Item
-from p2p_worker._channels.readers import PayloadReader, RequestReader
+from p2p_worker._channels._server.queue import Item
+from p2p_worker._channels._server.readers import PayloadReader, RequestReader
 
 
 class Tokens:

@@ -13,14 +13,12 @@ import gc
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from p2p_worker._address import WorkerAddress
-from p2p_worker._channels.errors import ChannelError
+from p2p_worker._channels._protocol.errors import ChannelError
+from p2p_worker._job._cluster import Cluster, live_clusters, open_job_context
 from p2p_worker._runtime._state import WorkerRuntime, current_runtime
-
-if TYPE_CHECKING:
-    from p2p_worker._job._cluster import Cluster
 
 _lock = threading.Lock()
 _drivers: weakref.WeakKeyDictionary[Any, WorkerRuntime] = weakref.WeakKeyDictionary()
@@ -34,8 +32,6 @@ def driver_endpoint(cluster: Cluster) -> WorkerRuntime:
         TypeError: ``cluster`` is not a Cluster.
         ClusterError: The cluster was shut down.
     """
-    from p2p_worker._job._cluster import Cluster, open_job_context
-
     if not isinstance(cluster, Cluster):
         raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
     job = open_job_context(cluster)
@@ -64,8 +60,6 @@ def current_endpoint(cluster: Cluster | None = None) -> WorkerRuntime:
     if cluster is None and runtime is not None:
         return runtime
     if cluster is None:
-        from p2p_worker._job._cluster import live_clusters
-
         open_now = live_clusters()
         if len(open_now) > 1:
             # A Cluster nothing refers to any more (a finished test module's, a helper's
@@ -91,8 +85,6 @@ def endpoint_for_store(store: tuple[str, int]) -> WorkerRuntime:
     runtime = current_runtime()
     if runtime is not None and (runtime.job.store_host, runtime.job.store_port) == store:
         return runtime
-    from p2p_worker._job._cluster import live_clusters
-
     for cluster in live_clusters():
         if cluster.store_address == store:
             return driver_endpoint(cluster)

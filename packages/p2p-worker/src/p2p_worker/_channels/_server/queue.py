@@ -14,23 +14,21 @@ a timeout) still waits for items that are arriving, so a completed put is never 
 
 Waiting producers and consumers are served strictly in arrival order; a freed slot or a
 new item is handed straight to the oldest waiter. Items are queued per key (one FIFO
-each, see :mod:`p2p_worker._channels.keys`); a getter waits on its key's FIFO only. The
+each, see :mod:`p2p_worker._channels._protocol.keys`); a getter waits on its key's FIFO only. The
 slots are shared by all keys: ``maxsize`` bounds the channel, not each key.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from p2p_worker._channels.errors import ChannelClosedError
-from p2p_worker._channels.keys import DEFAULT_KEY, batch_weight, unwrap
+from p2p_worker._channels._protocol.errors import ChannelClosedError
+from p2p_worker._channels._protocol.keys import DEFAULT_KEY, batch_weight, unwrap
+from p2p_worker._channels._protocol.payload import payload_nbytes
 
 PASSING_GRACE = 0.25
 """Seconds a put without waiting still waits, when the channel is full only because some
@@ -49,35 +47,10 @@ class _Signal:
 
 
 _TIMED_OUT = _Signal("TIMED_OUT")
-RESET = _Signal("RESET")
+WAITER_RESET = _Signal("WAITER_RESET")
 """Resolves the waiters of a peer whose link to the channel worker was reset."""
-CANCELLED = _Signal("CANCELLED")
+WAITER_CANCELLED = _Signal("WAITER_CANCELLED")
 """Resolves a waiter that its caller withdrew (``ChannelWork.cancel``)."""
-
-
-def payload_nbytes(obj: Any) -> int:
-    """Tensor bytes of an item: what ``max_bytes`` of ``get_batch`` counts.
-
-    Tensors, lists/tuples of tensors, dicts of tensors and dataclass tensor fields are
-    counted; any other part of an item counts as 0 bytes.
-
-    Example:
-        >>> payload_nbytes({"x": torch.zeros(4), "step": 3})
-        16
-    """
-    if isinstance(obj, torch.Tensor):
-        return int(obj.numel() * obj.element_size())
-    if isinstance(obj, (list, tuple)):
-        return sum(payload_nbytes(x) for x in obj if isinstance(x, torch.Tensor))
-    if isinstance(obj, dict):
-        return sum(payload_nbytes(v) for v in obj.values() if isinstance(v, torch.Tensor))
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return sum(
-            payload_nbytes(v)
-            for f in dataclasses.fields(obj)
-            if isinstance(v := getattr(obj, f.name, None), torch.Tensor)
-        )
-    return 0
 
 
 @dataclass
@@ -91,7 +64,7 @@ class Item:
 
 
 def item_of(obj: Any) -> Item:
-    """A received object as a queue item (a :class:`~p2p_worker._channels.keys.Keyed` is opened)."""
+    """A received object as a queue item (a ``Keyed`` envelope is opened, see ``keys``)."""
     item, key, weight = unwrap(obj)
     return Item(item, payload_nbytes(item), key, weight)
 
@@ -165,8 +138,8 @@ class ChannelQueue:
 
         Returns:
             True when a slot was taken; False when there was no room (at once when
-            ``block`` is false, else after ``timeout``); :data:`RESET` when ``peer``'s
-            waiters were dropped by :meth:`reset_peer`; :data:`CANCELLED` when the
+            ``block`` is false, else after ``timeout``); :data:`WAITER_RESET` when ``peer``'s
+            waiters were dropped by :meth:`reset_peer`; :data:`WAITER_CANCELLED` when the
             caller withdrew it (:meth:`cancel`).
 
         Raises:
@@ -344,7 +317,7 @@ class ChannelQueue:
             A non-empty list of items; None when none came: the wait (none when
             ``block`` is false, else ``timeout``) is over and no item is arriving any
             more (a weighted batch that got some items by then returns them);
-            :data:`RESET` or :data:`CANCELLED` (see :meth:`reserve`).
+            :data:`WAITER_RESET` or :data:`WAITER_CANCELLED` (see :meth:`reserve`).
 
         Raises:
             ChannelClosedError: The channel is closed (or closes while waiting).
@@ -376,7 +349,7 @@ class ChannelQueue:
             waiter.fut.cancel()
             partial, waiter.batch = waiter.batch, []
             return partial or None
-        if result is RESET or result is CANCELLED:
+        if result is WAITER_RESET or result is WAITER_CANCELLED:
             self._give_back_partial(waiter)
         return result
 
@@ -469,12 +442,12 @@ class ChannelQueue:
         return timed_out
 
     def reset_peer(self, peer: str) -> int:
-        """Resolve every waiter of ``peer`` with :data:`RESET`; return how many."""
+        """Resolve every waiter of ``peer`` with :data:`WAITER_RESET`; return how many."""
         count = 0
         for waiters in (self._putters, self._getters):
             for waiter in waiters:
                 if waiter.peer == peer and not waiter.fut.done():
-                    waiter.fut.set_result(RESET)
+                    waiter.fut.set_result(WAITER_RESET)
                     count += 1
         return count
 
@@ -483,7 +456,7 @@ class ChannelQueue:
         for waiters in (self._putters, self._getters):
             for waiter in waiters:
                 if waiter.peer == peer and waiter.token == token and not waiter.fut.done():
-                    waiter.fut.set_result(CANCELLED)
+                    waiter.fut.set_result(WAITER_CANCELLED)
                     return True
         return False
 
@@ -524,14 +497,3 @@ def _prune(waiters: deque[_Waiter]) -> None:
 def _give_back(result: Any, give_back: Callable[[Any], None]) -> None:
     if result is True or isinstance(result, list):
         give_back(result)
-
-
-class Void:
-    """Sent by a producer in place of its item when it abandoned a granted put.
-
-    The channel worker frees the slot and queues nothing, so the producer's link stays
-    in step without the item entering the channel.
-    """
-
-    def __repr__(self) -> str:
-        return "<channel void>"

@@ -8,9 +8,9 @@ from typing import Any
 import ray
 
 from p2p_worker._address import WorkerAddress
-from p2p_worker._channels.client import ChannelLink
-from p2p_worker._channels.errors import ChannelClosedError, ChannelNotFoundError
-from p2p_worker._channels.proto import CHANNEL_NAMESPACE, actor_name
+from p2p_worker._channels._client.link import ChannelLink
+from p2p_worker._channels._protocol.errors import ChannelClosedError, ChannelNotFoundError
+from p2p_worker._channels._protocol.proto import CHANNEL_NAMESPACE, actor_name
 
 _LOOKUP_PAUSE = 0.1  # seconds between lookups of a channel not created yet
 

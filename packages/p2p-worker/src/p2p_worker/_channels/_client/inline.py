@@ -16,9 +16,9 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from p2p_worker._channels.keys import unwrap
-from p2p_worker._channels.proto import INLINE_BYTES, PUT, PUT_INLINE
-from p2p_worker._channels.queue import payload_nbytes
+from p2p_worker._channels._protocol.keys import unwrap
+from p2p_worker._channels._protocol.payload import payload_nbytes
+from p2p_worker._channels._protocol.proto import INLINE_BYTES, PUT, PUT_INLINE
 
 
 def rides_inline(item: Any) -> bool:
@@ -59,6 +59,6 @@ class PutRequest:
         credits = link.want_credits() if self.block else 0
         if self.small and link.puts_settled():
             self.inline = True
-            sync = (link._gen, link._sent)
+            sync = link.sync()  # reentrant: the link's lock is held already
             return (PUT_INLINE, token, self.block, self.timeout, credits, sync, self.item)
         return (PUT, token, self.block, self.timeout, credits)

@@ -11,9 +11,9 @@ import time
 from collections import deque
 from typing import Any
 
-from p2p_worker._channels.errors import ChannelEmpty, ChannelFull
-from p2p_worker._channels.keys import DEFAULT_KEY, check_key, check_weight
-from p2p_worker._channels.work import check_timeout
+from p2p_asyncwork.internal import check_timeout
+from p2p_worker._channels._protocol.errors import ChannelEmpty, ChannelFull
+from p2p_worker._channels._protocol.keys import DEFAULT_KEY, check_key, check_weight
 
 
 class LocalChannel:
@@ -41,8 +41,8 @@ class LocalChannel:
         >>> ch.get_nowait()
         Traceback (most recent call last):
         ...
-        p2p_worker._channels.errors.ChannelEmpty: local channel: key 'default_queue' is empty
-    """
+        p2p_worker._channels._protocol.errors.ChannelEmpty: local channel: key 'default_queue' is empty
+    """  # noqa: E501
 
     def __init__(self, maxsize: int = 0) -> None:
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):

@@ -12,9 +12,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from p2p_worker._channels.peers import Peer
-from p2p_worker._channels.proto import RECEIPT, wire_timeout
-from p2p_worker._channels.queue import ChannelQueue, Item, Void
+from p2p_worker._channels._protocol.payload import Void
+from p2p_worker._channels._protocol.proto import RECEIPT, wire_timeout
+from p2p_worker._channels._server.peers import Peer
+from p2p_worker._channels._server.queue import ChannelQueue, Item
 
 Reset = Callable[[Peer, Any, BaseException], None]
 """``reset(peer, group, why)``: drop the peer's link ``group`` after a failed send."""
@@ -134,7 +135,7 @@ class Replies:
 
     def _watch(self, work: Any, peer: Peer, group: Any) -> None:
         """Reset ``peer``'s link ``group`` if the send ``work`` fails (no wake-up on success)."""
-        work._add_done_callback(lambda w: self._failed(w, peer, group))
+        work.add_done_callback(lambda w: self._failed(w, peer, group))
 
     def _failed(self, work: Any, peer: Peer, group: Any) -> None:
         exc = work.exception(0)
