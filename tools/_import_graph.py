@@ -109,3 +109,42 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
         if len(comp) > 1:
             groups.append(sorted(comp))
     return sorted(groups)
+
+
+def local_imports(
+    path: Path, module: str, *, uncommented_only: bool = False
+) -> tuple[list[str], int]:
+    """Imports of p2p modules inside functions in ``path``: (described, how many name a cycle).
+
+    An import counts as commented when its line or the line above says ``cycle`` (the
+    circle it breaks). With ``uncommented_only`` only the others are described.
+    """
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    found: list[str] = []
+    seen: set[int] = set()
+    commented = 0
+    for func in ast.walk(ast.parse(text, filename=str(path))):
+        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(func):
+            if getattr(node, "lineno", None) in (None, *seen):
+                continue
+            if isinstance(node, ast.ImportFrom):
+                target = node.module or ""
+                if not node.level and not target.startswith("p2p_"):
+                    continue
+            elif isinstance(node, ast.Import):
+                target = node.names[0].name
+                if not target.startswith("p2p_"):
+                    continue
+            else:
+                continue
+            seen.add(node.lineno)  # a nested function is walked again from its parent
+            around = " ".join(lines[max(node.lineno - 2, 0) : node.lineno]).lower()
+            if "cycle" in around:
+                commented += 1
+                if uncommented_only:
+                    continue
+            found.append(f"{path}:{node.lineno}: {module}.{func.name} imports {target}")
+    return found, commented

@@ -8,7 +8,9 @@
    ``from p2p_collective._frames._framing import ...`` outside ``p2p_collective`` itself.
 3. p2p_asyncwork and p2p_compress never import ``torch.distributed`` (import-linter
    cannot express a ban on a subpackage of an external package).
-4. No import circles between the modules of one package (see ``_import_graph.py``).
+4. No import circles between the modules of one package (see ``_import_graph.py``), and
+   no import of another p2p module inside a function unless a comment on that line or
+   the line above names the ``cycle`` it breaks (issue 37 item 1).
 
 Exits non-zero and prints every violation.
 """
@@ -21,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _import_graph import circles, import_graph, package_modules
+from _import_graph import circles, import_graph, local_imports, package_modules
 
 MAX_LINES = 600
 OVER_LIMIT: dict[str, int] = {}
@@ -102,8 +104,13 @@ def main() -> int:
     ]
     for pkg in PACKAGES:
         src = root / "packages" / pkg.replace("_", "-") / "src" / pkg
-        for group in circles(import_graph(package_modules(src))):
+        modules = package_modules(src)
+        for group in circles(import_graph(modules)):
             problems.append(f"import circle in {pkg}: {' <-> '.join(group)}")
+        for module, path in modules.items():
+            found, _ = local_imports(path, module, uncommented_only=True)
+            why = "inside a function (say which import circle it breaks, or move it up)"
+            problems += [f"{line} {why}" for line in found]
     for p in problems:
         print(p)
     if problems:

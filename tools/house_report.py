@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _import_graph import circles, import_graph, package_modules
+from _import_graph import circles, import_graph, local_imports, package_modules
 from check_modules import MAX_LINES, PACKAGES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,33 +57,6 @@ def folder_of(module: str) -> str:
     """``p2p_x._a._b`` -> ``_a``; the package root itself is ``<root>``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "<root>"
-
-
-def local_imports(path: Path, module: str) -> tuple[list[str], int]:
-    """Function-local imports of p2p modules in ``path``: (described, how many name a cycle)."""
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    found: list[str] = []
-    commented = 0
-    for func in ast.walk(ast.parse(text, filename=str(path))):
-        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
-        for node in ast.walk(func):
-            if isinstance(node, ast.ImportFrom):
-                target = node.module or ""
-                if not node.level and not target.startswith("p2p_"):
-                    continue
-            elif isinstance(node, ast.Import):
-                target = node.names[0].name
-                if not target.startswith("p2p_"):
-                    continue
-            else:
-                continue
-            around = " ".join(lines[max(node.lineno - 2, 0) : node.lineno]).lower()
-            if "cycle" in around:
-                commented += 1
-            found.append(f"{module}.{func.name} imports {target}")
-    return found, commented
 
 
 def public_names(src: Path) -> int:

@@ -38,8 +38,13 @@ def test_local_imports_are_found_and_a_cycle_comment_is_counted(tmp_path: Path) 
         encoding="utf-8",
     )
     found, commented = hr.local_imports(path, "p2p_x.m")
-    assert found == ["p2p_x.m.f imports p2p_x._a", "p2p_x.m.g imports p2p_x._b"]
+    assert found == [
+        f"{path}:2: p2p_x.m.f imports p2p_x._a",
+        f"{path}:6: p2p_x.m.g imports p2p_x._b",
+    ]
     assert commented == 1
+    # what the lint refuses: only the import that does not say which circle it breaks
+    assert hr.local_imports(path, "p2p_x.m", uncommented_only=True) == (found[:1], 1)
 
 
 def test_the_command_prints_every_package_as_json() -> None:
