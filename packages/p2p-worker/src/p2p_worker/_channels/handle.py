@@ -222,7 +222,7 @@ def connect_on(endpoint: Any, name: str, timeout: float | None) -> Channel:
     """Return ``endpoint``'s handle on channel ``name`` (connecting once per process)."""
     check_channel_name(name)
     timeout = check_timeout(timeout)
-    cached: Channel | None = cached_handle(endpoint, name)
+    cached = _usable_cached(endpoint, name)
     if cached is not None:
         return cached
     link = connect_link(endpoint, name, timeout)
@@ -232,11 +232,17 @@ def connect_on(endpoint: Any, name: str, timeout: float | None) -> Channel:
     return handle
 
 
+def _usable_cached(endpoint: Any, name: str) -> Channel | None:
+    """The handle on channel ``name`` that ``endpoint`` connected before, if still usable."""
+    handle: Channel | None = cached_handle(endpoint, name)
+    return handle if handle is not None and handle._usable() else None
+
+
 def _restore(name: str, store: tuple[str, int]) -> Channel:
     """Unpickle a handle: this process's handle if it has one, else one that connects lazily."""
     try:
         endpoint = endpoint_for_store(store)
     except Exception:
         return Channel(name, store)
-    cached: Channel | None = cached_handle(endpoint, name)
+    cached = _usable_cached(endpoint, name)
     return cached if cached is not None else Channel(name, store)

@@ -95,10 +95,9 @@ def endpoint_for_store(store: tuple[str, int]) -> WorkerRuntime:
 
 
 def cached_handle(endpoint: Any, name: str) -> Any:
-    """The handle on channel ``name`` this endpoint connected before, if still usable."""
+    """The handle on channel ``name`` this endpoint connected before (None if none)."""
     with _lock:
-        handle: Any = _handles.get(endpoint, {}).get(name)
-    return handle if handle is not None and handle._usable() else None
+        return _handles.get(endpoint, {}).get(name)
 
 
 def remember_handle(endpoint: Any, handle: Any) -> None:
