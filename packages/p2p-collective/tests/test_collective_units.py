@@ -16,6 +16,7 @@ from conftest import make_store
 
 from p2p_asyncwork import ConfigError
 from p2p_collective import (
+    HEADER_MAX,
     Collective,
     CollectiveConfig,
     CollectiveError,
@@ -26,7 +27,7 @@ from p2p_collective import (
     parse_collective_config,
 )
 from p2p_collective._errors import CleanFailure
-from p2p_collective._frames._framing import FIXED, HEADER_MAX, Flag, parse_fixed
+from p2p_collective._frames._framing import FIXED, Flag, parse_fixed
 from p2p_collective._frames._payload import encode, rebuild
 from p2p_collective._frames._recvpool import ReceiveBufferPool
 from p2p_collective._groups._direction import Direction

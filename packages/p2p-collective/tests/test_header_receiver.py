@@ -13,7 +13,7 @@ import itertools
 import pytest
 import torch
 
-from p2p_collective._frames._framing import HEADER_MAX
+from p2p_collective import HEADER_MAX
 from p2p_collective._frames._recvpool import PostedRecv
 from p2p_collective._wire._headers import DEPTH, HeaderReceiver
 

@@ -18,7 +18,7 @@ import torch
 import wire_tasks as wt
 from conftest import PeerPair
 
-from p2p_collective._links._emulation import EMULATED_WINDOW_BYTES
+from p2p_collective import EMULATED_WINDOW_BYTES
 
 pytestmark = pytest.mark.timeout(300)
 MiB = 1 << 20

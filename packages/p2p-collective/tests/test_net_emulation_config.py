@@ -9,6 +9,7 @@ import pytest
 
 from p2p_asyncwork import ConfigError
 from p2p_collective import (
+    EMULATED_WINDOW_BYTES,
     CollectiveTimeoutError,
     GroupClosedError,
     LinkEmulation,
@@ -16,7 +17,7 @@ from p2p_collective import (
     parse_net_emulation,
 )
 from p2p_collective._frames._framing import _ARRIVAL, _ARRIVAL_OFFSET, FIXED
-from p2p_collective._links._emulation import EMULATED_WINDOW_BYTES, ArrivalGate, LinkPacer, clock_id
+from p2p_collective._links._emulation import ArrivalGate, LinkPacer, clock_id
 
 
 def test_defaults_and_the_original_keys() -> None:

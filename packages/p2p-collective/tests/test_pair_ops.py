@@ -22,7 +22,7 @@ if os.environ.get("P2P_TEST_TRANSPORT", "shm") == "gloo":
 
 
 def _pair_body(coll: Any, rank: int, key: str) -> tuple[bool, list[bool]]:
-    from p2p_collective._groups._pair_ops import PairCollectives
+    from p2p_collective.internal import PairCollectives
 
     pair = coll.create_pair_group([f"{key}-0", f"{key}-1"], group_name=f"{key}/coll")
     two = PairCollectives(pair, rank)

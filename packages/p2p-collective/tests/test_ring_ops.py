@@ -28,7 +28,7 @@ CHAIN_N = 100_003  # float32 items: one shared-memory message of 400 KB
 
 
 def _ring(coll: Any, rank: int, key: str) -> Any:
-    from p2p_collective._groups._ring_ops import RingCollectives
+    from p2p_collective.internal import RingCollectives
 
     def pair(peer: int) -> Any:
         a, b = min(rank, peer), max(rank, peer)

@@ -17,8 +17,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from p2p_collective import Collective, CollectiveGroup, FramingError, parse_collective_config
-from p2p_collective._frames._framing import FIXED, HEADER_MAX, Flag, Kind, parse_fixed
+from p2p_collective import (
+    HEADER_MAX,
+    Collective,
+    CollectiveGroup,
+    FramingError,
+    parse_collective_config,
+)
+from p2p_collective._frames._framing import FIXED, Flag, Kind, parse_fixed
 from p2p_collective._frames._payload import (
     SMALL_OBJECT_MAX,
     encode,

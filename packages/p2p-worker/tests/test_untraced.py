@@ -7,7 +7,7 @@ import inspect
 
 from ray.util.tracing.tracing_helper import _inject_tracing_into_class
 
-from p2p_worker._channels._server.server import ChannelWorker
+from p2p_worker import ChannelWorker
 from p2p_worker._process._untraced import internal_functions, untraced_internals
 
 
