@@ -107,13 +107,13 @@ def short_tmp_env() -> dict[str, str]:
     }
 
 
-# Where isolation does not matter -- the worker's unit tests, the CPU integration and
-# release tests, the multi-node suite and the docs all need the whole stack anyway -- the
-# sessions share one venv instead of installing torch and Ray into one each (minutes per
-# venv on a 2-core CI machine). Sessions that prove isolation keep their own venv:
-# typecheck(package=...), tests(package=...) of the lower three, compress_alone.
+# Where isolation does not matter -- the worker's unit tests and types, the CPU integration
+# and release tests, the multi-node suite and the docs all need the whole stack anyway --
+# the sessions share one venv instead of installing torch and Ray into one each (minutes
+# per venv on a 2-core CI machine). Sessions that prove isolation keep their own venv:
+# typecheck(package=...) and tests(package=...) of the lower three, compress_alone.
 SHARED_STACK = ROOT / ".nox" / "_shared-stack"
-SHARED_TOOLS = (*TEST_TOOLS, "hatchling", "nox", "sphinx", "furo")
+SHARED_TOOLS = (*TEST_TOOLS, "hatchling", "nox", "sphinx", "furo", "mypy")
 
 
 def shared_stack(session: nox.Session) -> Callable[..., Any]:
@@ -173,11 +173,17 @@ def lint(session: nox.Session) -> None:
 @pruned
 def typecheck(session: nox.Session, package: str) -> None:
     """mypy --strict on one package, in an env holding only it and what it declares."""
-    install_stack(session, package, "mypy")
     paths = [str(Path(dist_dir(package)) / "src" / f"p2p_{package}")]
     # The worker's typed seam: the types Worker.send/recv/... must return, per async_op.
     paths += [str(p) for p in (ROOT / "tests" / "typing").glob(f"{package}_*.py")]
-    session.run("mypy", "--config-file", str(ROOT / "pyproject.toml"), *paths)
+    args = ("--config-file", str(ROOT / "pyproject.toml"), *paths)
+    if package == "worker":
+        # The worker declares the whole stack, which the shared venv holds (+ tools, mypy
+        # among them): one venv with torch and Ray fewer to build in ci.
+        shared_stack(session)("mypy", *args)
+        return
+    install_stack(session, package, "mypy")
+    session.run("mypy", *args)
 
 
 @nox.session
