@@ -21,7 +21,7 @@ import functools
 import itertools
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -150,8 +150,8 @@ class RayTrainer:
         spec = self.spec
         for _ in spec.sources_of(self.rank):
             self.queue.get(block=True, timeout=spec.timeout)
-        backend: Any = "gloo"  # Ray's stubs want its Backend enum; it takes the name
-        col.init_collective_group(spec.trainers, self.rank, backend, self.group_name)
+        # Ray annotates backend as its Backend class; its values are strings such as this.
+        col.init_collective_group(spec.trainers, self.rank, "gloo", self.group_name)  # type: ignore[arg-type]
         col.allreduce(torch.zeros(self.learner.numel), group_name=self.group_name)
 
     def _take(self, step: int) -> list[RolloutItem]:
