@@ -202,9 +202,8 @@ class RLTrainer(Worker):
         self._lock = threading.Lock()
         self._targets: list[tuple[str, list[int]]] | None = None  # new ones, for the next push
         self._inbox = Inbox(self.spec, self._rank)
-        self._pushing: AsyncWork[PushReport] | None = (
-            None  # with overlap: the push of the previous version, running
-        )
+        # with overlap: the push of the previous version, running
+        self._pushing: AsyncWork[PushReport] | None = None
 
     def prepare(self) -> None:
         """Connect, take the warm-up items, build the allreduce group and run it once."""

@@ -183,19 +183,21 @@ class RayTrainer:
         with log.span("optim"):
             self.learner.apply(grads)
         refs: WeightRefs = []
+        weights_bytes: int | None = None
+        if self.rank == 0:
+            with log.span("push"):
+                state = policy_state(self.learner.model)
+                refs = [ray.put(state)]
+            weights_bytes = sum(t.numel() * t.element_size() for t in state.values())
         out: RayTrainerResult = {
-            "spans": [],
+            "spans": log.rows(),
             "loss": self.learner.last_loss,
             "ids": batch["ids"].tolist(),
             "rewards": batch["rewards"].tolist(),
             "weights": refs,
         }
-        if self.rank == 0:
-            with log.span("push"):
-                state = policy_state(self.learner.model)
-                refs.append(ray.put(state))
-            out["weights_bytes"] = sum(t.numel() * t.element_size() for t in state.values())
-        out["spans"] = log.rows()
+        if weights_bytes is not None:
+            out["weights_bytes"] = weights_bytes
         return out
 
     def checksum(self) -> int:
