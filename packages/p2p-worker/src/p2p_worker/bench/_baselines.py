@@ -24,13 +24,14 @@ import os
 import socket
 import struct
 from datetime import timedelta
-from typing import Any
+from typing import Generic, ParamSpec, Protocol, TypeVar, cast
 
 import ray
 import torch
 import torch.distributed as dist
+from ray.actor import ActorHandle
 
-from p2p_worker.bench._payloads import payload_nbytes, payload_tensors, payloads_equal
+from p2p_worker.bench._payloads import Payload, payload_nbytes, payload_tensors, payloads_equal
 from p2p_worker.bench._results import Sample, samples_from_timings
 from p2p_worker.bench._spec import Cell
 from p2p_worker.bench._timing import (
@@ -45,7 +46,19 @@ RAYCOLL_GROUP = "p2p-bench"
 """The name of the ``ray.util.collective`` group of the two baseline actors."""
 
 
-def owned(payload: Any) -> Any:
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+class RemoteMethod(Protocol, Generic[_P, _R]):
+    """A method of a Ray actor handle: ``handle.method.remote(...)`` -> an ``ObjectRef``."""
+
+    def remote(self, *args: _P.args, **kwargs: _P.kwargs) -> ray.ObjectRef[_R]:
+        """Call the method on the actor; the reference of its return value."""
+        ...
+
+
+def owned(payload: object) -> object:
     """Return ``payload`` with every tensor that does not own its memory cloned.
 
     A tensor deserialised zero-copy from Ray's object store is a view of shared
@@ -53,7 +66,7 @@ def owned(payload: Any) -> Any:
     copy it before writing to it or releasing the object, so the baseline pays for that.
     """
 
-    def fix(t: Any) -> Any:
+    def fix(t: object) -> object:
         if isinstance(t, torch.Tensor) and not t.untyped_storage().resizable():
             return t.clone()
         return t
@@ -109,7 +122,7 @@ class BaselineEndpoint:
 
     def __init__(self) -> None:
         self._cache = PayloadCache()
-        self._peer: Any = None
+        self._peer: EndpointHandle | None = None
         self._ack = torch.zeros(1, dtype=torch.int64)
 
     def node(self) -> tuple[str, str]:
@@ -123,7 +136,7 @@ class BaselineEndpoint:
             sock.bind((_node_ip(), 0))
             return int(sock.getsockname()[1])
 
-    def set_peer(self, peer: Any) -> None:
+    def set_peer(self, peer: EndpointHandle) -> None:
         """Remember the other actor's handle (used by the Ray object store baseline)."""
         self._peer = peer
 
@@ -179,9 +192,9 @@ class BaselineEndpoint:
         templates = payload_tensors(expected)
         buffers = [torch.empty_like(_byte_view(t)) for t in templates]
 
-        def receive() -> Any:
+        def receive() -> object:
             if not templates:
-                box: list[Any] = [None]
+                box: list[object] = [None]
                 dist.recv_object_list(box, src=0)
                 return box[0]
             for b in buffers:
@@ -228,7 +241,7 @@ class BaselineEndpoint:
         templates = payload_tensors(expected)
         buffers = [torch.empty_like(_byte_view(t)) for t in templates]
 
-        def receive() -> Any:
+        def receive() -> object:
             for b in buffers:
                 col.recv(b, 0, RAYCOLL_GROUP)
             got = [b.view(t.dtype).view(t.shape) for b, t in zip(buffers, templates, strict=True)]
@@ -246,12 +259,15 @@ class BaselineEndpoint:
     ) -> tuple[int, list[float]]:
         """Sender side of a Ray object store cell; returns ``(nbytes, seconds)``."""
         payload = self._cache.get(kind, size)
-        pending: list[Any] = []
+        pending: list[ray.ObjectRef[int]] = []
+        peer = self._peer
+        if peer is None:
+            raise RuntimeError("BaselineEndpoint.ray_send: call set_peer() first")
         first = [True]
 
         def send() -> None:
             ref = ray.put(payload)
-            pending.append(self._peer.ray_consume.remote([ref], kind, size, first[0]))
+            pending.append(peer.ray_consume.remote([ref], kind, size, first[0]))
             first[0] = False
             del ref
 
@@ -260,7 +276,9 @@ class BaselineEndpoint:
 
         return payload_nbytes(payload), sender_loop(send, wait_ack, reps)
 
-    def ray_consume(self, refs: list[Any], kind: str, size: int, check: bool) -> int:
+    def ray_consume(
+        self, refs: list[ray.ObjectRef[Payload]], kind: str, size: int, check: bool
+    ) -> int:
         """Receiver side of one Ray object store transfer; the return value is the ack."""
         got = owned(ray.get(refs[0]))
         if check and not payloads_equal(got, self._cache.get(kind, size)):
@@ -268,7 +286,24 @@ class BaselineEndpoint:
         return 1
 
 
-def _rebuild(template: Any, tensors: list[torch.Tensor]) -> Any:
+class EndpointHandle(Protocol):
+    """A Ray actor handle of a :class:`BaselineEndpoint`: its methods, called remotely."""
+
+    node: RemoteMethod[[], tuple[str, str]]
+    free_port: RemoteMethod[[], int]
+    set_peer: RemoteMethod[[EndpointHandle], None]
+    init_gloo: RemoteMethod[[int, str, int, float], None]
+    init_raycoll: RemoteMethod[[int], None]
+    close: RemoteMethod[[], None]
+    gloo_send: RemoteMethod[[str, int, int], tuple[int, list[float]]]
+    gloo_recv: RemoteMethod[[str, int, int], None]
+    raycoll_send: RemoteMethod[[str, int, int], tuple[int, list[float]]]
+    raycoll_recv: RemoteMethod[[str, int, int], None]
+    ray_send: RemoteMethod[[str, int, int, float], tuple[int, list[float]]]
+    ray_consume: RemoteMethod[[list[ray.ObjectRef[Payload]], str, int, bool], int]
+
+
+def _rebuild(template: Payload, tensors: list[torch.Tensor]) -> Payload:
     """Put received tensors back into the structure of ``template``."""
     if isinstance(template, torch.Tensor):
         return tensors[0]
@@ -281,7 +316,8 @@ def _rebuild(template: Any, tensors: list[torch.Tensor]) -> Any:
         for f in dataclasses.fields(template)
         if isinstance(getattr(template, f.name), torch.Tensor)
     ]
-    return dataclasses.replace(template, **dict(zip(names, tensors, strict=True)))
+    # only the tensor fields change; mypy checks the tensors against every field's type
+    return dataclasses.replace(template, **dict(zip(names, tensors, strict=True)))  # type: ignore[arg-type]
 
 
 class BaselinePair:
@@ -301,9 +337,12 @@ class BaselinePair:
         receiver_node: str | None = None,
     ) -> None:
         self.timeout = timeout
-        actor_cls: Any = ray.remote(num_cpus=0)(BaselineEndpoint)
-        self.sender: Any = actor_cls.options(**_placement(sender_node)).remote()
-        self.receiver: Any = actor_cls.options(**_placement(receiver_node)).remote()
+        actor_cls = ray.remote(num_cpus=0)(BaselineEndpoint)
+        # Ray types a handle's methods as the class's own; what they are is remote calls
+        self.sender = cast("EndpointHandle", actor_cls.options(**_placement(sender_node)).remote())
+        self.receiver = cast(
+            "EndpointHandle", actor_cls.options(**_placement(receiver_node)).remote()
+        )
         try:
             ip, _ = ray.get(self.sender.node.remote(), timeout=timeout)
             port = ray.get(self.sender.free_port.remote(), timeout=timeout)
@@ -347,10 +386,10 @@ class BaselinePair:
         for actor in (self.sender, self.receiver):
             with contextlib.suppress(Exception):  # best effort: the actor is killed next
                 ray.get(actor.close.remote(), timeout=10)
-            ray.kill(actor)
+            ray.kill(cast("ActorHandle[BaselineEndpoint]", actor))  # the handle it is
 
 
-def _placement(node_id: str | None) -> dict[str, Any]:
+def _placement(node_id: str | None) -> dict[str, object]:
     if node_id is None:
         return {}
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from p2p_worker.bench._plot import plot_throughput
 from p2p_worker.bench._report import (
@@ -52,6 +52,10 @@ from p2p_worker.bench._spec import (
     parse_sizes,
 )
 from p2p_worker.bench._weights import main as weights_main
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import TaskID
 
 DEFAULT_OUT = "p2p-bench-out"
 BENCH_EXTRA = ("rich", "matplotlib")
@@ -213,7 +217,7 @@ def check_out_dir(out: Path) -> str | None:
 class RichProgress:
     """Live progress bar over the matrix, with a line per block and per gap."""
 
-    def __init__(self, console: Any) -> None:
+    def __init__(self, console: Console) -> None:
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -232,7 +236,7 @@ class RichProgress:
             TextColumn("{task.fields[last]}"),
             console=console,
         )
-        self.task: Any = None
+        self.task: TaskID | None = None
 
     def __enter__(self) -> RichProgress:
         self.progress.start()
@@ -257,6 +261,8 @@ class RichProgress:
             last += f": {samples[0].nbytes / secs / 1e6:.1f} MB/s"
         else:
             last += ": not run"
+        if self.task is None:
+            raise RuntimeError("RichProgress.cell_done: call start() first")
         self.progress.update(self.task, advance=1, last=last)
 
     def note(self, text: str) -> None:

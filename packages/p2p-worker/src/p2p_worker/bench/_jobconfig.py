@@ -2,11 +2,61 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from p2p_worker.bench._spec import LinkProfile
 
-COMPRESSION_SECTIONS: dict[str, dict[str, Any]] = {
+
+class CompressionSection(TypedDict):
+    """``cluster.collective.tensor_compression``: the codec and its settings."""
+
+    enabled: bool
+    codec: str
+    min_bytes: int
+    excluded_dtypes: list[str]
+    acceleration: NotRequired[int]
+    level: NotRequired[int]
+    max_inflight: NotRequired[int]
+
+
+class PipelineSection(TypedDict, total=False):
+    """``cluster.collective.compression_pipeline``: chunking, and the adaptive choice."""
+
+    chunk_bytes: int
+    adaptive: bool | dict[str, list[str]]
+
+
+class CollectiveSection(TypedDict):
+    """``cluster.collective``."""
+
+    init_timeout: float
+    tensor_compression: NotRequired[CompressionSection]
+    compression_pipeline: NotRequired[PipelineSection]
+
+
+class NetEmulationSection(TypedDict, total=False):
+    """``cluster.net_emulation``: the emulated link."""
+
+    enabled: bool
+    bandwidth_mbps: float
+    delay_ms: float
+    egress: str
+
+
+class ClusterSection(TypedDict):
+    """``cluster``."""
+
+    collective: CollectiveSection
+    net_emulation: NotRequired[NetEmulationSection]
+
+
+class JobConfig(TypedDict):
+    """A benchmark job's configuration: ``{"cluster": {...}}``."""
+
+    cluster: ClusterSection
+
+
+COMPRESSION_SECTIONS: dict[str, CompressionSection] = {
     "lz4": {
         "enabled": True,
         "codec": "lz4",
@@ -32,7 +82,7 @@ COMPRESSION_SECTIONS["zstd_auto"] = COMPRESSION_SECTIONS["zstd"]
 COMPRESSION_SECTIONS["auto"] = COMPRESSION_SECTIONS["zstd"]
 
 
-def net_emulation_section(link: LinkProfile) -> dict[str, Any] | None:
+def net_emulation_section(link: LinkProfile) -> NetEmulationSection | None:
     """The ``cluster.net_emulation`` section of a link profile (``None`` for loopback)."""
     if link.bandwidth_bps is None:
         return None
@@ -43,17 +93,17 @@ def net_emulation_section(link: LinkProfile) -> dict[str, Any] | None:
     }
 
 
-def job_config(codec: str, link: LinkProfile) -> dict[str, Any]:
+def job_config(codec: str, link: LinkProfile) -> JobConfig:
     """The job configuration (``{"cluster": {...}}``) of one p2p block."""
-    cluster: dict[str, Any] = {"collective": {"init_timeout": 120.0}}
+    cluster: ClusterSection = {"collective": {"init_timeout": 120.0}}
     if codec != "raw":
-        cluster["collective"]["tensor_compression"] = dict(COMPRESSION_SECTIONS[codec])
+        cluster["collective"]["tensor_compression"] = COMPRESSION_SECTIONS[codec].copy()
         if codec.endswith("_whole"):  # the per-tensor design: no chunked frames
             cluster["collective"]["compression_pipeline"] = {"chunk_bytes": 0}
         if codec == "auto":  # raw, lz4, zstd or sparse per link, whichever is fastest
             cluster["collective"]["compression_pipeline"] = {"adaptive": True}
         elif codec.endswith("_auto"):  # raw or this one codec per link
-            only = {"codecs": [codec.split("_")[0]]}
+            only: dict[str, list[str]] = {"codecs": [codec.split("_")[0]]}
             cluster["collective"]["compression_pipeline"] = {"adaptive": only}
     net = net_emulation_section(link)
     if net is not None:

@@ -20,13 +20,13 @@ from __future__ import annotations
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import torch
 
-from p2p_worker import Cluster, NodePlacementStrategy, Worker, WorkerAddress
-from p2p_worker.bench._jobconfig import job_config
-from p2p_worker.bench._payloads import payload_nbytes
+from p2p_worker import Cluster, NodePlacementStrategy, Worker, WorkerAddress, WorkerGroup
+from p2p_worker.bench._jobconfig import JobConfig, job_config
+from p2p_worker.bench._payloads import Payload, payload_nbytes
 from p2p_worker.bench._results import Sample, samples_from_timings
 from p2p_worker.bench._spec import Cell, LinkProfile, format_size
 from p2p_worker.bench._timing import PayloadCache, receiver_loop, sender_loop
@@ -41,6 +41,14 @@ def _probe_payload() -> torch.Tensor:
     return torch.arange(PROBE_BYTES // 8, dtype=torch.int64) % 251
 
 
+class SendCounters(TypedDict):
+    """The counters of a group's ``send`` direction that a transfer is measured with."""
+
+    messages: int
+    wire_bytes: int
+    payload_bytes: int
+
+
 class BenchEndpoint(Worker):
     """One end of the p2p method (a worker of a one-worker group); also runs the probes.
 
@@ -53,12 +61,17 @@ class BenchEndpoint(Worker):
         self._cache = PayloadCache()
         self._ack = torch.zeros(1, dtype=torch.int64)
 
-    def _send_stats(self, peer: str) -> dict[str, Any]:
+    def _send_stats(self, peer: str) -> SendCounters:
         me = self.worker_address
         group = self.collective.create_collective_group([me, WorkerAddress(peer, 0)])
-        return dict(group.stats()["send"])
+        send = group.stats()["send"]
+        return {
+            "messages": int(send["messages"]),
+            "wire_bytes": int(send["wire_bytes"]),
+            "payload_bytes": int(send["payload_bytes"]),
+        }
 
-    def _run_sender(self, peer: str, payload: Any, reps: int) -> tuple[list[float], int, int]:
+    def _run_sender(self, peer: str, payload: Payload, reps: int) -> tuple[list[float], int, int]:
         before = self._send_stats(peer)
         secs = sender_loop(
             lambda: self.send(payload, peer, 0),
@@ -71,7 +84,7 @@ class BenchEndpoint(Worker):
         logical = (after["payload_bytes"] - before["payload_bytes"]) // sent
         return secs, int(wire), int(logical)
 
-    def _run_receiver(self, peer: str, expected: Any, reps: int, what: str) -> None:
+    def _run_receiver(self, peer: str, expected: Payload, reps: int, what: str) -> None:
         receiver_loop(
             lambda: self.recv(peer, 0),
             lambda: self.send_tensor(self._ack, peer, 0),
@@ -165,14 +178,14 @@ class P2PJob:
     one-worker groups (seconds), and may run in a thread next to other launches.
     """
 
-    def __init__(self, session: P2PSession, config: dict[str, Any], timeout: float) -> None:
+    def __init__(self, session: P2PSession, config: JobConfig, timeout: float) -> None:
         self.timeout = timeout
         self.cluster = Cluster(config=config, address=session.address or "local")
         n = next(_counter)
         self.names = (f"p2p_bench_send_{n}", f"p2p_bench_recv_{n}")
         self._ranks = (session.sender_rank, session.receiver_rank)
-        self.snd: Any = None
-        self.rcv: Any = None
+        self._snd: WorkerGroup[BenchEndpoint] | None = None
+        self._rcv: WorkerGroup[BenchEndpoint] | None = None
 
     def launch(self) -> P2PJob:
         """Start the sender and the receiver group (at once); return this job.
@@ -181,7 +194,7 @@ class P2PJob:
             p2p_worker.WorkerError: A worker failed to start.
         """
 
-        def one(i: int) -> Any:
+        def one(i: int) -> WorkerGroup[BenchEndpoint]:
             return BenchEndpoint.create_group().launch(
                 self.cluster,
                 NodePlacementStrategy([self._ranks[i]], cpus_per_worker=0),
@@ -191,8 +204,30 @@ class P2PJob:
 
         with ThreadPoolExecutor(2, thread_name_prefix="p2p-bench-launch") as pool:
             futures = [pool.submit(one, i) for i in (0, 1)]
-            self.snd, self.rcv = (f.result() for f in futures)
+            self._snd, self._rcv = (f.result() for f in futures)
         return self
+
+    @property
+    def snd(self) -> WorkerGroup[BenchEndpoint]:
+        """The sender's group.
+
+        Raises:
+            RuntimeError: The job was not launched (:meth:`launch`).
+        """
+        if self._snd is None:
+            raise RuntimeError("P2PJob: call launch() first")
+        return self._snd
+
+    @property
+    def rcv(self) -> WorkerGroup[BenchEndpoint]:
+        """The receiver's group.
+
+        Raises:
+            RuntimeError: The job was not launched (:meth:`launch`).
+        """
+        if self._rcv is None:
+            raise RuntimeError("P2PJob: call launch() first")
+        return self._rcv
 
     def probe(self) -> tuple[float, int, int]:
         """Send the probe tensor once: ``(seconds, wire bytes, payload bytes)``."""

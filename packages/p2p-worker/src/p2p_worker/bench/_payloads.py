@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, Final
+from typing import Final, TypedDict
 
 import torch
 
@@ -101,7 +101,23 @@ def attention_mask(nbytes: int) -> torch.Tensor:
     return mask
 
 
-def small_object(seed: int = 0) -> dict[str, Any]:
+class ControlMessage(TypedDict):
+    """The ``object`` payload kind: a small control message, no tensors."""
+
+    step: int
+    worker: str
+    prompt: str
+    rewards: list[float]
+    done: bool
+
+
+Payload = (
+    torch.Tensor | list[torch.Tensor] | dict[str, torch.Tensor] | RolloutBatch | ControlMessage
+)
+"""A payload of one of the kinds (:func:`make_payload`)."""
+
+
+def small_object(seed: int = 0) -> ControlMessage:
     """The ``object`` payload: a small control message."""
     return {
         "step": 1000 + seed,
@@ -112,7 +128,7 @@ def small_object(seed: int = 0) -> dict[str, Any]:
     }
 
 
-def make_payload(kind: str, nbytes: int, seed: int = 0) -> Any:
+def make_payload(kind: str, nbytes: int, seed: int = 0) -> Payload:
     """Build the payload of ``kind`` holding about ``nbytes`` bytes of tensor data.
 
     The same ``(kind, nbytes, seed)`` always gives the same values, so a receiver can
@@ -157,7 +173,7 @@ def make_payload(kind: str, nbytes: int, seed: int = 0) -> Any:
     raise ValueError(f"kind: got {kind!r}; allowed: {', '.join(DATA_DESCRIPTION)}")
 
 
-def payload_tensors(payload: Any) -> list[torch.Tensor]:
+def payload_tensors(payload: object) -> list[torch.Tensor]:
     """The tensors of a payload in wire order (empty for a plain object)."""
     if isinstance(payload, torch.Tensor):
         return [payload]
@@ -171,7 +187,7 @@ def payload_tensors(payload: Any) -> list[torch.Tensor]:
     return []
 
 
-def payload_nbytes(payload: Any) -> int:
+def payload_nbytes(payload: object) -> int:
     """Logical bytes of a payload: tensor bytes, or the pickled size of a plain object."""
     tensors = payload_tensors(payload)
     if tensors:
@@ -179,14 +195,14 @@ def payload_nbytes(payload: Any) -> int:
     return len(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def payloads_equal(a: Any, b: Any) -> bool:
+def payloads_equal(a: object, b: object) -> bool:
     """Exact equality of two payloads (tensors bit for bit, same structure and dtypes)."""
     ta, tb = payload_tensors(a), payload_tensors(b)
     if not ta and not tb:
         return bool(a == b)
     if type(a) is not type(b) or len(ta) != len(tb):
         return False
-    if isinstance(a, dict) and list(a) != list(b):
+    if isinstance(a, dict) and (not isinstance(b, dict) or list(a) != list(b)):
         return False
     return all(
         x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)

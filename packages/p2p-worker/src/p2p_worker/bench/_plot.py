@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from p2p_worker.bench._payloads import DATA_DESCRIPTION
 from p2p_worker.bench._results import Summary
 from p2p_worker.bench._spec import LINK_PROFILES, TENSOR_KINDS, format_size, series_name
 
-STYLE: dict[str, dict[str, Any]] = {
+if TYPE_CHECKING:
+    from matplotlib.lines import Line2D
+
+STYLE: dict[str, dict[str, str]] = {
     series_name("gloo", "raw"): {"color": "#222222", "linestyle": "--", "marker": "s"},
     series_name("ray", "raw"): {"color": "#8c8c8c", "linestyle": ":", "marker": "D"},
     series_name("raycoll", "raw"): {"color": "#7a3fa0", "linestyle": "-.", "marker": "P"},
@@ -92,7 +95,7 @@ def plot_throughput(
         sharey=True,
         layout="constrained",
     )
-    handles: dict[str, Any] = {}
+    handles: dict[str, Line2D] = {}
     for idx, ax in enumerate(axes.flat):
         if idx >= len(panels):
             ax.set_visible(False)

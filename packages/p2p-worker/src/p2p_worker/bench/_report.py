@@ -6,8 +6,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from p2p_worker.bench._jobconfig import CompressionSection
 from p2p_worker.bench._payloads import DATA_DESCRIPTION
 from p2p_worker.bench._results import (
     Ratio,
@@ -19,6 +20,9 @@ from p2p_worker.bench._results import (
     summarize_ratios,
 )
 from p2p_worker.bench._spec import KINDS, LINK_PROFILES, Skipped, format_size
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 SCHEMA = "p2p-bench/1"
 JSON_NAME = "p2p-bench.json"
@@ -40,10 +44,10 @@ class RunResult:
     """
 
     samples: list[Sample] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, object] = field(default_factory=dict)
     unavailable: list[Skipped] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
-    compression: dict[str, dict[str, Any]] = field(default_factory=dict)
+    compression: dict[str, CompressionSection] = field(default_factory=dict)
     failures: list[Skipped] = field(default_factory=list)
 
     def summaries(self) -> list[Summary]:
@@ -54,7 +58,7 @@ class RunResult:
         """Every ratio of this run."""
         return ratios(self.summaries())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The JSON document written next to the report."""
         sums = self.summaries()
         return {
@@ -263,13 +267,13 @@ def render_markdown(result: RunResult, plot_name: str | None = PLOT_NAME) -> str
     return "\n".join(lines)
 
 
-def render_rich_tables(result: RunResult) -> list[Any]:
+def render_rich_tables(result: RunResult) -> list[Table]:
     """The tables of :func:`render_markdown` in compact form, as ``rich.table.Table`` s."""
     from rich.table import Table
 
     sums = result.summaries()
     links = list(dict.fromkeys(s.cell.link for s in sums if s.cell.method == "p2p")) or ["loopback"]
-    out: list[Any] = []
+    out: list[Table] = []
     for link in links:
         header, rows = table_rows(sums, link, compact=True)
         real = str(result.meta.get("real_link", "loopback"))

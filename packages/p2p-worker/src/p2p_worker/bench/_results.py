@@ -53,9 +53,9 @@ class Sample:
         """The matrix cell this sample belongs to."""
         return Cell(self.method, self.codec, self.link, self.kind, self.size)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-friendly dict, with the derived throughput in bytes/s."""
-        out = asdict(self)
+        out: dict[str, object] = asdict(self)
         out["throughput_Bps"] = self.throughput
         return out
 

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from p2p_worker import Cluster, PlacementError
 from p2p_worker.bench._model import SHAPES
@@ -49,6 +49,15 @@ from p2p_worker.bench._rl_phases import MOVING, Span, account
 from p2p_worker.bench._rl_placement import layout
 from p2p_worker.bench._rl_policy import PLACEMENTS, STACK_CHOICES, RLSpec
 from p2p_worker.bench._rl_ray import RayLoop
+from p2p_worker.bench._rl_records import (
+    Accounting,
+    Event,
+    RLMeta,
+    RunExtra,
+    StepRecord,
+    StepResult,
+    Timeline,
+)
 from p2p_worker.bench._rl_report import (
     JSON_NAME,
     MARKDOWN_NAME,
@@ -74,7 +83,7 @@ class Loop(Protocol):
 
     stack: str
 
-    def step(self, step: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]: ...
+    def step(self, step: int) -> StepResult: ...
 
     def checksums(self) -> dict[str, int]: ...
 
@@ -83,21 +92,25 @@ class Loop(Protocol):
     def close(self) -> None: ...
 
 
-def record(
-    stack: str, step: int, start: float, result: Any
-) -> tuple[dict[str, Any], dict[str, Any]]:
+def record(stack: str, step: int, start: float, result: StepResult) -> tuple[StepRecord, Timeline]:
     """The JSON record of one stack's step, and its timeline entry, from a loop's result."""
     rolled, trained, wall = result
-    spans = [Span(*s) for r in [*rolled, *trained] for s in r["spans"]]
+    rows = [*(s for r in rolled for s in r["spans"]), *(s for t in trained for s in t["spans"])]
+    spans = [Span(*s) for s in rows]
     # the sequences the trainers trained on, in rollout id order (= rollout rank order)
     pairs = sorted((i, x) for t in trained for i, x in zip(t["ids"], t["rewards"], strict=True))
     rewards = [x for _, x in pairs]
     phases = account(spans, wall)
-    rec = {
+    rec: StepRecord = {
         "stack": stack,
         "step": step,
         "reward": sum(rewards) / len(rewards),
-        **phases,
+        "generate": phases["generate"],
+        "rollouts": phases["rollouts"],
+        "train": phases["train"],
+        "allreduce": phases["allreduce"],
+        "weights": phases["weights"],
+        "idle": phases["idle"],
         "moving": sum(phases[p] for p in MOVING),
         "step_s": wall,
         "loss": sum(t["loss"] for t in trained),
@@ -114,9 +127,15 @@ def record(
     return rec, {"step": step, "start": start, "wall": wall, "spans": [list(s) for s in spans]}
 
 
+def events_of(loop: Loop) -> list[Event]:
+    """The loop's lost-worker events (only the p2p loop has any)."""
+    events: list[Event] = getattr(loop, "events", [])
+    return events
+
+
 def tallied(
-    spec: RLSpec, trained: list[list[int]], records: list[dict[str, Any]], loop: Loop
-) -> dict[str, Any]:
+    spec: RLSpec, trained: list[list[int]], records: list[StepRecord], loop: Loop
+) -> Accounting:
     """A stack's rollout accounting: :func:`~p2p_worker.bench._rl_ledger.account` and more.
 
     Adds ``dropped`` (sequences that arrived twice and were dropped by a trainer) and
@@ -124,7 +143,7 @@ def tallied(
     """
     tally = account_ids(spec, trained)
     tally["dropped"] = sum(r.get("dropped", 0) for r in records if r["stack"] == loop.stack)
-    events = getattr(loop, "events", [])
+    events = events_of(loop)
     tally["resampled"] = spec.batch * sum(
         1 for e in events if e["event"] == "replaced" and e["resampled"]
     )
@@ -133,7 +152,7 @@ def tallied(
 
 def run_rl(
     spec: RLSpec, address: str | None = None, say: Callable[[str], None] = print
-) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]], dict[str, bool], dict[str, Any]]:
+) -> tuple[list[StepRecord], dict[str, list[Timeline]], dict[str, bool], RunExtra]:
     """Run the loop on both stacks, steps interleaved.
 
     Returns:
@@ -144,11 +163,11 @@ def run_rl(
     """
     base = Cluster(address=address or "local", timeout=spec.timeout)
     loops: list[Loop] = []
-    records: list[dict[str, Any]] = []
-    timelines: dict[str, list[dict[str, Any]]] = {}
+    records: list[StepRecord] = []
+    timelines: dict[str, list[Timeline]] = {}
     checks: dict[str, bool] = {}
-    accounting: dict[str, dict[str, Any]] = {}
-    events: list[dict[str, Any]] = []
+    accounting: dict[str, Accounting] = {}
+    events: list[Event] = []
     nodes: dict[str, dict[str, str]] = {}
     try:
         plan = layout(spec.placement, spec.trainers, spec.rollout_workers, base.num_nodes)
@@ -185,11 +204,11 @@ def run_rl(
                     f"{loop.stack}: reward {rec['reward']:.3f} step {rec['step_s']:.3f} s"
                     f" (moving {rec['moving']:.3f} s)"
                 )
-                for event in getattr(loop, "events", []):
+                for event in events_of(loop):
                     if event["step"] == step and event["event"] == "killed":
                         rec["lost_worker"] = True
             say("  ".join(line))
-            for event in [e for lp in loops for e in getattr(lp, "events", [])]:
+            for event in [e for lp in loops for e in events_of(lp)]:
                 if event["step"] == step:
                     say(f"  p2p: {describe(event)}")
         for loop in loops:
@@ -203,7 +222,7 @@ def run_rl(
             checks[
                 f"{loop.stack}: every rollout id trained on exactly once (none lost, none twice)"
             ] = tally["exactly_once"]
-            for event in getattr(loop, "events", []):
+            for event in events_of(loop):
                 if event["event"] == "replaced":
                     events.append(event)
                     checks[
@@ -234,7 +253,7 @@ def run_rl(
         for loop in reversed(loops):
             loop.close()
         base.shutdown()
-    extra = {"accounting": accounting, "events": events, "nodes": nodes}
+    extra: RunExtra = {"accounting": accounting, "events": events, "nodes": nodes}
     return records, timelines, checks, extra
 
 
@@ -371,7 +390,7 @@ def main(argv: Sequence[str]) -> int:
     except PlacementError as exc:
         print(f"p2p-bench rl: error: {exc}", file=sys.stderr)
         return 2
-    meta: dict[str, Any] = {
+    meta: RLMeta = {
         "command": "p2p-bench rl",
         "model": spec.model,
         "parameters": spec.shape.parameter_count(),

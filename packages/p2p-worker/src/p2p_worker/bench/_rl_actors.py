@@ -28,11 +28,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 
-from p2p_asyncwork import wait_any
+from p2p_asyncwork import AsyncWork, wait_any
+from p2p_collective import MultiCollectiveGroup
 from p2p_worker import (
     Channel,
     Cluster,
@@ -49,12 +49,21 @@ from p2p_worker.bench._rl_placement import InOrder, layout
 from p2p_worker.bench._rl_policy import (
     Learner,
     RLSpec,
+    RLSpecFields,
     new_policy,
     order_batch,
     pin_threads,
     policy_state,
     sample,
     warmup_item,
+)
+from p2p_worker.bench._rl_records import (
+    Event,
+    PushSent,
+    RolloutResult,
+    StepResult,
+    TrainerResult,
+    VersionResult,
 )
 from p2p_worker.bench._rl_recovery import Members, died, kill
 from p2p_worker.bench._weights_actors import state_checksum
@@ -80,7 +89,7 @@ class RLRollout(Worker):
     """
 
     def __init__(
-        self, spec: dict[str, Any], channel_name: str, trainer_group: str, slot: int | None = None
+        self, spec: RLSpecFields, channel_name: str, trainer_group: str, slot: int | None = None
     ) -> None:
         super().__init__()
         pin_threads()
@@ -108,7 +117,7 @@ class RLRollout(Worker):
             self.channel.put(item, weight=1, key=key, timeout=self.spec.timeout)
         return os.getpid()
 
-    def join(self) -> dict[str, Any]:
+    def join(self) -> VersionResult:
         """Receive the trainers' current weights on the catch-up sync (a replacement's start).
 
         Returns:
@@ -121,9 +130,9 @@ class RLRollout(Worker):
             )
         assert isinstance(version, int)  # async_op=False
         self.version = version
-        return {"version": version, "spans": [tuple(s) for s in log.spans]}
+        return {"version": version, "spans": log.rows()}
 
-    def step(self, step: int) -> dict[str, Any]:
+    def step(self, step: int) -> RolloutResult:
         """Sample, put the rollouts for the trainer, pull version ``step`` of the weights.
 
         With ``spec.overlap``: pull version ``step - 1`` first (from step 2 on), sample
@@ -144,7 +153,7 @@ class RLRollout(Worker):
                 self.channel.put(item, weight=spec.batch, key=key, timeout=spec.timeout)
         if not spec.overlap or step == spec.steps:
             self._pull(step, log)
-        return {"spans": [tuple(s) for s in log.spans]}
+        return {"spans": log.rows()}
 
     def _pull(self, version: int, log: SpanLog) -> None:
         with log.span("pull"):
@@ -178,7 +187,7 @@ class RLTrainer(Worker):
     """
 
     def __init__(
-        self, spec: dict[str, Any], channel_name: str, trainer_group: str, rollout_group: str
+        self, spec: RLSpecFields, channel_name: str, trainer_group: str, rollout_group: str
     ) -> None:
         super().__init__()
         pin_threads()
@@ -189,11 +198,12 @@ class RLTrainer(Worker):
         self.trainer_group = trainer_group
         self.rollout_group = rollout_group
         self.channel: Channel | None = None
-        self.group: Any = None
+        self.group: MultiCollectiveGroup | None = None
         self._lock = threading.Lock()
         self._targets: list[tuple[str, list[int]]] | None = None  # new ones, for the next push
         self._inbox = Inbox(self.spec, self._rank)
-        self._pushing: Any = None  # with overlap: the push of the previous version, running
+        # with overlap: the push of the previous version, running
+        self._pushing: AsyncWork[PushReport] | None = None
 
     def prepare(self) -> None:
         """Connect, take the warm-up items, build the allreduce group and run it once."""
@@ -205,9 +215,10 @@ class RLTrainer(Worker):
         )
         if len(got) != want:
             raise RuntimeError(f"trainer {self._rank}: {len(got)} of {want} warm-up items came")
-        self.group = self.create_collective(self.trainer_group, timeout=spec.timeout)
+        group = self.create_collective(self.trainer_group, timeout=spec.timeout)
+        self.group = group
         warm = torch.zeros(self.learner.numel)
-        self.group.allreduce(warm, op="sum", timeout=spec.timeout)
+        group.allreduce(warm, op="sum", timeout=spec.timeout)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -224,7 +235,7 @@ class RLTrainer(Worker):
         with self._locked():
             self._targets = [(group, list(ranks)) for group, ranks in targets]
 
-    def catch_up(self, targets: list[tuple[str, list[int]]]) -> dict[str, Any]:
+    def catch_up(self, targets: list[tuple[str, list[int]]]) -> VersionResult:
         """Push the weights held now, in full, to ``targets`` on the catch-up sync.
 
         Returns:
@@ -241,15 +252,15 @@ class RLTrainer(Worker):
                 timeout=self.spec.timeout,
                 delta=False,
             )
-        return {"version": version, "spans": [tuple(s) for s in log.spans]}
+        return {"version": version, "spans": log.rows()}
 
-    def step(self, step: int) -> dict[str, Any]:
+    def step(self, step: int) -> TrainerResult:
         """Train on this trainer's rollouts of ``step``; rank 0 pushes version ``step``.
 
         A target the push could not reach (a rollout worker that died) does not fail
         the step: rank 0 returns it under ``push_failed`` and the driver decides.
         """
-        if self.channel is None:
+        if self.channel is None or self.group is None:
             raise RuntimeError("RLTrainer.step: call prepare() first")
         spec = self.spec
         log = SpanLog(f"trainer {self._rank}")
@@ -260,31 +271,39 @@ class RLTrainer(Worker):
             grads = self.learner.backward(batch)
         with log.span("allreduce"):
             self.group.allreduce(grads, op="sum", timeout=spec.timeout)
-        out: dict[str, Any] = {
-            "ids": batch["ids"].tolist(),
-            "rewards": batch["rewards"].tolist(),
-            "dropped": dropped,
-        }
+        ids: list[int] = batch["ids"].tolist()
+        rewards: list[float] = batch["rewards"].tolist()
+        report: tuple[PushSent, dict[str, str]] | None = None
         with self._locked():
             if self._pushing is not None:  # the previous version must be out before a change
                 pushing, self._pushing = self._pushing, None
                 with log.span("push"):
-                    out.update(self._report(lambda: pushing.wait(timeout=spec.timeout)))
+                    report = self._report(lambda: pushing.wait(timeout=spec.timeout))
             with log.span("optim"):
                 self.learner.apply(grads)
                 self.version = step
-            out["loss"] = self.learner.last_loss
+            loss = self.learner.last_loss
             if self._rank == 0:
                 with log.span("push"):
                     if spec.overlap and step < spec.steps:  # pulled during the next step
-                        self._pushing = self._push(step, async_op=True)
+                        running = self._push(step, async_op=True)
+                        assert isinstance(running, AsyncWork)  # async_op=True
+                        self._pushing = running
                     else:
-                        out.update(self._report(lambda: self._push(step, async_op=False)))
-        out["spans"] = [tuple(s) for s in log.spans]
+                        report = self._report(lambda: self._push(step, async_op=False))
+        out: TrainerResult = {
+            "ids": ids,
+            "rewards": rewards,
+            "dropped": dropped,
+            "loss": loss,
+            "spans": log.rows(),
+        }
+        if report is not None:
+            out["push"], out["push_failed"] = report
         return out
 
-    def _push(self, step: int, *, async_op: bool) -> Any:
-        targets: Any = self._targets
+    def _push(self, step: int, *, async_op: bool) -> PushReport | AsyncWork[PushReport]:
+        targets: list[tuple[str, list[int]]] | str | None = self._targets
         self._targets = None
         if targets is None and step == 1:
             targets = self.rollout_group
@@ -293,10 +312,14 @@ class RLTrainer(Worker):
             model, step, targets, async_op=async_op, timeout=timeout, delta=self.spec.delta
         )
 
-    def _report(self, push: Callable[[], Any]) -> dict[str, Any]:
-        """Run ``push`` (a push, or the wait for one); its report as plain values."""
+    def _report(self, push: Callable[[], object]) -> tuple[PushSent, dict[str, str]]:
+        """Run ``push`` (a push, or the wait for one); its report as plain values.
+
+        Returns:
+            What the push sent, and the targets it could not reach (address -> why).
+        """
         failed: dict[str, str] = {}
-        report: Any
+        report: object
         try:
             report = push()
         except WeightSyncError as exc:  # the report of the targets it did reach rides on it
@@ -305,13 +328,13 @@ class RLTrainer(Worker):
                 raise
             failed = dict(exc.failed)
         assert isinstance(report, PushReport)
-        sent = {
+        sent: PushSent = {
             "sent_bytes": report.sent_bytes,
             "full_bytes": report.full_bytes,
             "buckets": report.buckets,
             "modes": dict(report.modes),
         }
-        return {"push": sent, "push_failed": failed}
+        return sent, failed
 
     def checksum(self) -> int:
         """The checksum of this trainer's weights."""
@@ -334,7 +357,7 @@ class P2PLoop:
 
     def __init__(self, spec: RLSpec, address: str | None = None) -> None:
         self.spec = spec
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Event] = []
         self.cluster = Cluster(config=JOB_CONFIG, address=address or "local")
         try:
             self.layout = layout(
@@ -379,7 +402,7 @@ class P2PLoop:
             timeout=self.spec.timeout,
         )
 
-    def step(self, step: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    def step(self, step: int) -> StepResult:
         """Run step ``step``: (rollout workers' results, trainers' results, wall seconds).
 
         Raises:
@@ -393,7 +416,7 @@ class P2PLoop:
         training = self.trainers.call("step", step)
         if spec.kill_rollout == step:
             self.events.append(kill(*self.members.slots[spec.victim], step))
-        rolled: list[dict[str, Any]] = []
+        rolled: list[RolloutResult] = []
         deadline = time.monotonic() + spec.timeout
         while True:
             for slot, handle in [(r, h) for r, h in rolling.items() if h.done()]:
@@ -423,7 +446,7 @@ class P2PLoop:
                 )
             wait_any(pending, timeout=left)
         wall = time.time() - t0
-        trained: list[dict[str, Any]] = training.wait(timeout=0)
+        trained: list[TrainerResult] = training.wait(timeout=0)
         pushed = trained[0].get("push_failed", {})
         failed = {k: v for k, v in pushed.items() if k not in self.members.dead}
         if failed:
@@ -433,7 +456,7 @@ class P2PLoop:
                 self._held(event)
         return rolled, trained, wall
 
-    def _held(self, event: dict[str, Any]) -> None:
+    def _held(self, event: Event) -> None:
         """What a replacement holds at the end of the step it joined in, against trainer 0."""
         timeout = self.spec.timeout
         version, own = self.members.call(event["slot"], "held").wait(timeout=timeout)[0]

@@ -22,10 +22,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+
+import torch
 
 from p2p_worker import Channel, ChannelEmpty, LocalChannel
 from p2p_worker.bench._rl_policy import RLSpec, rollout_key
+from p2p_worker.bench._rl_records import Accounting
 
 
 def trainer_key(trainer: int) -> str:
@@ -33,7 +35,9 @@ def trainer_key(trainer: int) -> str:
     return f"trainer{trainer}"
 
 
-Fetch = Callable[[int, float], list[dict[str, Any]]]
+RolloutItem = dict[str, torch.Tensor]
+"""What a rollout worker puts: ``ids``, ``tokens`` and ``rewards`` of one ``(step, rank)``."""
+Fetch = Callable[[int, float], list[RolloutItem]]
 """``fetch(weight, timeout)``: the next items of a trainer's FIFO, about ``weight`` sequences
 (an empty list: none came within ``timeout`` seconds)."""
 
@@ -52,9 +56,9 @@ class Inbox:
     def __init__(self, spec: RLSpec, trainer: int) -> None:
         self.spec = spec
         self.trainer = trainer
-        self.early: dict[tuple[int, int], dict[str, Any]] = {}
+        self.early: dict[tuple[int, int], RolloutItem] = {}
 
-    def take(self, fetch: Fetch, step: int) -> tuple[list[dict[str, Any]], int]:
+    def take(self, fetch: Fetch, step: int) -> tuple[list[RolloutItem], int]:
         """This trainer's items of ``step``, in rollout id order, and the sequences dropped.
 
         Raises:
@@ -88,7 +92,7 @@ class Inbox:
 
 def take_batch(
     channel: Channel | LocalChannel, inbox: Inbox, step: int
-) -> tuple[list[dict[str, Any]], int]:
+) -> tuple[list[RolloutItem], int]:
     """Trainer ``inbox.trainer``'s items of ``step`` from the channel, by weight.
 
     Takes from the trainer's key with ``get_batch(target_weight=...)`` (one exchange when
@@ -104,9 +108,9 @@ def take_batch(
     """
     key = trainer_key(inbox.trainer)
 
-    def fetch(weight: int, timeout: float) -> list[dict[str, Any]]:
+    def fetch(weight: int, timeout: float) -> list[RolloutItem]:
         try:
-            got: list[dict[str, Any]] = channel.get_batch(
+            got: list[RolloutItem] = channel.get_batch(
                 target_weight=weight, key=key, timeout=timeout
             )
         except ChannelEmpty:
@@ -116,7 +120,7 @@ def take_batch(
     return inbox.take(fetch, step)
 
 
-def account(spec: RLSpec, trained: Sequence[Sequence[int]]) -> dict[str, Any]:
+def account(spec: RLSpec, trained: Sequence[Sequence[int]]) -> Accounting:
     """Whether every rollout id of the run was trained on exactly once.
 
     Args:

@@ -28,11 +28,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
-PHASES = ("generate", "rollouts", "train", "allreduce", "weights", "idle")
+from p2p_worker.bench._rl_records import Phases, SpanRow
+
+PhaseName = Literal["generate", "rollouts", "train", "allreduce", "weights", "idle"]
+"""The name of a phase: a key of :class:`~p2p_worker.bench._rl_records.Phases`."""
+PHASES: tuple[PhaseName, ...] = ("generate", "rollouts", "train", "allreduce", "weights", "idle")
 """The phases of a step, in the order they happen (``idle`` last: the remainder)."""
-MOVING = ("rollouts", "allreduce", "weights")
+MOVING: tuple[PhaseName, ...] = ("rollouts", "allreduce", "weights")
 """The phases that move data: what the transport decides."""
 ACTIVITIES = (
     "generate",
@@ -76,6 +80,10 @@ class SpanLog:
         self.worker = worker
         self.spans: list[Span] = []
 
+    def rows(self) -> list[SpanRow]:
+        """The spans as plain tuples (how they travel back to the driver)."""
+        return [(s.worker, s.activity, s.start, s.end) for s in self.spans]
+
     @contextmanager
     def span(self, activity: str) -> Iterator[None]:
         """Record the time the ``with`` block takes as ``activity`` (also when it raises).
@@ -118,7 +126,7 @@ def _weights(spans: Sequence[Span], first_push: float | None) -> float:
     return _after(pulls, first_push)
 
 
-def account(spans: Sequence[Span], wall: float) -> dict[str, float]:
+def account(spans: Sequence[Span], wall: float) -> Phases:
     """Seconds of each phase of :data:`PHASES` in one step (see the module's docstring).
 
     Args:
@@ -132,12 +140,17 @@ def account(spans: Sequence[Span], wall: float) -> dict[str, float]:
     gets = _of(spans, "get")
     ar = _of(spans, "allreduce")
     push = _of(spans, "push")
-    out = {
-        "generate": _longest_per_worker(spans, ("generate",)),
-        "rollouts": _after(gets, max((s.end for s in gen), default=None)),
-        "train": _longest_per_worker(spans, ("train", "optim")),
-        "allreduce": _after(ar, max((s.start for s in ar), default=None)),
-        "weights": _weights(spans, min((s.start for s in push), default=None)),
+    generate = _longest_per_worker(spans, ("generate",))
+    rollouts = _after(gets, max((s.end for s in gen), default=None))
+    train = _longest_per_worker(spans, ("train", "optim"))
+    allreduce = _after(ar, max((s.start for s in ar), default=None))
+    weights = _weights(spans, min((s.start for s in push), default=None))
+    busy = sum((generate, rollouts, train, allreduce, weights))
+    return {
+        "generate": generate,
+        "rollouts": rollouts,
+        "train": train,
+        "allreduce": allreduce,
+        "weights": weights,
+        "idle": max(0.0, wall - busy),
     }
-    out["idle"] = max(0.0, wall - sum(out.values()))
-    return out

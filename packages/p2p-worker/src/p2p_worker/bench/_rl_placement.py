@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from p2p_worker import Cluster, PlacementError, PlacementStrategy, WorkerPlacement
 from p2p_worker.bench._rl_policy import PLACEMENTS
@@ -69,7 +69,7 @@ class InOrder(PlacementStrategy):
     def __init__(self, nodes: Sequence[int]) -> None:
         self.nodes = tuple(nodes)
 
-    def plan(self, capacity: Sequence[Any]) -> list[WorkerPlacement]:
+    def plan(self, capacity: Sequence[object]) -> list[WorkerPlacement]:
         """One placement per worker, in rank order.
 
         Raises:
@@ -86,7 +86,7 @@ class InOrder(PlacementStrategy):
         return f"InOrder({list(self.nodes)})"
 
 
-def pinned(cluster: Cluster, node: int) -> dict[str, Any]:
+def pinned(cluster: Cluster, node: int) -> dict[str, object]:
     """Ray actor options that start an actor on node rank ``node`` of ``cluster`` (no CPU)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TypedDict, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,27 @@ PLACEMENTS = ("one-node", "spread")
 """The values of ``--placement`` (:mod:`p2p_worker.bench._rl_placement`)."""
 TARGET_FRACTION = 8
 """The target set is the lowest ``vocab // TARGET_FRACTION`` token ids."""
+
+
+class RLSpecFields(TypedDict):
+    """An :class:`RLSpec` as plain values (:meth:`RLSpec.as_dict`): ``RLSpec(**fields)``."""
+
+    model: str
+    rollout_workers: int
+    trainers: int
+    steps: int
+    batch: int
+    prompt_len: int
+    gen_len: int
+    lr: float
+    seed: int
+    timeout: float
+    delta: bool
+    kill_rollout: int | None
+    overlap: bool
+    placement: str
+    stack: str
+    link_mbps: float | None
 
 
 @dataclass(frozen=True)
@@ -144,9 +165,9 @@ class RLSpec:
         """The policy's shapes."""
         return SHAPES[self.model]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> RLSpecFields:
         """The spec as plain values (it travels to the workers this way)."""
-        return asdict(self)
+        return cast("RLSpecFields", asdict(self))
 
     def sources_of(self, trainer: int) -> list[int]:
         """The rollout workers whose sequences trainer ``trainer`` trains on."""
@@ -257,7 +278,9 @@ def warmup_item(spec: RLSpec, rank: int) -> dict[str, torch.Tensor]:
     }
 
 
-def order_batch(items: Sequence[Mapping[str, torch.Tensor]], spec: RLSpec) -> dict[str, Any]:
+def order_batch(
+    items: Sequence[Mapping[str, torch.Tensor]], spec: RLSpec
+) -> dict[str, torch.Tensor]:
     """Join items into one batch ordered by rollout id, whatever order they arrived in.
 
     Raises:
@@ -297,7 +320,9 @@ def advantages(ids: torch.Tensor, rewards: torch.Tensor, group: int) -> torch.Te
     return adv
 
 
-def policy_loss(model: torch.nn.Module, batch: Mapping[str, Any], spec: RLSpec) -> torch.Tensor:
+def policy_loss(
+    model: torch.nn.Module, batch: Mapping[str, torch.Tensor], spec: RLSpec
+) -> torch.Tensor:
     """REINFORCE loss of ``batch``, scaled for summing over trainers.
 
     Every trainer divides by all generated tokens of the step, so the trainers' summed
@@ -327,7 +352,7 @@ class Learner:
         self.numel = sum(p.numel() for p in self.params)
         self.last_loss = float("nan")
 
-    def backward(self, batch: Mapping[str, Any]) -> torch.Tensor:
+    def backward(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Forward and backward on ``batch``; this trainer's gradients as one flat fp32 tensor."""
         self.optimizer.zero_grad(set_to_none=True)
         loss = policy_loss(self.model, batch, self.spec)

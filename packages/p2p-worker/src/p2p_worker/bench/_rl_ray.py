@@ -21,18 +21,19 @@ import functools
 import itertools
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
 import torch
 
 from p2p_worker import Cluster
-from p2p_worker.bench._rl_ledger import Inbox
+from p2p_worker.bench._rl_ledger import Inbox, RolloutItem
 from p2p_worker.bench._rl_phases import SpanLog
 from p2p_worker.bench._rl_placement import layout, pinned
 from p2p_worker.bench._rl_policy import (
     Learner,
     RLSpec,
+    RLSpecFields,
     load_state,
     new_policy,
     order_batch,
@@ -41,7 +42,27 @@ from p2p_worker.bench._rl_policy import (
     sample,
     warmup_item,
 )
+from p2p_worker.bench._rl_records import (
+    RolloutResult,
+    SpanRow,
+    StepResult,
+    TrainerResult,
+)
 from p2p_worker.bench._weights_actors import state_checksum
+
+if TYPE_CHECKING:
+    from ray.util.queue import Queue
+
+WeightRefs = list["ray.ObjectRef[dict[str, torch.Tensor]]"]
+"""A version of the weights: the reference of trainer 0's state dict, in a list (so that
+Ray passes the reference itself, not the state dict, to the rollout workers)."""
+
+
+class RayTrainerResult(TrainerResult):
+    """What a trainer of the baseline returns: its result and the weights it put (rank 0)."""
+
+    weights: WeightRefs
+
 
 _runs = itertools.count()
 
@@ -56,7 +77,7 @@ class RayRollout:
         queue: The queue of the trainer that trains on this worker's sequences.
     """
 
-    def __init__(self, spec: dict[str, Any], rank: int, queue: Any) -> None:
+    def __init__(self, spec: RLSpecFields, rank: int, queue: Queue) -> None:
         pin_threads()
         self.spec = RLSpec(**spec)
         self.rank = rank
@@ -67,7 +88,7 @@ class RayRollout:
         """Put one warm-up item."""
         self.queue.put(warmup_item(self.spec, self.rank), block=True, timeout=self.spec.timeout)
 
-    def step(self, step: int, refs: list[Any] | None = None) -> dict[str, Any]:
+    def step(self, step: int, refs: WeightRefs | None = None) -> RolloutResult:
         """Sample this worker's sequences of ``spec.sampled_in(step)``, put them in the queue.
 
         With ``refs`` (``--overlap``: the previous version) load those weights first.
@@ -76,20 +97,22 @@ class RayRollout:
         log = SpanLog(f"rollout {self.rank}")
         if refs:
             with log.span("pull"):
-                load_state(self.model, ray.get(refs[0], timeout=spec.timeout))
+                state: dict[str, torch.Tensor] = ray.get(refs[0], timeout=spec.timeout)
+                load_state(self.model, state)
         for sampled in spec.sampled_in(step):
             with log.span("generate"):
                 item = sample(self.model, spec, sampled, self.rank)
             with log.span("put"):
                 self.queue.put(item, block=True, timeout=spec.timeout)
-        return {"spans": [tuple(s) for s in log.spans]}
+        return {"spans": log.rows()}
 
-    def load(self, refs: list[Any]) -> list[tuple[Any, ...]]:
+    def load(self, refs: WeightRefs) -> list[SpanRow]:
         """``ray.get`` the new weights (the reference travels in a list) and copy them in."""
         log = SpanLog(f"rollout {self.rank}")
         with log.span("pull"):
-            load_state(self.model, ray.get(refs[0], timeout=self.spec.timeout))
-        return [tuple(s) for s in log.spans]
+            state: dict[str, torch.Tensor] = ray.get(refs[0], timeout=self.spec.timeout)
+            load_state(self.model, state)
+        return log.rows()
 
     def checksum(self) -> int:
         """The checksum of the weights this worker samples with."""
@@ -111,7 +134,7 @@ class RayTrainer:
         group_name: The ``ray.util.collective`` group of the trainers.
     """
 
-    def __init__(self, spec: dict[str, Any], rank: int, queue: Any, group_name: str) -> None:
+    def __init__(self, spec: RLSpecFields, rank: int, queue: Queue, group_name: str) -> None:
         pin_threads()
         self.spec = RLSpec(**spec)
         self.rank = rank
@@ -127,15 +150,15 @@ class RayTrainer:
         spec = self.spec
         for _ in spec.sources_of(self.rank):
             self.queue.get(block=True, timeout=spec.timeout)
-        backend: Any = "gloo"  # Ray's stubs want its Backend enum; it takes the name
-        col.init_collective_group(spec.trainers, self.rank, backend, self.group_name)
+        # Ray annotates backend as its Backend class; its values are strings such as this.
+        col.init_collective_group(spec.trainers, self.rank, "gloo", self.group_name)  # type: ignore[arg-type]
         col.allreduce(torch.zeros(self.learner.numel), group_name=self.group_name)
 
-    def _take(self, step: int) -> list[dict[str, Any]]:
+    def _take(self, step: int) -> list[RolloutItem]:
         """This trainer's items of ``step``, one ``Queue.get`` each (later ones kept)."""
         from ray.util.queue import Empty
 
-        def fetch(weight: int, timeout: float) -> list[dict[str, Any]]:
+        def fetch(weight: int, timeout: float) -> list[RolloutItem]:
             try:
                 return [self.queue.get(block=True, timeout=timeout)]
             except Empty:
@@ -144,7 +167,7 @@ class RayTrainer:
         items, _ = self.inbox.take(fetch, step)
         return items
 
-    def step(self, step: int) -> dict[str, Any]:
+    def step(self, step: int) -> RayTrainerResult:
         """Train on this trainer's rollouts of ``step``; rank 0 ``ray.put`` s the weights."""
         import ray.util.collective as col
 
@@ -159,20 +182,23 @@ class RayTrainer:
             col.allreduce(grads, group_name=self.group_name)
         with log.span("optim"):
             self.learner.apply(grads)
-        refs: list[Any] = []
-        out: dict[str, Any] = {}
+        refs: WeightRefs = []
+        weights_bytes: int | None = None
         if self.rank == 0:
             with log.span("push"):
                 state = policy_state(self.learner.model)
                 refs = [ray.put(state)]
-            out["weights_bytes"] = sum(t.numel() * t.element_size() for t in state.values())
-        out |= {
-            "spans": [tuple(s) for s in log.spans],
+            weights_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        out: RayTrainerResult = {
+            "spans": log.rows(),
             "loss": self.learner.last_loss,
             "ids": batch["ids"].tolist(),
             "rewards": batch["rewards"].tolist(),
+            "weights": refs,
         }
-        return {**out, "weights": refs}
+        if weights_bytes is not None:
+            out["weights_bytes"] = weights_bytes
+        return out
 
     def checksum(self) -> int:
         """The checksum of this trainer's weights."""
@@ -231,7 +257,7 @@ class RayLoop:
             for r in range(spec.rollout_workers)
         ]
         self._preparing = [a.prepare.remote() for a in [*self.rollouts, *self.trainers]]
-        self._weights: list[Any] | None = None  # the last version's reference, in a list
+        self._weights: WeightRefs | None = None  # the last version's reference, in a list
 
     def ready(self) -> None:
         """Wait until every actor has started and warmed up (they start in the background).
@@ -245,24 +271,24 @@ class RayLoop:
             self._kill()
             raise
 
-    def step(self, step: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    def step(self, step: int) -> StepResult:
         """Run step ``step``: (rollout workers' results, trainers' results, wall seconds)."""
         spec, timeout = self.spec, self.spec.timeout
         t0 = time.time()
         previous = self._weights if spec.overlap else None  # loaded at the step's start
         rolling = [a.step.remote(step, previous) for a in self.rollouts]
         training = [a.step.remote(step) for a in self.trainers]
-        trained: list[dict[str, Any]] = ray.get(training, timeout=timeout)
+        trained: list[RayTrainerResult] = ray.get(training, timeout=timeout)
         self._weights = trained[0]["weights"]
         loads = []
         if not spec.overlap or step == spec.steps:
             loads = [a.load.remote(trained[0]["weights"]) for a in self.rollouts]
-        rolled: list[dict[str, Any]] = ray.get(rolling, timeout=timeout)
+        rolled: list[RolloutResult] = ray.get(rolling, timeout=timeout)
         loaded = ray.get(loads, timeout=timeout) if loads else [[] for _ in rolled]
         wall = time.time() - t0
         for result, spans in zip(rolled, loaded, strict=True):
             result["spans"] = [*result["spans"], *spans]
-        return rolled, [{k: v for k, v in t.items() if k != "weights"} for t in trained], wall
+        return rolled, [_without_weights(t) for t in trained], wall
 
     def where(self) -> dict[str, str]:
         """The node address of every actor: ``trainer i`` and ``rollout i``."""
@@ -295,3 +321,16 @@ class RayLoop:
             pass
         finally:
             self._kill()
+
+
+def _without_weights(result: RayTrainerResult) -> TrainerResult:
+    """A baseline trainer's result as the driver records it: without the weights' reference."""
+    out: TrainerResult = {
+        "spans": result["spans"],
+        "ids": result["ids"],
+        "rewards": result["rewards"],
+        "loss": result["loss"],
+    }
+    if "weights_bytes" in result:
+        out["weights_bytes"] = result["weights_bytes"]
+    return out

@@ -29,13 +29,19 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Generic, TypeVar
 
 import ray
 
-from p2p_worker import GroupCallHandle, WorkerError, WorkerGroup
+from p2p_worker import GroupCallHandle, Worker, WorkerError, WorkerGroup
+from p2p_worker.bench._rl_records import Event, VersionResult
 
-Launch = Callable[[int, str], WorkerGroup[Any]]
+W = TypeVar("W", bound=Worker)
+"""The rollout workers' class."""
+T = TypeVar("T", bound=Worker)
+"""The trainers' class."""
+
+Launch = Callable[[int, str], WorkerGroup[W]]
 """``launch(slot, name)``: a started replacement rollout worker for ``slot``, group ``name``."""
 
 
@@ -44,7 +50,7 @@ def died(exc: BaseException) -> bool:
     return isinstance(exc, WorkerError) and isinstance(exc.__cause__, ray.exceptions.RayActorError)
 
 
-def kill(group: WorkerGroup[Any], rank: int, step: int) -> dict[str, Any]:
+def kill(group: WorkerGroup[W], rank: int, step: int) -> Event:
     """Kill worker ``rank`` of ``group`` at once; return the event for the report."""
     info = group.worker_infos[rank]
     here = ray.get_runtime_context().get_node_id()
@@ -54,7 +60,7 @@ def kill(group: WorkerGroup[Any], rank: int, step: int) -> dict[str, Any]:
     else:
         ray.kill(group.actors[rank], no_restart=True)
         how = "ray.kill"
-    return {
+    event: Event = {
         "event": "killed",
         "step": step,
         "slot": rank,
@@ -63,24 +69,25 @@ def kill(group: WorkerGroup[Any], rank: int, step: int) -> dict[str, Any]:
         "how": how,
         "at": time.time(),
     }
+    return event
 
 
-class Members:
+class Members(Generic[W]):
     """Who plays each rollout slot: a rank of the rollout group, or a replacement's group.
 
     Args:
         rollouts: The rollout group (slot ``r`` is its rank ``r`` until replaced).
     """
 
-    def __init__(self, rollouts: WorkerGroup[Any]) -> None:
+    def __init__(self, rollouts: WorkerGroup[W]) -> None:
         self.base = rollouts
-        self.slots: dict[int, tuple[WorkerGroup[Any], int]] = {
+        self.slots: dict[int, tuple[WorkerGroup[W], int]] = {
             r: (rollouts, r) for r in range(rollouts.world_size)
         }
-        self.replacements: list[WorkerGroup[Any]] = []
+        self.replacements: list[WorkerGroup[W]] = []
         self.dead: set[str] = set()
 
-    def call(self, slot: int, method: str, *args: Any) -> GroupCallHandle:
+    def call(self, slot: int, method: str, *args: object) -> GroupCallHandle:
         """Call ``method`` on the worker of ``slot`` alone."""
         group, rank = self.slots[slot]
         return group.execute_on(rank).call(method, *args)
@@ -98,8 +105,13 @@ class Members:
         return [(name, sorted(ranks)) for name, ranks in out.items()]
 
     def replace(
-        self, slot: int, step: int, launch: Launch, trainers: WorkerGroup[Any], timeout: float
-    ) -> tuple[GroupCallHandle | None, dict[str, Any]]:
+        self,
+        slot: int,
+        step: int,
+        launch: Launch[W],
+        trainers: WorkerGroup[T],
+        timeout: float,
+    ) -> tuple[GroupCallHandle | None, Event]:
         """Put a replacement in ``slot``'s place during ``step`` (see the module's docstring).
 
         Returns:
@@ -121,14 +133,14 @@ class Members:
         started = time.time()
         joining = group.call("join")
         catching = trainers.execute_on(0).call("catch_up", [(name, [0])])
-        joined = joining.wait(timeout=timeout)[0]
-        caught = catching.wait(timeout=timeout)[0]
+        joined: VersionResult = joining.wait(timeout=timeout)[0]
+        caught: VersionResult = catching.wait(timeout=timeout)[0]
         trainers.execute_on(0).call("set_targets", self.targets()).wait(timeout=timeout)
         version = int(joined["version"])
         if version not in (step - 1, step):
             raise RuntimeError(f"replacement {name}: trainer 0 held version {version} in {step}")
         handle = group.call("step", step) if version == step - 1 else None
-        event = {
+        event: Event = {
             "event": "replaced",
             "step": step,
             "slot": slot,

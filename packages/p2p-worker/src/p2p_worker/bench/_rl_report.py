@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
-from p2p_worker.bench._rl_phases import PHASES
+from p2p_worker.bench._rl_phases import PHASES, PhaseName
+from p2p_worker.bench._rl_records import Accounting, Event, RLMeta, StepRecord, Timeline
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 JSON_NAME = "p2p-bench-rl.json"
 MARKDOWN_NAME = "p2p-bench-rl.md"
@@ -36,14 +40,16 @@ COLORS = {
     "join": "#daa520",
 }
 """One colour per recorded activity in the timeline."""
+MeanKey = Literal[PhaseName, "moving", "step_s"]
+"""A key of a :class:`~p2p_worker.bench._rl_records.StepRecord` that :func:`means` averages."""
 
 
-def lost_steps(records: Sequence[dict[str, Any]]) -> set[int]:
+def lost_steps(records: Sequence[StepRecord]) -> set[int]:
     """The steps in which a rollout worker was lost (on any stack)."""
     return {r["step"] for r in records if r.get("lost_worker")}
 
 
-def measured(records: Sequence[dict[str, Any]], stack: str) -> list[dict[str, Any]]:
+def measured(records: Sequence[StepRecord], stack: str) -> list[StepRecord]:
     """The records of ``stack`` that the table averages.
 
     All but step 1 when there are 3 steps or more, and none of a step in which a rollout
@@ -55,25 +61,25 @@ def measured(records: Sequence[dict[str, Any]], stack: str) -> list[dict[str, An
     return [r for r in kept if r["step"] not in lost]
 
 
-def means(records: Sequence[dict[str, Any]], stack: str) -> dict[str, float]:
+def means(records: Sequence[StepRecord], stack: str) -> dict[str, float]:
     """Per-step means of ``stack``'s measured records: every phase, ``moving``, ``step_s``."""
     rows = measured(records, stack)
-    keys = (*PHASES, "moving", "step_s")
+    keys: tuple[MeanKey, ...] = (*PHASES, "moving", "step_s")
     return {k: statistics.fmean(r[k] for r in rows) if rows else 0.0 for k in keys}
 
 
-def curve(records: Sequence[dict[str, Any]], stack: str) -> list[float]:
+def curve(records: Sequence[StepRecord], stack: str) -> list[float]:
     """``stack``'s reward per step, in step order."""
     return [r["reward"] for r in sorted(records, key=lambda r: r["step"]) if r["stack"] == stack]
 
 
-def stacks_of(records: Sequence[dict[str, Any]]) -> list[str]:
+def stacks_of(records: Sequence[StepRecord]) -> list[str]:
     """The stacks that have records, in :data:`STACKS` order."""
     present = {r["stack"] for r in records}
     return [s for s in STACKS if s in present]
 
 
-def render_markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
+def render_markdown(records: Sequence[StepRecord], meta: RLMeta) -> str:
     """The Markdown report: setup, the phase table with ratios, checks, the reward curves.
 
     With ``meta["link Mbit/s"]`` also each step's weight sync against the link
@@ -128,7 +134,7 @@ def render_markdown(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> 
     return "\n".join(lines) + "\n"
 
 
-def link_lines(records: Sequence[dict[str, Any]], mbps: float) -> list[str]:
+def link_lines(records: Sequence[StepRecord], mbps: float) -> list[str]:
     """Each step's weight sync against ``1.5 x bytes / rate`` of a ``mbps`` link, as Markdown.
 
     The bytes are what trainer 0 sent (p2p: the push's ``sent_bytes``, deltas when on;
@@ -161,7 +167,7 @@ def link_lines(records: Sequence[dict[str, Any]], mbps: float) -> list[str]:
     return [*lines, ""]
 
 
-def describe(event: dict[str, Any]) -> str:
+def describe(event: Event) -> str:
     """One line on a lost worker's event (``killed`` or ``replaced``)."""
     if event["event"] == "killed":
         return (
@@ -182,7 +188,7 @@ def describe(event: dict[str, Any]) -> str:
     )
 
 
-def accounting_lines(accounting: dict[str, Any], events: Sequence[dict[str, Any]]) -> list[str]:
+def accounting_lines(accounting: Mapping[str, Accounting], events: Sequence[Event]) -> list[str]:
     """The rollout accounting per stack, and what happened to a lost worker, as Markdown."""
     lines = []
     for event in events:
@@ -197,19 +203,25 @@ def accounting_lines(accounting: dict[str, Any], events: Sequence[dict[str, Any]
     return [*lines, ""] if lines else []
 
 
-def write_json(path: Path, records: Sequence[dict[str, Any]], extra: dict[str, Any]) -> None:
+def write_json(path: Path, records: Sequence[StepRecord], extra: Mapping[str, object]) -> None:
     """Write ``{"meta"..., "records": [...], ...}`` to ``path``."""
     payload = {**extra, "records": list(records)}
     path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
 
 
-def _gantt(ax: Any, steps: Sequence[dict[str, Any]], title: str, xmax: float) -> None:
+def _gantt(ax: Axes, steps: Sequence[Timeline], title: str, xmax: float) -> None:
     """One stack's steps laid end to end, one row per worker, one colour per activity."""
-    workers = sorted({s[0] for st in steps for s in st["spans"]}, reverse=True)
+    workers = sorted({str(s[0]) for st in steps for s in st["spans"]}, reverse=True)
     row = {w: i for i, w in enumerate(workers)}
     offset = 0.0
     for st in steps:
-        for worker, activity, start, end in st["spans"]:
+        for span in st["spans"]:
+            worker, activity, start, end = (
+                str(span[0]),
+                str(span[1]),
+                float(span[2]),
+                float(span[3]),
+            )
             left = offset + start - st["start"]
             ax.barh(
                 row[worker],
@@ -227,7 +239,7 @@ def _gantt(ax: Any, steps: Sequence[dict[str, Any]], title: str, xmax: float) ->
 
 
 def plot(
-    records: Sequence[dict[str, Any]], timelines: dict[str, list[dict[str, Any]]], path: Path
+    records: Sequence[StepRecord], timelines: Mapping[str, list[Timeline]], path: Path
 ) -> bool:
     """Draw the reward curves and the timelines into ``path``; False without matplotlib."""
     try:
@@ -265,7 +277,7 @@ def plot(
     return True
 
 
-def moving_ratio(records: Sequence[dict[str, Any]]) -> float:
+def moving_ratio(records: Sequence[StepRecord]) -> float:
     """Data movement per step (rollouts + allreduce + weights), ray over p2p (0: no p2p time)."""
     p2p, ray = means(records, "p2p"), means(records, "ray")
     return ray["moving"] / p2p["moving"] if p2p["moving"] > 0 else 0.0

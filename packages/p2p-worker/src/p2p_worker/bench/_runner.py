@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import p2p_worker.bench._p2p as _p2p
 from p2p_worker.bench._baselines import BaselinePair
@@ -28,6 +28,8 @@ from p2p_worker.bench._spec import (
     series_name,
 )
 
+Runner = _p2p.P2PJob | BaselinePair
+"""What measures the cells of a series: a p2p job, or the baselines' actor pair."""
 OBJECT_KIND_SIZE = 0
 """Nominal ``size`` of ``object`` cells: the ladder does not apply to them."""
 
@@ -148,7 +150,7 @@ class _LinkGroup:
 
     def __init__(
         self,
-        session: Any,
+        session: _p2p.P2PSession,
         link: LinkProfile,
         cells: list[Cell],
         options: Options,
@@ -158,8 +160,8 @@ class _LinkGroup:
         self.session, self.link, self.cells, self.options = session, link, cells, options
         self.result, self.progress = result, progress
         self.done: set[Cell] = set()
-        self.runners: dict[tuple[str, str], Any] = {}
-        self._owned: list[Any] = []
+        self.runners: dict[tuple[str, str], Runner] = {}
+        self._owned: list[Runner] = []
         try:
             if self._start():
                 self._measure()
@@ -192,8 +194,8 @@ class _LinkGroup:
     def _start(self) -> bool:
         """Start every runner of the group at once; False when nothing is left to measure."""
         series = list(dict.fromkeys((c.method, c.codec) for c in self.cells))
-        starters: dict[tuple[tuple[str, str], ...], Callable[[], Any]] = {}
-        probe: Any = None
+        starters: dict[tuple[tuple[str, str], ...], Callable[[], Runner]] = {}
+        probe: _p2p.P2PJob | None = None
         if self.link.emulated and self.session.emulation_checked:
             if self.session.emulation_gap is not None:
                 for key in series:
@@ -258,7 +260,12 @@ class _LinkGroup:
             for key in keys:
                 self.runners[key] = runner
         for key, runner in list(self.runners.items()):
-            if key[0] == "p2p" and key[1] != "raw" and key[1] not in self.session.codec_gaps:
+            if (
+                key[0] == "p2p"
+                and isinstance(runner, _p2p.P2PJob)  # a p2p series' runner is its job
+                and key[1] != "raw"
+                and key[1] not in self.session.codec_gaps
+            ):
                 _, wire, logical = runner.probe()
                 gap = _p2p.codec_gap(key[1], wire, logical)
                 self.session.codec_gaps[key[1]] = gap
@@ -285,7 +292,7 @@ class _LinkGroup:
             self._mark(cell, samples)
 
 
-def _baseline_pair(session: Any, options: Options) -> Any:
+def _baseline_pair(session: _p2p.P2PSession, options: Options) -> BaselinePair:
     return BaselinePair(
         timeout=options.timeout,
         sender_node=session.sender_node,

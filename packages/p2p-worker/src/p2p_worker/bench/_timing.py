@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
-from p2p_worker.bench._payloads import make_payload, payload_nbytes, payloads_equal
+from p2p_worker.bench._payloads import Payload, make_payload, payload_nbytes, payloads_equal
 
 WARMUP = 1
 
@@ -24,15 +23,16 @@ class PayloadCache:
 
     def __init__(self) -> None:
         self._key: tuple[str, int, int] | None = None
-        self._value: Any = None
+        self._value: Payload | None = None
 
-    def get(self, kind: str, size: int, seed: int = 0) -> Any:
+    def get(self, kind: str, size: int, seed: int = 0) -> Payload:
         """Return the payload of ``(kind, size, seed)``, building it when it is not cached."""
         key = (kind, size, seed)
         if key != self._key:
             self._value = None
             self._value = make_payload(kind, size, seed)
             self._key = key
+        assert self._value is not None  # set with the key
         return self._value
 
 
@@ -65,10 +65,10 @@ def sender_loop(
 
 
 def receiver_loop(
-    receive: Callable[[], Any],
+    receive: Callable[[], object],
     send_ack: Callable[[], None],
     reps: int,
-    expected: Any,
+    expected: object,
     what: str,
 ) -> None:
     """Receive ``WARMUP + reps`` payloads, checking the first one against ``expected``.

@@ -33,19 +33,25 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 import ray
+import torch
 
 from p2p_worker import Cluster, PlacementError
+from p2p_worker.bench._baselines import RemoteMethod
+from p2p_worker.bench._jobconfig import ClusterSection, JobConfig
 from p2p_worker.bench._model import SHAPES
 from p2p_worker.bench._rl_placement import InOrder, layout, pinned
 from p2p_worker.bench._weights_actors import (
+    PushFacts,
     RdtSource,
     RdtTarget,
+    StateRefs,
+    VersionFacts,
     WeightsSource,
     WeightsTarget,
 )
@@ -54,9 +60,14 @@ from p2p_worker.bench._weights_report import (
     MARKDOWN_NAME,
     PLOT_NAME,
     Record,
+    WeightsMeta,
     plot,
     render_markdown,
 )
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+    from ray.experimental.collective.communicator import CommunicatorHandle
 
 __all__ = ["JSON_NAME", "MARKDOWN_NAME", "PLOT_NAME", "Record", "plot", "render_markdown"]
 
@@ -110,9 +121,42 @@ QUICK = {
 """``--quick``: the small model, 1 and 3 targets, both links, a few steps."""
 
 
-def job_config(link: str) -> dict[str, Any]:
+class RdtSourceHandle(Protocol):
+    """A Ray actor handle of :class:`~p2p_worker.bench._weights_actors.RdtSource`."""
+
+    node_ip: RemoteMethod[[], str]
+    load: RemoteMethod[[StateRefs], int]
+    weights: RemoteMethod[[], dict[str, torch.Tensor]]
+
+
+class RdtTargetHandle(Protocol):
+    """A Ray actor handle of :class:`~p2p_worker.bench._weights_actors.RdtTarget`."""
+
+    node_ip: RemoteMethod[[], str]
+    take: RemoteMethod[[ray.ObjectRef[dict[str, torch.Tensor]]], int]
+
+
+class _Rdt(NamedTuple):
+    """Ray Direct Transport's actors of a cell, and their collective group."""
+
+    source: RdtSourceHandle
+    targets: list[RdtTargetHandle]
+    group: CommunicatorHandle
+    actors: list[ActorHandle[object]]
+    """The same actors, as Ray's API takes them."""
+
+
+class CellFacts(VersionFacts):
+    """A version's facts with the cell that made it (link, learning rate, targets)."""
+
+    link: str
+    lr: float
+    targets: int
+
+
+def job_config(link: str) -> JobConfig:
     """The job's configuration for ``link`` (a shared NIC egress when emulated)."""
-    cluster: dict[str, Any] = {"collective": {"init_timeout": 120.0}}
+    cluster: ClusterSection = {"collective": {"init_timeout": 120.0}}
     mbps = LINKS[link]
     if mbps is not None:
         cluster["net_emulation"] = {"bandwidth_mbps": mbps, "egress": "process"}
@@ -142,11 +186,10 @@ class _Cell:
         self._gloo_addr, self._gloo_port = self.src.call("rendezvous").wait(timeout=opts.timeout)[0]
         self.source_node = str(self._gloo_addr)
         self.target_nodes = [str(ip) for ip in self.dst.call("node_ip").wait(timeout=opts.timeout)]
-        self._rdt: tuple[Any, list[Any]] | None = None
-        self._rdt_group: Any = None
+        self._rdt: _Rdt | None = None
 
-    def step(self) -> dict[str, Any]:
-        facts: dict[str, Any] = self.src.call("step").wait(timeout=self.opts.timeout)[0]
+    def step(self) -> VersionFacts:
+        facts: VersionFacts = self.src.call("step").wait(timeout=self.opts.timeout)[0]
         return facts
 
     def run(self, method: str, full_bytes: int) -> tuple[float, int, list[int]]:
@@ -158,7 +201,8 @@ class _Cell:
             sync = method.removeprefix("p2p-")
             recv = self.dst.call("pull_p2p", self.names[0], sync, timeout)
             push = self.src.call("push_p2p", self.names[1], sync, sync == "delta", timeout)
-            wire = int(push.wait(timeout=timeout)[0]["sent_bytes"])
+            pushed: PushFacts = push.wait(timeout=timeout)[0]
+            wire = int(pushed["sent_bytes"])
             sums = recv.wait(timeout=timeout)
         elif method == "sends":
             recv = self.dst.call("recv_one", self.names[0], timeout)
@@ -190,24 +234,26 @@ class _Cell:
             raise ValueError(f"method: got {method!r}; allowed: {', '.join(METHODS)}")
         return time.perf_counter() - t0, wire, [int(s) for s in sums]
 
-    def _rdt_actors(self) -> tuple[Any, list[Any]]:
+    def _rdt_actors(self) -> tuple[RdtSourceHandle, list[RdtTargetHandle]]:
         if self._rdt is None:
             from ray.experimental.collective import create_collective_group
 
-            src = RdtSource.options(**pinned(self.cluster, 0)).remote()  # type: ignore[attr-defined]
-            dsts = [
+            src: RdtSourceHandle = RdtSource.options(**pinned(self.cluster, 0)).remote()  # type: ignore[attr-defined]
+            dsts: list[RdtTargetHandle] = [
                 RdtTarget.options(**pinned(self.cluster, node)).remote(self.opts.model)  # type: ignore[attr-defined]
                 for node in self.nodes
             ]
-            where = ray.get([a.node_ip.remote() for a in (src, *dsts)], timeout=self.opts.timeout)
+            asked = [src.node_ip.remote(), *(d.node_ip.remote() for d in dsts)]
+            where = ray.get(asked, timeout=self.opts.timeout)
             if where != [self.source_node, *self.target_nodes]:
                 raise RuntimeError(
                     f"Ray Direct Transport's actors on {where}, not with the workers"
                 )
-            self._rdt_group = create_collective_group([src, *dsts], backend="torch_gloo")
-            self._rdt = (src, dsts)
-        src, dsts = self._rdt
-        refs = self.src.call("put_object").wait(timeout=self.opts.timeout)[0]
+            actors = cast("list[ActorHandle[object]]", [src, *dsts])  # Ray's handles
+            group = create_collective_group(actors, backend="torch_gloo")
+            self._rdt = _Rdt(src, dsts, group, actors)
+        src, dsts = self._rdt.source, self._rdt.targets
+        refs: StateRefs = self.src.call("put_object").wait(timeout=self.opts.timeout)[0]
         ray.get(src.load.remote(refs), timeout=self.opts.timeout)  # not timed
         return src, dsts
 
@@ -215,19 +261,18 @@ class _Cell:
         if self._rdt is not None:
             from ray.experimental.collective import destroy_collective_group
 
-            src, dsts = self._rdt
-            destroy_collective_group(self._rdt_group)
-            for actor in (src, *dsts):
+            destroy_collective_group(self._rdt.group)
+            for actor in self._rdt.actors:
                 ray.kill(actor)
         self.cluster.shutdown()
 
 
 def run_weights(
     opts: WeightsOptions, say: Callable[[str], None] = print
-) -> tuple[list[Record], list[dict[str, Any]]]:
+) -> tuple[list[Record], list[CellFacts]]:
     """Measure every cell; return the records and the per-version facts (changed, loss)."""
     records: list[Record] = []
-    versions: list[dict[str, Any]] = []
+    versions: list[CellFacts] = []
     base = Cluster(address=opts.address or "local", timeout=opts.timeout)
     try:
         num_nodes = base.num_nodes
@@ -387,7 +432,7 @@ def _ints(text: str, flag: str) -> list[int]:
     return values
 
 
-def _choices(text: str, allowed: Any, flag: str) -> list[str]:
+def _choices(text: str, allowed: Collection[str], flag: str) -> list[str]:
     values = [x.strip() for x in text.split(",") if x.strip()]
     bad = [v for v in values if v not in allowed]
     if bad or not values:
@@ -405,17 +450,18 @@ def main(argv: Sequence[str]) -> int:
     except PlacementError as exc:  # --placement spread on a one-node cluster
         print(f"p2p-bench weights: error: {exc}", file=sys.stderr)
         return 2
-    meta = {
+    meta: WeightsMeta = {
         "command": "p2p-bench weights",
         "model": opts.model,
         "parameters": SHAPES[opts.model].parameter_count(),
         "steps": opts.steps,
         "warmup": opts.warmup,
         "placement": opts.placement,
-        **({"link_mbps": opts.link_mbps} if opts.link_mbps else {}),
-        "wall_s": round(time.time() - started, 1),
-        "out": str(opts.out),
     }
+    if opts.link_mbps:
+        meta["link_mbps"] = opts.link_mbps
+    meta["wall_s"] = round(time.time() - started, 1)
+    meta["out"] = str(opts.out)
     payload = {
         "meta": meta,
         "records": [{**asdict(r), "gbps": r.gbps} for r in records],

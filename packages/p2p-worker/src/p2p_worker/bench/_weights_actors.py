@@ -24,7 +24,7 @@ import socket
 import time
 import zlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Protocol, TypedDict
 
 import ray
 import torch
@@ -35,6 +35,38 @@ from p2p_worker.bench._baselines import interface_of
 from p2p_worker.bench._model import SHAPES, Decoder, WeightSteps
 
 RAY_COLLECTIVE_GROUP = "p2p_wbench_col"
+
+StateRefs = list["ray.ObjectRef[dict[str, torch.Tensor]]"]
+"""The trainer's state dict in Ray's object store: its reference, inside a list (so that
+Ray hands the reference itself, not the state dict, to the method it is passed to)."""
+
+
+class VersionFacts(TypedDict):
+    """What the trainer's step made: the version, its cost and how much of it changed."""
+
+    version: int
+    train_seconds: float
+    changed: float
+    checksum: int
+    full_bytes: int
+    loss: float
+
+
+class PushFacts(TypedDict):
+    """What p2p's push of one version sent (a ``PushReport`` as plain values)."""
+
+    sent_bytes: int
+    modes: dict[str, int]
+    base_bytes: int
+    seconds: float
+
+
+class Broadcaster(Protocol):
+    """What the gloo broadcast method uses of ``torch.distributed``."""
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> object:
+        """Broadcast ``tensor`` from rank ``src`` to every rank, in place."""
+        ...
 
 
 def state_checksum(state: Mapping[str, torch.Tensor]) -> int:
@@ -80,7 +112,7 @@ def use_node_interface() -> None:
             os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
-def _gloo_group(addr: str, port: int, rank: int, world: int, timeout: float) -> Any:
+def _gloo_group(addr: str, port: int, rank: int, world: int, timeout: float) -> Broadcaster:
     """A torch.distributed gloo group of this benchmark (the default group, made once)."""
     import torch.distributed as dist
 
@@ -114,7 +146,7 @@ class WeightsSource(Worker):
         self.current = self.trainer.weights()
         self.version = 0
 
-    def step(self) -> dict[str, Any]:
+    def step(self) -> VersionFacts:
         """One training step; the new version's facts."""
         t0 = time.perf_counter()
         self.trainer.train()
@@ -145,7 +177,7 @@ class WeightsSource(Worker):
         for work in works:
             work.wait(timeout=timeout)
 
-    def push_p2p(self, dst_group: str, sync: str, delta: bool, timeout: float) -> dict[str, Any]:
+    def push_p2p(self, dst_group: str, sync: str, delta: bool, timeout: float) -> PushFacts:
         """p2p's weight sync: push the fp32 masters as this version (cast per bucket)."""
         report = self.push_weights(
             self.trainer.model, self.version, dst_group, sync=sync, delta=delta, timeout=timeout
@@ -171,7 +203,7 @@ class WeightsSource(Worker):
             s.bind((addr, 0))
             return addr, int(s.getsockname()[1])
 
-    def put_object(self) -> list[Any]:
+    def put_object(self) -> StateRefs:
         """``ray.put`` of the state dict once; the reference travels inside a list."""
         return [ray.put(self.current)]
 
@@ -225,9 +257,10 @@ class WeightsTarget(Worker):
         self.version = version
         return self.checksum()
 
-    def get_object(self, refs: list[Any]) -> int:
+    def get_object(self, refs: StateRefs) -> int:
         """``ray.get`` the trainer's state dict and copy it in."""
-        _copy_into(self.weights, ray.get(refs[0]))
+        state: dict[str, torch.Tensor] = ray.get(refs[0])
+        _copy_into(self.weights, state)
         return self.checksum()
 
     def gloo_broadcast(self, addr: str, port: int, world: int, timeout: float) -> int:
@@ -262,7 +295,7 @@ class RdtSource:
         """This actor's node address."""
         return node_ip()
 
-    def load(self, refs: list[Any]) -> int:
+    def load(self, refs: StateRefs) -> int:
         """Take the trainer's version from the object store (not timed)."""
         self.current = {k: v.clone() for k, v in ray.get(refs[0]).items()}
         return state_checksum(self.current)

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 JSON_NAME = "p2p-bench-weights.json"
 MARKDOWN_NAME = "p2p-bench-weights.md"
@@ -92,7 +92,21 @@ def link_lines(cells: Sequence[Record], link_mbps: float) -> list[str]:
     return lines
 
 
-def render_markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
+class WeightsMeta(TypedDict, total=False):
+    """The setup of a ``p2p-bench weights`` run, as the report shows it."""
+
+    command: str
+    model: str
+    parameters: int
+    steps: int
+    warmup: int
+    placement: str
+    link_mbps: float
+    wall_s: float
+    out: str
+
+
+def render_markdown(records: Sequence[Record], meta: WeightsMeta) -> str:
     """The report: one table per (link, lr), methods by targets, and the ratios to sends."""
     lines = ["# p2p-bench weights", ""]
     lines += [" · ".join(f"{k}: {v}" for k, v in meta.items()), ""]
