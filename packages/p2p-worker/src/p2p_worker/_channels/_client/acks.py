@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from p2p_worker._channels._protocol.proto import ACK, ACKED
 
@@ -50,14 +50,14 @@ class AckBatch:
         """Forget them (the link was reset: the hello's report covers them)."""
         self.tokens = []
 
-    def wrap(self, request: tuple[Any, ...]) -> tuple[Any, ...]:
+    def wrap(self, request: tuple[object, ...]) -> tuple[object, ...]:
         """``request``, carrying the pending acknowledgements if there are any."""
         if not self.tokens:
             return request
         tokens, self.tokens = tuple(self.tokens), []
         return (ACKED, tokens, request)
 
-    def alone(self) -> tuple[Any, ...] | None:
+    def alone(self) -> tuple[object, ...] | None:
         """The pending acknowledgements as a message of their own; None when there are none."""
         if not self.tokens:
             return None

@@ -11,6 +11,7 @@ from p2p_worker._address import WorkerAddress
 from p2p_worker._channels._client.link import ChannelLink
 from p2p_worker._channels._protocol.errors import ChannelClosedError, ChannelNotFoundError
 from p2p_worker._channels._protocol.proto import CHANNEL_NAMESPACE, actor_name
+from p2p_worker._runtime._state import WorkerRuntime
 
 _LOOKUP_PAUSE = 0.1  # seconds between lookups of a channel not created yet
 
@@ -48,7 +49,7 @@ def _launched_actor(name: str) -> Any:
     return actor
 
 
-def connect_link(endpoint: Any, name: str, timeout: float | None) -> ChannelLink:
+def connect_link(endpoint: WorkerRuntime, name: str, timeout: float | None) -> ChannelLink:
     """Find channel ``name``, say hello, and connect this process's link to it.
 
     Raises:

@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from p2p_worker._channels._client.work import ChannelWork
+from p2p_worker._channels._client.work import ChannelWork, Granted
 from p2p_worker._channels._protocol.errors import ChannelClosedError, ChannelError
 
 PROBE_TIMEOUT = 10.0  # seconds to ask Ray whether a channel whose link failed still lives
@@ -66,7 +66,7 @@ def fail_ops(
     name: str,
     exc: BaseException,
     report: tuple[int, dict[int, int]],
-    pending: dict[int, Future[Any]],
+    pending: dict[int, Future[Granted]],
     unconfirmed: list[tuple[int, ChannelWork]],
     on_gone: Callable[[], None],
 ) -> None:

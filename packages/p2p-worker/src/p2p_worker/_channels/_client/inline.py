@@ -21,7 +21,7 @@ from p2p_worker._channels._protocol.payload import payload_nbytes
 from p2p_worker._channels._protocol.proto import INLINE_BYTES, PUT, PUT_INLINE
 
 
-def rides_inline(item: Any) -> bool:
+def rides_inline(item: object) -> bool:
     """Whether ``item`` (bare or keyed) may ride inside its put request.
 
     Example:
@@ -46,7 +46,7 @@ class PutRequest:
 
     __slots__ = ("block", "credits", "inline", "item", "link", "small", "timeout")
 
-    def __init__(self, link: Any, item: Any, block: bool, timeout: float | None) -> None:
+    def __init__(self, link: Any, item: object, block: bool, timeout: float | None) -> None:
         self.link = link
         self.item = item
         self.block = block
@@ -54,7 +54,7 @@ class PutRequest:
         self.small = rides_inline(item)
         self.inline = False
 
-    def __call__(self, token: int) -> tuple[Any, ...]:
+    def __call__(self, token: int) -> tuple[object, ...]:
         link = self.link
         credits = link.want_credits() if self.block else 0
         if self.small and link.puts_settled():

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
 from typing import Any, cast
 
@@ -29,7 +29,7 @@ from p2p_worker._channels._client.failure import Unconfirmed, fail_ops_soon
 from p2p_worker._channels._client.linger import Linger
 from p2p_worker._channels._client.order import IssueOrder
 from p2p_worker._channels._client.prefetch import Prefetched
-from p2p_worker._channels._client.work import CONTROL_GRACE, ChannelWork, Op, wait_within
+from p2p_worker._channels._client.work import CONTROL_GRACE, ChannelWork, Granted, Op, wait_within
 from p2p_worker._channels._protocol.errors import (
     ChannelClosedError,
     ChannelEmpty,
@@ -46,6 +46,7 @@ from p2p_worker._channels._protocol.proto import (
     decode,
     wire_timeout,
 )
+from p2p_worker._runtime._state import WorkerRuntime
 
 CREDITS = 8  # put credits a put asks for (the channel worker may lend fewer)
 CREDIT_LINGER = 0.05  # seconds without a put after which unused credits are handed back
@@ -59,7 +60,7 @@ class ChannelLink(LinkAnswers):
     issues requests and sends payloads; :class:`LinkAnswers` receives the answers.
     """
 
-    def __init__(self, endpoint: Any, actor: Any, hello: Hello) -> None:
+    def __init__(self, endpoint: WorkerRuntime, actor: Any, hello: Hello) -> None:
         self.endpoint = endpoint
         self.actor = actor
         self.hello = hello
@@ -83,8 +84,8 @@ class ChannelLink(LinkAnswers):
         self._order = {"put": IssueOrder(self._process), "get": IssueOrder(self._process)}
         self.orphans: deque[tuple[Any, Any]] = deque()  # (key, item) of abandoned gets
         # Gets of link generation _gen whose items were handed over, until the channel
-        # worker is known to have their acknowledgement: token -> [items received,
-        # request token whose answer confirms the ack (None: no ack sent yet)]. Reported
+        # worker is known to have their acknowledgement: token -> (items received,
+        # request token whose answer confirms the ack (None: no ack sent yet)). Reported
         # when the link fails, so a reset never sends items that arrived here elsewhere.
         self._got = {}
         self._acks = AckBatch()  # acknowledgements waiting for the next request
@@ -110,8 +111,8 @@ class ChannelLink(LinkAnswers):
     def submit(
         self,
         kind: str,
-        request: Callable[[int], tuple[Any, ...]],
-        item: Any = None,
+        request: Callable[[int], tuple[object, ...]],
+        item: object = None,
         batch: bool = False,
         reserve: int = 1,
     ) -> Op:
@@ -135,10 +136,10 @@ class ChannelLink(LinkAnswers):
                     self._reconnect()
                 token = self._token
                 self._token += reserve  # a prefetching get numbers its items (see prefetch)
-                fut: Future[Any] = Future()
+                fut: Future[Granted] = Future()
                 self._pending[token] = fut
                 ctl, group = self._ctl, self._group
-                msg: tuple[Any, ...] | None = None
+                msg: tuple[object, ...] | None = None
                 try:
                     req = request(token)
                     if reserve > 1:
@@ -174,7 +175,7 @@ class ChannelLink(LinkAnswers):
 
     def follow(self, op: Op) -> ChannelWork:
         """Process ``op``'s answer whenever it comes; return its handle."""
-        fut = cast("Future[Any]", op.work.ref)
+        fut = cast("Future[Granted]", op.work.ref)
         fut.add_done_callback(lambda done: self._on_future(op, done))
         return op.work
 
@@ -184,7 +185,7 @@ class ChannelLink(LinkAnswers):
         After ``limit`` seconds without an answer the op is abandoned with a
         :class:`ChannelClosedError`; its answer is still processed when it comes.
         """
-        fut: Future[Any] = cast("Future[Any]", op.work.ref)
+        fut: Future[Granted] = cast("Future[Granted]", op.work.ref)
         try:
             answer, error = fut.result(timeout=limit), None
         except BaseException as exc:
@@ -201,7 +202,7 @@ class ChannelLink(LinkAnswers):
         self._order[op.kind].deliver(op, answer, error, inline=True)
         return wait_within(op.work, limit, self.hello.name)
 
-    def _on_future(self, op: Op, fut: Future[Any]) -> None:
+    def _on_future(self, op: Op, fut: Future[Granted]) -> None:
         try:
             answer, error = fut.result(), None
         except BaseException as exc:
@@ -210,7 +211,9 @@ class ChannelLink(LinkAnswers):
         # through a whole transfer): the answer is then left for the holder.
         self._order[op.kind].deliver(op, answer, error, inline=False)
 
-    def _process(self, op: Op, answer: Any, error: BaseException | None, inline: bool) -> None:
+    def _process(
+        self, op: Op, answer: Granted | None, error: BaseException | None, inline: bool
+    ) -> None:
         name = self.hello.name
         if error is not None:
             if not isinstance(error, ChannelError):
@@ -219,7 +222,7 @@ class ChannelLink(LinkAnswers):
                 error = err
             op.work._finish(exception=error)
             return
-        code, outcomes = answer
+        code, outcomes = cast("Granted", answer)
         if code == NO_ROOM and op.kind == "put":
             op.work._finish(exception=ChannelFull(f"channel {name!r} is full"))
         elif code == NO_ROOM:
@@ -281,7 +284,7 @@ class ChannelLink(LinkAnswers):
         idle = self._seq["put"] == self._order["put"].next and not self._credits
         return CREDITS if idle else 0
 
-    def credit_put(self, item: Any, async_op: bool) -> Any:
+    def credit_put(self, item: object, async_op: bool) -> Any:
         """Put ``item`` with a credit: a plain send, no call. NO_CREDIT when there is none.
 
         Only when every earlier put of this process has been processed, so puts keep
@@ -300,7 +303,7 @@ class ChannelLink(LinkAnswers):
             return work
         return wait_within(work, self.limit(0.0), self.hello.name)  # its receipt
 
-    def _credit_send(self, item: Any, async_op: bool) -> Any:
+    def _credit_send(self, item: object, async_op: bool) -> Any:
         """:meth:`credit_put` holding the put turn: send ``item`` if a credit is left.
 
         Returns the put's handle (it completes with the receipt), or NO_CREDIT.
@@ -361,7 +364,7 @@ class ChannelLink(LinkAnswers):
 
     # -- prefetched items (see _channels._client.prefetch) -------------------------------------
 
-    def take_orphans(self, key: Any, most: int) -> list[Any]:
+    def take_orphans(self, key: Hashable, most: int) -> list[object]:
         """Remove and return up to ``most`` of ``key``'s items that abandoned gets left."""
         with self._lock:
             mine = [i for i, (k, _) in enumerate(self.orphans) if k == key]
@@ -370,7 +373,7 @@ class ChannelLink(LinkAnswers):
                 del self.orphans[i]
         return taken
 
-    def held_items(self, key: Any) -> list[Any]:
+    def held_items(self, key: Hashable) -> list[object]:
         """``key``'s items that this process's next gets hand out first (not removed).
 
         Those abandoned gets left, then those a get prefetched, oldest first.
@@ -384,7 +387,7 @@ class ChannelLink(LinkAnswers):
         """Whether no get of this process is in flight (a new blocking get may prefetch)."""
         return self._seq["get"] == self._order["get"].next and not self._prefetching
 
-    def take_prefetched(self, key: Any, most: int) -> list[Any]:
+    def take_prefetched(self, key: Hashable, most: int) -> list[object]:
         """Hand out up to ``most`` prefetched items of ``key``, oldest first; acknowledge them."""
         if not self.prefetched:  # unlocked peek: the common case
             return []

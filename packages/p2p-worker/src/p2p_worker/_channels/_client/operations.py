@@ -8,7 +8,7 @@ handles (which may start a channel worker) is ``Channel``'s, above the client si
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from typing import Any, cast
 
@@ -18,7 +18,7 @@ from p2p_asyncwork.internal import check_timeout
 from p2p_worker._channels._client.endpoint import forget_handle
 from p2p_worker._channels._client.inline import PutRequest
 from p2p_worker._channels._client.link import NO_CREDIT, ChannelLink
-from p2p_worker._channels._client.work import ChannelWork, refuse_waiting_in_callback
+from p2p_worker._channels._client.work import ChannelWork, Granted, refuse_waiting_in_callback
 from p2p_worker._channels._protocol.errors import ChannelClosedError, ChannelError
 from p2p_worker._channels._protocol.keys import DEFAULT_KEY, check_key, check_weight, wrap
 from p2p_worker._channels._protocol.proto import (
@@ -77,9 +77,9 @@ class ChannelOperations:
 
     def put(
         self,
-        item: Any,
+        item: object,
         weight: int = 0,
-        key: Any = DEFAULT_KEY,
+        key: Hashable = DEFAULT_KEY,
         async_op: bool = False,
         *,
         timeout: float | None = None,
@@ -93,7 +93,7 @@ class ChannelOperations:
         argument is read as ``async_op`` (p2p-worker's earlier ``put(item, async_op)``).
 
         Args:
-            item: Any picklable object; tensors must be dense, contiguous CPU tensors.
+            item: object picklable object; tensors must be dense, contiguous CPU tensors.
             weight: The item's weight for ``get_batch(target_weight=...)`` (int >= 0).
             key: The FIFO to append to (hashable, picklable; default: RLinf's
                 ``"default_queue"``). ``maxsize`` bounds the channel, not each key.
@@ -131,7 +131,7 @@ class ChannelOperations:
         op = link.submit("put", PutRequest(link, item, True, timeout), item)
         return link.follow(op) if async_op else link.run(op, link.limit(timeout))
 
-    def put_nowait(self, item: Any, weight: int = 0, key: Any = DEFAULT_KEY) -> None:
+    def put_nowait(self, item: object, weight: int = 0, key: Hashable = DEFAULT_KEY) -> None:
         """Append ``item`` (with ``weight``, to ``key``) if there is room now; never wait.
 
         Returns once the item is in the channel (its payload transfer is done).
@@ -166,7 +166,7 @@ class ChannelOperations:
         timeout: float | None,
         batch: bool,
         async_op: bool,
-        key: Any = DEFAULT_KEY,
+        key: Hashable = DEFAULT_KEY,
         target_weight: int | None = None,
     ) -> Any:
         if not async_op:
@@ -208,7 +208,7 @@ class ChannelOperations:
         return link.follow(op) if async_op else link.run(op, link.limit(timeout))
 
     def get(
-        self, key: Any = DEFAULT_KEY, async_op: bool = False, *, timeout: float | None = None
+        self, key: Hashable = DEFAULT_KEY, async_op: bool = False, *, timeout: float | None = None
     ) -> Any:
         """Remove and return the oldest item of ``key``; wait while there is none.
 
@@ -242,12 +242,13 @@ class ChannelOperations:
             >>> item = await work  # doctest: +SKIP
         """
         if isinstance(key, bool):  # get(async_op): the earlier p2p-worker form
-            key, async_op = DEFAULT_KEY, key
+            async_op = key
+            key = DEFAULT_KEY
         check_key(key)
         timeout = check_timeout(timeout)
         return self._get(1, None, True, timeout, batch=False, async_op=async_op, key=key)
 
-    def get_nowait(self, key: Any = DEFAULT_KEY) -> Any:
+    def get_nowait(self, key: Hashable = DEFAULT_KEY) -> Any:
         """Remove and return the oldest item of ``key`` if there is one; never wait for a put.
 
         An item whose put was granted but whose payload is still arriving counts as
@@ -272,7 +273,7 @@ class ChannelOperations:
     def get_batch(
         self,
         target_weight: int = 0,
-        key: Any = DEFAULT_KEY,
+        key: Hashable = DEFAULT_KEY,
         async_op: bool = False,
         *,
         max_items: int | None = None,
@@ -359,7 +360,7 @@ class ChannelOperations:
             ) from exc
 
     def qsize(
-        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+        self, key: Hashable = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
     ) -> int:
         """Number of items under ``key`` (a snapshot, like ``queue.Queue``'s).
 
@@ -386,7 +387,7 @@ class ChannelOperations:
         return int(_query_link(link, lambda t: (QSIZE, t, link.sync(), key), timeout))
 
     def empty(
-        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+        self, key: Hashable = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
     ) -> bool:
         """Whether ``key`` holds no item (``qsize(key) == 0``; a snapshot).
 
@@ -396,7 +397,7 @@ class ChannelOperations:
         return self.qsize(key, timeout=timeout) == 0
 
     def full(
-        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+        self, key: Hashable = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
     ) -> bool:
         """Whether a put would wait now: ``maxsize`` items are held (a snapshot).
 
@@ -411,8 +412,8 @@ class ChannelOperations:
         return bool(st["maxsize"] > 0 and st["held"] >= st["maxsize"])
 
     def peek_all(
-        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
-    ) -> list[Any]:
+        self, key: Hashable = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+    ) -> list[object]:
         """The items queued under ``key``, oldest first, without taking them (RLinf's).
 
         A snapshot for debugging: copies of the items (each crosses Ray once), this
@@ -499,7 +500,7 @@ class ChannelOperations:
 
 
 def _query_link(
-    link: ChannelLink, request: Callable[[int], tuple[Any, ...]], timeout: float | None
+    link: ChannelLink, request: Callable[[int], tuple[object, ...]], timeout: float | None
 ) -> Any:
     """Send ``request(token)`` on ``link`` and wait for its answer (no put or get: no order).
 
@@ -508,7 +509,7 @@ def _query_link(
         ChannelError: The link failed.
     """
     op = link.submit("query", request)
-    fut = cast("Future[Any]", op.work.ref)
+    fut = cast("Future[Granted]", op.work.ref)
     try:
         answer, _ = fut.result(timeout=timeout)
     except BaseException as exc:
@@ -517,6 +518,4 @@ def _query_link(
         raise ChannelClosedError(
             f"channel {link.hello.name!r}: no answer from its channel worker within {timeout} s"
         ) from exc
-    if isinstance(answer, BaseException):  # pragma: no cover - set as the exception
-        raise answer
-    return answer
+    return answer  # a failure is the future's exception, raised above

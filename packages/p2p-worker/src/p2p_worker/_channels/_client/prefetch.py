@@ -21,9 +21,10 @@ closes, and before a by-weight ``get_batch`` (which then takes them in order).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
+from p2p_collective import CollectiveGroup
 from p2p_worker._channels._client.linger import Linger
 
 PREFETCH_LINGER = 0.05  # seconds without a get after which unused prefetched items go back
@@ -58,12 +59,12 @@ class Prefetched:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def add(self, key: Any, group: Any, token: int, items: list[Any]) -> None:
+    def add(self, key: Hashable, group: CollectiveGroup, token: int, items: list[object]) -> None:
         """The items after the first of get ``token``'s answer: tokens ``token + 1`` on."""
         self.entries.extend((key, token + i, group, item) for i, item in enumerate(items, 1))
         self._linger.touch()
 
-    def take(self, key: Any, most: int) -> list[tuple[int, Any, Any]]:
+    def take(self, key: Hashable, most: int) -> list[tuple[int, Any, Any]]:
         """Remove up to ``most`` of ``key``'s oldest items: ``(token, group, item)`` each."""
         taken: list[tuple[int, Any, Any]] = []
         kept: deque[tuple[Any, int, Any, Any]] = deque()
@@ -76,7 +77,7 @@ class Prefetched:
         self._linger.touch(arm=False)
         return taken
 
-    def drain(self, group: Any) -> list[int]:
+    def drain(self, group: CollectiveGroup) -> list[int]:
         """Remove the items that came over ``group`` (the live link); their tokens.
 
         Items of an earlier, reset link stay: that link's report counted them as

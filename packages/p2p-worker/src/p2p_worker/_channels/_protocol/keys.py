@@ -11,6 +11,7 @@ opens; unkeyed, unweighted items travel bare, as before.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +29,9 @@ class Keyed:
         item: The item itself.
     """
 
-    key: Any
+    key: Hashable
     weight: int
-    item: Any
+    item: object
 
 
 def check_key(key: object) -> Any:
@@ -63,14 +64,14 @@ def check_weight(weight: object, arg: str = "weight") -> int:
     return weight
 
 
-def wrap(item: Any, key: Any, weight: int) -> Any:
+def wrap(item: object, key: Hashable, weight: int) -> Any:
     """The object to send for ``item``: bare when it has neither key nor weight."""
     if weight == 0 and key == DEFAULT_KEY:
         return item
     return Keyed(key, weight, item)
 
 
-def unwrap(obj: Any) -> tuple[Any, Any, int]:
+def unwrap(obj: object) -> tuple[Any, Any, int]:
     """``(item, key, weight)`` of a received object (bare or :class:`Keyed`)."""
     if isinstance(obj, Keyed):
         return obj.item, obj.key, obj.weight

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import cast
 
+from p2p_collective import CollectiveGroup, MultiCollectiveGroup
 from p2p_worker._address import WorkerAddress
 from p2p_worker._runtime._state import JobContext
 
@@ -70,6 +72,11 @@ def channel_address(name: str) -> WorkerAddress:
     return WorkerAddress(f"p2p_channel.{name}", 0)
 
 
+def pair(group: CollectiveGroup | MultiCollectiveGroup) -> CollectiveGroup:
+    """``group`` as the pair group it is: every group of a channel has two members."""
+    return cast("CollectiveGroup", group)
+
+
 def link_group_name(uid: str, peer: str, gen: int) -> str:
     """Name of the collective group of one peer's link, shared by both sides."""
     return f"p2pch.{uid}.{peer}.{gen}"
@@ -95,6 +102,11 @@ def control_group_name(uid: str, peer: str, gen: int) -> str:
 # as below or an exception, followed by ``count`` items (the items a get was granted), or
 # as (token, answer, 0, objects) with the items inline (items without tensors). A receipt
 # (RECEIPT, n, 0) says that n of the peer's payloads on this link have arrived.
+AnswerMessage = (
+    tuple[int, int | BaseException, int] | tuple[int, int | BaseException, int, list[object]]
+)
+"""An answer as it travels: ``(token, answer, count)`` or ``(token, answer, 0, objects)``."""
+
 PUT = 0
 GET = 1
 ACK = 2

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,13 +57,13 @@ WAITER_CANCELLED = _Signal("WAITER_CANCELLED")
 class Item:
     """One queued item: the received object, its tensor bytes, key and weight."""
 
-    obj: Any
+    obj: object
     nbytes: int
-    key: Any = DEFAULT_KEY
+    key: Hashable = DEFAULT_KEY
     weight: int = 0
 
 
-def item_of(obj: Any) -> Item:
+def item_of(obj: object) -> Item:
     """A received object as a queue item (a ``Keyed`` envelope is opened, see ``keys``)."""
     item, key, weight = unwrap(obj)
     return Item(item, payload_nbytes(item), key, weight)
@@ -77,7 +77,7 @@ class _Waiter:
     max_items: int = 1
     max_bytes: int | None = None
     draining: bool = False  # its own wait is over: it waits only for arriving items
-    key: Any = DEFAULT_KEY
+    key: Hashable = DEFAULT_KEY
     target_weight: int | None = None  # a weighted batch: collect until this weight
     batch: list[Item] = field(default_factory=list)  # what a weighted batch holds so far
 
@@ -176,7 +176,7 @@ class ChannelQueue:
         self.arriving += 1
         return True
 
-    def try_take(self, key: Any, max_items: int, max_bytes: int | None) -> list[Item] | None:
+    def try_take(self, key: Hashable, max_items: int, max_bytes: int | None) -> list[Item] | None:
         """Items :meth:`take` (by count) would return at once; None if it would wait."""
         queue = self.queues.get(key)
         if self.closed or not queue:
@@ -185,7 +185,7 @@ class ChannelQueue:
             return None
         return self._pop(queue, max_items, max_bytes)
 
-    def take_small(self, key: Any, most: int) -> list[Item]:
+    def take_small(self, key: Hashable, most: int) -> list[Item]:
         """Up to ``most`` more items of ``key`` from its head, while they have no tensors."""
         queue = self.queues.get(key)
         out: list[Item] = []
@@ -276,7 +276,7 @@ class ChannelQueue:
             self._queue_of(item.key).appendleft(item)
         self._dispatch_items()
 
-    def _queue_of(self, key: Any) -> deque[Item]:
+    def _queue_of(self, key: Hashable) -> deque[Item]:
         q = self.queues.get(key)
         if q is None:
             q = self.queues[key] = deque()
@@ -287,7 +287,7 @@ class ChannelQueue:
         """Items queued under every key."""
         return sum(len(q) for q in self.queues.values())
 
-    def queued_for(self, key: Any) -> int:
+    def queued_for(self, key: Hashable) -> int:
         """Items queued under ``key``."""
         q = self.queues.get(key)
         return len(q) if q else 0
@@ -301,7 +301,7 @@ class ChannelQueue:
         block: bool,
         timeout: float | None,
         token: int = -1,
-        key: Any = DEFAULT_KEY,
+        key: Hashable = DEFAULT_KEY,
         target_weight: int | None = None,
     ) -> Any:
         """Remove items from the head of ``key``'s FIFO for ``peer``.

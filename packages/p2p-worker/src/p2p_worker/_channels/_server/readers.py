@@ -31,7 +31,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from p2p_collective import CollectiveTimeoutError, GroupClosedError, Unready
+from p2p_asyncwork import AsyncWork
+from p2p_collective import CollectiveGroup, CollectiveTimeoutError, GroupClosedError, Unready
 from p2p_worker._channels._protocol.proto import wire_timeout
 
 logger = logging.getLogger("p2p_worker.channel")
@@ -47,7 +48,9 @@ class LoopReader:
     (:meth:`_take`) and handle a failure (:meth:`_broken`); all three run on the loop.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, group: Any, timeout: float | None):
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, group: CollectiveGroup, timeout: float | None
+    ):
         self._loop = loop
         self._group = group
         self._timeout = timeout  # of a large message's ordinary receive
@@ -104,7 +107,7 @@ class LoopReader:
         work = self._group.recv(async_op=True, timeout=self._timeout)
         work.add_done_callback(lambda w: loop.call_soon_threadsafe(self._large_in, w))
 
-    def _large_in(self, work: Any) -> None:
+    def _large_in(self, work: AsyncWork[object]) -> None:
         self._paused = False
         if self._stopped:
             return
@@ -140,7 +143,7 @@ class RequestReader(LoopReader):
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        ctl: Any,
+        ctl: CollectiveGroup,
         handle: Callable[[Any], None],
         failed: Callable[[BaseException], None],
     ) -> None:
@@ -173,7 +176,7 @@ class RequestReader(LoopReader):
         # (which closes the group) ends the receive.
         loop = self._loop
 
-        def arrived(work: Any) -> None:
+        def arrived(work: AsyncWork[object]) -> None:
             if work.exception(0) is None:
                 try:
                     self._post()
@@ -183,7 +186,7 @@ class RequestReader(LoopReader):
 
         self._group.recv(async_op=True, timeout=self._timeout).add_done_callback(arrived)
 
-    def _arrived(self, work: Any) -> None:
+    def _arrived(self, work: AsyncWork[object]) -> None:
         if self._stopped:
             return
         exc = work.exception(0)

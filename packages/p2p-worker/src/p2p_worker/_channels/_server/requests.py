@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
+from p2p_asyncwork import AsyncWork
+from p2p_collective import CollectiveGroup
 from p2p_worker._channels._protocol.proto import (
     ACK,
     ACKED,
@@ -58,14 +61,14 @@ class ChannelRequests:
     if TYPE_CHECKING:  # ChannelWorker's own
 
         def _reset(
-            self, peer: Peer, group: Any, why: BaseException | None, hold: bool = True
+            self, peer: Peer, group: CollectiveGroup, why: BaseException | None, hold: bool = True
         ) -> None: ...
 
         def _event_loop(self) -> asyncio.AbstractEventLoop: ...
 
         async def _sync(self, peer_name: str | None, gen: int, sent: int) -> None: ...
 
-        def _count(self, key: Any) -> int: ...  # ChannelViews'
+        def _count(self, key: Hashable) -> int: ...  # ChannelViews'
 
         async def _put(
             self,
@@ -76,12 +79,16 @@ class ChannelRequests:
             credits: int,
             expect: Any = None,
             queued: asyncio.Future[None] | None = None,
-            *inline: Any,
+            *inline: object,
         ) -> int: ...  # ChannelPuts'
 
-        def _granted_put(self, peer: Peer, credits: int, *inline: Any) -> int: ...  # ChannelPuts'
+        def _granted_put(
+            self, peer: Peer, credits: int, *inline: object
+        ) -> int: ...  # ChannelPuts'
 
-    def _control_open(self, peer: Peer, group: Any, ctl: Any, work: Any) -> None:
+    def _control_open(
+        self, peer: Peer, group: CollectiveGroup, ctl: CollectiveGroup, work: AsyncWork[object]
+    ) -> None:
         """The peer's control group is connected: keep one receive posted on it."""
         exc = work.exception(0)
         if exc is not None:
@@ -95,14 +102,18 @@ class ChannelRequests:
             )
             peer.reader.start()
 
-    def _request_failed(self, peer: Peer, group: Any, ctl: Any, exc: BaseException) -> None:
+    def _request_failed(
+        self, peer: Peer, group: CollectiveGroup, ctl: CollectiveGroup, exc: BaseException
+    ) -> None:
         """The peer closed its handle, died or went away: its waiting requests end."""
         if peer.ctl is ctl:
             logger.debug("channel %r: %s left (%s)", self._spec.name, peer.name, exc)
             # it acknowledged what it took before it closed
             self._reset(peer, group, None, hold=False)
 
-    def _on_request(self, peer: Peer, group: Any, ctl: Any, request: Any) -> None:
+    def _on_request(
+        self, peer: Peer, group: CollectiveGroup, ctl: CollectiveGroup, request: tuple[Any, ...]
+    ) -> None:
         """One request of ``peer`` arrived (in the order it sent them): serve it in turn."""
         if peer.ctl is not ctl:
             return  # a reset dropped this control group; its requests answer nothing
@@ -140,13 +151,13 @@ class ChannelRequests:
         if back:
             self._queue.push_front(back)
 
-    def _try_now(self, peer: Peer, group: Any, request: tuple[Any, ...]) -> bool:
+    def _try_now(self, peer: Peer, group: CollectiveGroup, request: tuple[Any, ...]) -> bool:
         try:
             return self._serve_now(peer, group, request)
         except Exception:  # a bad request (say, an unhashable key): the task answers it
             return False
 
-    def _serve_now(self, peer: Peer, group: Any, request: tuple[Any, ...]) -> bool:
+    def _serve_now(self, peer: Peer, group: CollectiveGroup, request: tuple[Any, ...]) -> bool:
         """Serve a request that completes at once, without a task; False if it must wait.
 
         Only called when none of the peer's earlier requests still waits for its place,
@@ -199,7 +210,7 @@ class ChannelRequests:
     async def _serve(
         self,
         peer: Peer,
-        group: Any,
+        group: CollectiveGroup,
         request: tuple[Any, ...],
         gate: asyncio.Future[None] | None,
         queued: asyncio.Future[None],
@@ -217,7 +228,7 @@ class ChannelRequests:
                 _, _, block, timeout, credits, *inline = request
                 if inline:  # the peer's earlier payloads enter first (FIFO per producer)
                     await self._sync(peer.name, *inline[0])
-                answer: Any = await self._put(
+                answer: object = await self._put(
                     peer, token, block, timeout, credits, group, queued, *inline[1:]
                 )
                 self._replies.answer(peer, group, token, answer, [])
@@ -258,7 +269,7 @@ class ChannelRequests:
         max_bytes: int | None,
         block: bool,
         timeout: float | None,
-        key: Any,
+        key: Hashable,
         target_weight: int | None,
         queued: asyncio.Future[None] | None = None,
     ) -> list[Item] | int:

@@ -7,6 +7,7 @@ its Ray methods (``qsize``, ``state``, ``peek_all``) first wait for the caller's
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from p2p_worker._channels._protocol.keys import DEFAULT_KEY
@@ -31,7 +32,10 @@ class ChannelViews:
         raise NotImplementedError  # ChannelWorker's
 
     async def qsize(
-        self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0), key: Any = DEFAULT_KEY
+        self,
+        peer_name: str | None = None,
+        sync: tuple[int, int] = (0, 0),
+        key: Hashable = DEFAULT_KEY,
     ) -> int:
         """Items under ``key``, after the caller's puts.
 
@@ -41,14 +45,17 @@ class ChannelViews:
         await self._sync(peer_name, *sync)
         return self._count(key)
 
-    def _count(self, key: Any) -> int:
+    def _count(self, key: Hashable) -> int:
         """Items under ``key``; the default key also counts arriving items (key unknown yet)."""
         arriving = self._queue.arriving if key == DEFAULT_KEY else 0
         return self._queue.queued_for(key) + arriving
 
     async def peek_all(
-        self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0), key: Any = DEFAULT_KEY
-    ) -> list[Any]:
+        self,
+        peer_name: str | None = None,
+        sync: tuple[int, int] = (0, 0),
+        key: Hashable = DEFAULT_KEY,
+    ) -> list[object]:
         """The items queued under ``key``, oldest first, left in place (after the caller's puts).
 
         Items a consumer holds (sent, not acknowledged yet, or taken ahead) are not
