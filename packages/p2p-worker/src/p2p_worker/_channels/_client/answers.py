@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Hashable
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import ray
 
@@ -25,10 +26,14 @@ from p2p_worker._channels._client.failure import Unconfirmed, fail_ops_soon
 from p2p_worker._channels._client.handshake import open_groups
 from p2p_worker._channels._client.prefetch import Prefetched
 from p2p_worker._channels._client.work import CONTROL_GRACE, ChannelWork, Granted, Outcome
+from p2p_worker._channels._protocol.actor import ChannelActor
 from p2p_worker._channels._protocol.errors import ChannelClosedError
 from p2p_worker._channels._protocol.payload import Void
 from p2p_worker._channels._protocol.proto import RECEIPT, AnswerMessage, Hello, wire_timeout
 from p2p_worker._runtime._state import WorkerRuntime
+
+if TYPE_CHECKING:
+    from p2p_worker._channels._protocol.proto import AckMessage, Carried, Request
 
 ACK_TIMEOUT = 5.0  # seconds an acknowledgement may take to leave (and close waits for it)
 
@@ -41,22 +46,22 @@ class LinkAnswers:
     """
 
     endpoint: WorkerRuntime
-    actor: Any
+    actor: ChannelActor
     hello: Hello
     peer: str
     closed: bool
     prefetched: Prefetched
-    _lock: Any  # threading.RLock
-    _send_lock: Any  # threading.RLock: sends on the control group, taken before _lock
+    _lock: threading.RLock
+    _send_lock: threading.RLock  # sends on the control group, taken before _lock
     _gen: int
-    _group: Any
-    _ctl: Any
+    _group: CollectiveGroup | None
+    _ctl: CollectiveGroup | None
     _pending: dict[int, Future[Granted]]
     _broken: BaseException | None
     _token: int
     _got: dict[int, tuple[int, int | None]]
     _acks: AckBatch
-    _prefetching: dict[int, Any]
+    _prefetching: dict[int, Hashable]  # token -> key
     _credits: int
     _sent: int
     _unconfirmed: Unconfirmed
@@ -74,7 +79,7 @@ class LinkAnswers:
         )
         self._read(self._group)
 
-    def _group_for(self, gen: int) -> Any:
+    def _group_for(self, gen: int) -> CollectiveGroup | None:
         """The link of generation ``gen`` (holding ``_lock``); None if not ours or closed.
 
         The channel worker answers only on a peer's current link, naming its generation,
@@ -221,7 +226,7 @@ class LinkAnswers:
             self._acks.add(token)  # rides on the next request, or leaves alone soon
         FLUSHER.arm(self)
 
-    def _with_acks(self, request: tuple[object, ...]) -> tuple[object, ...]:
+    def _with_acks(self, request: Carried) -> Request:
         """``request`` carrying the pending acknowledgements (holding ``_lock``)."""
         msg = self._acks.wrap(request)
         if msg is not request:  # taken along: the flusher has nothing to send for them
@@ -238,7 +243,7 @@ class LinkAnswers:
             self._break(group, failed)
 
     def _send_acks(
-        self, msg: tuple[object, ...] | None, ctl: CollectiveGroup
+        self, msg: AckMessage | None, ctl: CollectiveGroup | None
     ) -> BaseException | None:
         """Send acknowledgements ``msg`` (holding ``_send_lock``); what failed, if any."""
         if msg is None or ctl is None:
@@ -268,10 +273,11 @@ class LinkAnswers:
         """
         with self._lock:
             fut = self._pending.pop(token, None)
-            key = self._prefetching.pop(token, self._prefetching)
+            prefetching = token in self._prefetching
+            key = self._prefetching.pop(token, None)
             if fut is None or fut.done():
                 return False
-            if key is not self._prefetching and arrived == len(outcomes) > 1:
+            if prefetching and arrived == len(outcomes) > 1:
                 if group is self._group:  # each item is acknowledged when handed out
                     self.prefetched.add(key, group, token, [obj for obj, _ in outcomes[1:]])
                     self._got.update((token + i, (1, None)) for i in range(arrived))
@@ -290,7 +296,7 @@ class LinkAnswers:
         """``(gen, {get token: items received})`` of gets not known acknowledged (hold _lock)."""
         return (self._gen, {t: got[0] for t, got in self._got.items()})
 
-    def _break(self, group: CollectiveGroup, exc: BaseException) -> None:
+    def _break(self, group: CollectiveGroup | None, exc: BaseException) -> None:
         """The link (or control group) failed: fail every waiting op; reconnect later.
 
         Settled in a thread of its own (see ``failure.fail_ops``): whether the channel

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, NoReturn
 
 from p2p_asyncwork.internal import check_timeout
 from p2p_worker._channels._protocol.errors import ChannelEmpty, ChannelFull
@@ -51,11 +51,11 @@ class LocalChannel:
         if maxsize < 0:
             raise ValueError(f"maxsize must be >= 0 (0: no bound), got {maxsize}")
         self._maxsize = maxsize
-        self._queues: dict[Any, deque[tuple[Any, int]]] = {DEFAULT_KEY: deque()}
-        self._bounds: dict[Any, int] = {DEFAULT_KEY: maxsize}
+        self._queues: dict[Hashable, deque[tuple[object, int]]] = {DEFAULT_KEY: deque()}
+        self._bounds: dict[Hashable, int] = {DEFAULT_KEY: maxsize}
         self._changed = threading.Condition(threading.Lock())
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("a LocalChannel lives in one process and cannot be pickled")
 
     def __repr__(self) -> str:
@@ -79,7 +79,7 @@ class LocalChannel:
                 self._queues[key] = deque()
                 self._bounds[key] = maxsize
 
-    def _queue(self, key: Hashable) -> deque[tuple[Any, int]]:
+    def _queue(self, key: Hashable) -> deque[tuple[object, int]]:
         """``key``'s FIFO, made with the channel's bound on first use (holding the lock)."""
         queue = self._queues.get(key)
         if queue is None:

@@ -116,7 +116,7 @@ class ChannelWork(AsyncChannelWork):
             refuse_waiting_in_callback("waiting for a pending channel operation")
         return super().wait(timeout)
 
-    def _finish(self, result: Any = None, exception: BaseException | None = None) -> bool:
+    def _finish(self, result: object = None, exception: BaseException | None = None) -> bool:
         return self._complete(result=result, exception=exception)
 
     @staticmethod
@@ -147,7 +147,7 @@ class Op:
         self.key: Hashable = DEFAULT_KEY  # a get's key: where its orphans belong
 
 
-def wait_within(work: ChannelWork, limit: float | None, name: str) -> Any:
+def wait_within(work: ChannelWork, limit: float | None, name: str) -> object:
     """Wait for ``work`` of channel ``name``; after ``limit`` seconds abandon it.
 
     Raises:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from p2p_collective import CollectiveGroup
 from p2p_worker._channels._server.queue import Item
@@ -131,7 +130,7 @@ class Peer:
         self.payloads = Payloads()
         # (link, [payloads received on it]): counted where they are read (the loop, or
         # the link's receiving thread), which sends the receipts (ChannelWorker._payload_in)
-        self.receipts: tuple[Any, list[int]] = (None, [0])
+        self.receipts: tuple[CollectiveGroup | None, list[int]] = (None, [0])
         self.syncs: list[tuple[int, asyncio.Future[None]]] = []  # (count, woken at count)
 
     def count_receipt(self, group: CollectiveGroup) -> int:

@@ -11,7 +11,7 @@ posted ahead, so the producer's next puts are plain sends without a request.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from p2p_asyncwork import AsyncWork
 from p2p_collective import CollectiveGroup
@@ -56,7 +56,7 @@ class ChannelPuts:
 
         def _peer(self, name: str) -> Peer: ...
 
-        def _group(self, peer: Peer) -> Any: ...
+        def _group(self, peer: Peer) -> CollectiveGroup: ...
 
     async def put_begin(
         self, peer_name: str, token: int, block: bool, timeout: float | None, credits: int = 0
@@ -77,7 +77,7 @@ class ChannelPuts:
         block: bool,
         timeout: float | None,
         credits: int,
-        expect: Any = None,
+        expect: CollectiveGroup | None = None,
         queued: asyncio.Future[None] | None = None,
         *inline: object,
     ) -> int:

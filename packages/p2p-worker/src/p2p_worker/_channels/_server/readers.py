@@ -29,7 +29,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from p2p_asyncwork import AsyncWork
 from p2p_collective import CollectiveGroup, CollectiveTimeoutError, GroupClosedError, Unready
@@ -126,7 +125,7 @@ class LoopReader:
     def _wanted(self) -> bool:
         raise NotImplementedError
 
-    def _take(self, msg: Any) -> None:
+    def _take(self, msg: object) -> None:
         raise NotImplementedError
 
     def _broken(self, exc: BaseException) -> None:
@@ -144,7 +143,7 @@ class RequestReader(LoopReader):
         self,
         loop: asyncio.AbstractEventLoop,
         ctl: CollectiveGroup,
-        handle: Callable[[Any], None],
+        handle: Callable[[object], None],
         failed: Callable[[BaseException], None],
     ) -> None:
         super().__init__(loop, ctl, wire_timeout(None))  # a peer may idle for long
@@ -164,7 +163,7 @@ class RequestReader(LoopReader):
     def _wanted(self) -> bool:
         return True
 
-    def _take(self, msg: Any) -> None:
+    def _take(self, msg: object) -> None:
         self._handle(msg)
 
     def _broken(self, exc: BaseException) -> None:
@@ -209,9 +208,9 @@ class PayloadReader(LoopReader):
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        link: Any,
+        link: CollectiveGroup,
         timeout: float | None,
-        take: Callable[[bool, Any, BaseException | None], None],
+        take: Callable[[bool, object, BaseException | None], None],
     ) -> None:
         super().__init__(loop, link, timeout)
         self._take_payload = take
@@ -249,7 +248,7 @@ class PayloadReader(LoopReader):
     def _wanted(self) -> bool:
         return self._started and bool(self._expected)
 
-    def _take(self, msg: Any) -> None:
+    def _take(self, msg: object) -> None:
         credit, _ = self._expected.popleft()
         self._take_payload(credit, msg, None)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from p2p_asyncwork import AsyncWork
 from p2p_collective import CollectiveGroup
@@ -19,7 +18,7 @@ from p2p_worker._channels._protocol.proto import RECEIPT, wire_timeout
 from p2p_worker._channels._server.peers import Peer
 from p2p_worker._channels._server.queue import ChannelQueue, Item
 
-Reset = Callable[[Peer, Any, BaseException], None]
+Reset = Callable[[Peer, CollectiveGroup | None, BaseException], None]
 """``reset(peer, group, why)``: drop the peer's link ``group`` after a failed send."""
 
 
@@ -48,7 +47,7 @@ class Replies:
         peer: Peer,
         group: CollectiveGroup,
         token: int,
-        answer: object,
+        answer: int | BaseException,
         items: list[Item],
         prefetched: bool = False,
     ) -> None:

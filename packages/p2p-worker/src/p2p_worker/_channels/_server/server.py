@@ -49,7 +49,6 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import ray
 import torch
@@ -156,7 +155,7 @@ class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
         ).start()
 
     @classmethod
-    def create_group(cls, maxsize: int = 0) -> Any:
+    def create_group(cls, maxsize: int = 0) -> WorkerGroup[ChannelWorker]:
         """Describe a group of one channel worker (RLinf's); ``launch`` it to start it.
 
         Args:
@@ -175,7 +174,7 @@ class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
             peer = self._peers[name] = Peer(name)
         return peer
 
-    def _group(self, peer: Peer) -> Any:
+    def _group(self, peer: Peer) -> CollectiveGroup:
         if peer.group is None:
             me = self.worker_address.get_name()
             group = peer.group = pair(
@@ -284,7 +283,7 @@ class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
             self._loop = asyncio.get_running_loop()
         return self._loop
 
-    def _reset_soon(self, peer: Peer, group: CollectiveGroup, why: BaseException) -> None:
+    def _reset_soon(self, peer: Peer, group: CollectiveGroup | None, why: BaseException) -> None:
         """:meth:`_reset` on the event loop, from any thread (a send that failed).
 
         Every send follows a request or a payload handled on the loop, which remembered

@@ -8,9 +8,10 @@ its Ray methods (``qsize``, ``state``, ``peek_all``) first wait for the caller's
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from p2p_worker._channels._protocol.keys import DEFAULT_KEY
+from p2p_worker._channels._protocol.proto import ChannelStats
 from p2p_worker._process._untraced import untraced_internals
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class ChannelViews:
 
     async def state(
         self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0)
-    ) -> dict[str, Any]:
+    ) -> ChannelStats:
         """Counters of the channel (see ``Channel.stats``), after the caller's puts."""
         await self._sync(peer_name, *sync)
         st = self._queue.state()
@@ -83,5 +84,11 @@ class ChannelViews:
             "keys": {repr(k): len(q) for k, q in self._queue.queues.items() if q},
             "closed": st.closed,
             "peers": {p.name: p.gen for p in self._peers.values()},
-            **self._counts,
+            "puts": self._counts["puts"],
+            "gets": self._counts["gets"],
+            "failures": self._counts["failures"],
+            "resets": self._counts["resets"],
+            "voids": self._counts["voids"],
+            "inline": self._counts["inline"],
+            "prefetched": self._counts["prefetched"],
         }
