@@ -2,6 +2,13 @@
 
 Above both sides: creating a channel starts its channel worker (``spawn``), and a
 handle's operations are the client side's (``_client.operations``).
+
+Every way to create a channel (``Worker.create_channel``, the driver's
+:func:`~p2p_worker.create_channel`, RLinf's :meth:`Channel.create`) ends in
+:func:`create_channel_on`, and every way to connect in :func:`connect_channel_on`; RLinf's
+argument names (``channel_name``, ``node_rank``, ``distributed``, ``local``) are merged
+with ours there, and only there. The callers differ only in how they find this process's
+endpoint and in what an existing name does (RLinf's ``Channel.create`` connects to it).
 """
 
 from __future__ import annotations
