@@ -10,6 +10,7 @@ send/recv as the workers do.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from p2p_worker._channels._client.endpoint import driver_endpoint
@@ -18,10 +19,9 @@ from p2p_worker._channels.handle import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TRANSFER_TIMEOUT,
     Channel,
-    connect_on,
-    create_on,
+    connect_channel_on,
+    create_channel_on,
 )
-from p2p_worker._channels.spawn import resolve_names
 
 if TYPE_CHECKING:
     from p2p_worker._job._cluster import Cluster
@@ -70,8 +70,16 @@ def create_channel(
         >>> ch.put({"step": 1}); ch.get()  # doctest: +SKIP
         {'step': 1}
     """
-    chosen, node = resolve_names(channel_name, name, node_rank, node_id)
-    return create_on(driver_endpoint(cluster), chosen, node, maxsize, transfer_timeout, timeout)
+    return create_channel_on(
+        partial(driver_endpoint, cluster),
+        channel_name,
+        name,
+        maxsize=maxsize,
+        node_rank=node_rank,
+        node_id=node_id,
+        transfer_timeout=transfer_timeout,
+        timeout=timeout,
+    )
 
 
 def connect_channel(
@@ -94,4 +102,4 @@ def connect_channel(
     Example:
         >>> ch = connect_channel(cluster, "rollouts", timeout=10.0)  # doctest: +SKIP
     """
-    return connect_on(driver_endpoint(cluster), name, timeout)
+    return connect_channel_on(partial(driver_endpoint, cluster), name, timeout=timeout)

@@ -2,11 +2,20 @@
 
 Above both sides: creating a channel starts its channel worker (``spawn``), and a
 handle's operations are the client side's (``_client.operations``).
+
+Every way to create a channel (``Worker.create_channel``, the driver's
+:func:`~p2p_worker.create_channel`, RLinf's :meth:`Channel.create`) ends in
+:func:`create_channel_on`, and every way to connect in :func:`connect_channel_on`; RLinf's
+argument names (``channel_name``, ``node_rank``, ``distributed``, ``local``) are merged
+with ours there, and only there. The callers differ only in how they find this process's
+endpoint and in what an existing name does (RLinf's ``Channel.create`` connects to it).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, overload
+from collections.abc import Callable
+from functools import partial
+from typing import Literal, overload
 
 import ray
 
@@ -27,6 +36,8 @@ from p2p_worker._channels._protocol.proto import (
 )
 from p2p_worker._channels._protocol.proto import check_channel_name
 from p2p_worker._channels.spawn import resolve_names, spawn_channel_worker
+from p2p_worker._job._cluster import Cluster
+from p2p_worker._runtime._state import WorkerRuntime
 
 DEFAULT_CONNECT_TIMEOUT = 30.0
 
@@ -73,9 +84,11 @@ class Channel(ChannelOperations):
     def _connect(self) -> ChannelLink:
         """This process's link to the channel, connected on first use."""
         endpoint = endpoint_for_store(self._store)
-        return connect_on(endpoint, self.name, DEFAULT_CONNECT_TIMEOUT)._link()
+        return _connect_handle(endpoint, self.name, DEFAULT_CONNECT_TIMEOUT)._link()
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[[str, tuple[str, int]], Channel], tuple[str, tuple[str, int]]]:
         return (_restore, (self.name, self._store))
 
     @overload
@@ -89,7 +102,7 @@ class Channel(ChannelOperations):
         local: Literal[False] = False,
         disable_distributed_log: bool = True,
         *,
-        cluster: Any = None,
+        cluster: Cluster | None = None,
         transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
         timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     ) -> Channel: ...
@@ -105,7 +118,7 @@ class Channel(ChannelOperations):
         *,
         local: Literal[True],
         disable_distributed_log: bool = True,
-        cluster: Any = None,
+        cluster: Cluster | None = None,
         transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
         timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     ) -> LocalChannel: ...
@@ -120,7 +133,7 @@ class Channel(ChannelOperations):
         local: bool = False,
         disable_distributed_log: bool = True,
         *,
-        cluster: Any = None,
+        cluster: Cluster | None = None,
         transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
         timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     ) -> Channel | LocalChannel:
@@ -156,22 +169,25 @@ class Channel(ChannelOperations):
         if local is True:  # RLinf's in-process channel: no job, no channel worker
             check_channel_name(name)
             return LocalChannel(maxsize)
-        endpoint = current_endpoint(cluster)
-        chosen, node = resolve_names(
-            name, None, node_rank, None, distributed, local, len(endpoint.job.nodes)
+        return create_channel_on(
+            partial(current_endpoint, cluster),
+            name,
+            maxsize=maxsize,
+            distributed=distributed,
+            node_rank=node_rank,
+            local=local,
+            transfer_timeout=transfer_timeout,
+            timeout=timeout,
+            exists="connect",
         )
-        try:
-            return create_on(endpoint, chosen, node, maxsize, transfer_timeout, timeout)
-        except ChannelExistsError:
-            return connect_on(endpoint, chosen, timeout)
 
     @classmethod
     def connect(
         cls,
         name: str,
-        current_worker: Any = None,
+        current_worker: object = None,
         *,
-        cluster: Any = None,
+        cluster: Cluster | None = None,
         timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     ) -> Channel:
         """Connect to channel ``name`` (RLinf's ``Channel.connect``).
@@ -193,49 +209,117 @@ class Channel(ChannelOperations):
             >>> channel = Channel.connect("rollouts")  # doctest: +SKIP
         """
         del current_worker
-        return connect_on(current_endpoint(cluster), name, timeout)
+        return connect_channel_on(partial(current_endpoint, cluster), name, timeout=timeout)
 
 
-def create_on(
-    endpoint: Any,
-    name: str,
-    node_id: int,
-    maxsize: int,
-    transfer_timeout: float | None,
-    timeout: float | None,
+def create_channel_on(
+    endpoint: Callable[[], WorkerRuntime],
+    channel_name: str | None = None,
+    name: str | None = None,
+    *,
+    maxsize: int = 0,
+    distributed: bool = False,
+    node_rank: int | None = None,
+    node_id: int | None = None,
+    local: bool = False,
+    transfer_timeout: float | None = DEFAULT_TRANSFER_TIMEOUT,
+    timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+    exists: Literal["raise", "connect"] = "raise",
 ) -> Channel:
-    """Start the channel worker of a new channel and connect ``endpoint`` to it."""
+    """Create a channel: what every create entry point (worker, driver, RLinf's) does.
+
+    RLinf's argument names and ours are merged here (``channel_name`` / ``name``,
+    ``node_rank`` / ``node_id``; ``distributed`` and ``local`` checked), then the channel
+    worker is started and ``endpoint`` connected to it.
+
+    Args:
+        endpoint: Returns this process's endpoint (called first: its errors come first).
+        channel_name: RLinf's name for ``name``.
+        name: Channel name, unique in the job.
+        maxsize: Most items held at once (0: no bound).
+        distributed: RLinf's one-worker-per-node channel; accepted on one node only.
+        node_rank: RLinf's name for ``node_id``.
+        node_id: Node whose channel worker holds the items (default 0).
+        local: RLinf's in-process channel; must be False here.
+        transfer_timeout: Seconds one payload transfer may take (None: no limit).
+        timeout: Seconds to wait for the channel worker to start and connect.
+        exists: When the job has a channel of that name: ``"raise"``
+            :class:`ChannelExistsError` (``Worker.create_channel``, the driver's
+            ``create_channel``), or ``"connect"`` to it (RLinf's ``Channel.create``).
+
+    Raises:
+        TypeError, ValueError: As ``spawn.resolve_names`` and ``spawn_channel_worker``.
+        ChannelExistsError: The name is taken and ``exists`` is ``"raise"``.
+        ChannelError: The channel worker could not be reached.
+    """
+    where = endpoint()
+    chosen, node = resolve_names(
+        channel_name, name, node_rank, node_id, distributed, local, len(where.job.nodes)
+    )
     timeout = check_timeout(timeout)
-    actor = spawn_channel_worker(endpoint, name, node_id, maxsize, transfer_timeout)
     try:
-        link = connect_link(endpoint, name, timeout)
+        actor = spawn_channel_worker(where, chosen, node, maxsize, transfer_timeout)
+    except ChannelExistsError:
+        if exists == "raise":
+            raise
+        return _connect_handle(where, chosen, timeout)
+    try:
+        link = connect_link(where, chosen, timeout)
     except BaseException:
         ray.kill(actor, no_restart=True)
         raise
-    job = endpoint.job
-    handle = Channel(name, (job.store_host, job.store_port), link)
-    remember_handle(endpoint, handle)
-    return handle
+    return _new_handle(where, chosen, link)
 
 
-def connect_on(endpoint: Any, name: str, timeout: float | None) -> Channel:
+def connect_channel_on(
+    endpoint: Callable[[], WorkerRuntime],
+    channel_name: str | None = None,
+    name: str | None = None,
+    *,
+    timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+) -> Channel:
+    """Connect to a channel: what every connect entry point (worker, driver, RLinf's) does.
+
+    Args:
+        endpoint: Returns this process's endpoint (called once the name is known).
+        channel_name: The channel's name (RLinf's argument name).
+        name: p2p-worker's name for ``channel_name``.
+        timeout: Seconds to wait for the channel to exist and answer.
+
+    Returns:
+        ``endpoint``'s handle on the channel (one per process: the cached one while usable).
+
+    Raises:
+        TypeError: No name given, or both spellings.
+        ChannelNotFoundError: No channel of that name appeared within ``timeout``.
+        ChannelError: The channel worker could not be reached.
+    """
+    chosen, _ = resolve_names(channel_name, name, None, None)
+    return _connect_handle(endpoint(), chosen, timeout)
+
+
+def _connect_handle(endpoint: WorkerRuntime, name: str, timeout: float | None) -> Channel:
     """Return ``endpoint``'s handle on channel ``name`` (connecting once per process)."""
     check_channel_name(name)
     timeout = check_timeout(timeout)
     cached = _usable_cached(endpoint, name)
     if cached is not None:
         return cached
-    link = connect_link(endpoint, name, timeout)
+    return _new_handle(endpoint, name, connect_link(endpoint, name, timeout))
+
+
+def _new_handle(endpoint: WorkerRuntime, name: str, link: ChannelLink) -> Channel:
+    """The handle on ``link``, remembered as ``endpoint``'s handle on channel ``name``."""
     job = endpoint.job
     handle = Channel(name, (job.store_host, job.store_port), link)
     remember_handle(endpoint, handle)
     return handle
 
 
-def _usable_cached(endpoint: Any, name: str) -> Channel | None:
+def _usable_cached(endpoint: WorkerRuntime, name: str) -> Channel | None:
     """The handle on channel ``name`` that ``endpoint`` connected before, if still usable."""
-    handle: Channel | None = cached_handle(endpoint, name)
-    return handle if handle is not None and handle._usable() else None
+    handle = cached_handle(endpoint, name)  # only Channel handles are remembered
+    return handle if isinstance(handle, Channel) and handle._usable() else None
 
 
 def _restore(name: str, store: tuple[str, int]) -> Channel:

@@ -12,10 +12,9 @@ from p2p_worker._channels.handle import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TRANSFER_TIMEOUT,
     Channel,
-    connect_on,
-    create_on,
+    connect_channel_on,
+    create_channel_on,
 )
-from p2p_worker._channels.spawn import resolve_names
 from p2p_worker._errors import WorkerError
 from p2p_worker._runtime._state import WorkerRuntime
 
@@ -63,11 +62,18 @@ class ChannelService:
         timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     ) -> Channel:
         """Create a channel; the arguments and errors are ``Worker.create_channel``'s."""
-        endpoint = self._endpoint()
-        chosen, node = resolve_names(
-            channel_name, name, node_rank, node_id, distributed, local, len(endpoint.job.nodes)
+        return create_channel_on(
+            self._endpoint,
+            channel_name,
+            name,
+            maxsize=maxsize,
+            distributed=distributed,
+            node_rank=node_rank,
+            node_id=node_id,
+            local=local,
+            transfer_timeout=transfer_timeout,
+            timeout=timeout,
         )
-        return create_on(endpoint, chosen, node, maxsize, transfer_timeout, timeout)
 
     def connect(
         self,
@@ -77,5 +83,4 @@ class ChannelService:
         timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     ) -> Channel:
         """Connect to a channel; the arguments and errors are ``Worker.connect_channel``'s."""
-        chosen, _ = resolve_names(channel_name, name, None, None)
-        return connect_on(self._endpoint(), chosen, timeout)
+        return connect_channel_on(self._endpoint, channel_name, name, timeout=timeout)

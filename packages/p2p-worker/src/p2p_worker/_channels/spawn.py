@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import Any
+from typing import cast
 
 import ray
+from ray.actor import ActorClass, ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from p2p_asyncwork.internal import check_timeout
@@ -18,11 +19,12 @@ from p2p_worker._channels._protocol.proto import (
     check_channel_name,
 )
 from p2p_worker._channels._server.server import ChannelWorker
+from p2p_worker._runtime._state import WorkerRuntime
 
 MAX_CONCURRENCY = 10_000  # waiting puts and gets a channel worker serves at once
 
 _lock = threading.Lock()
-_actor_cls: Any = None
+_actor_cls: ActorClass[ChannelWorker] | None = None
 
 
 # -- creating and connecting --------------------------------------------------------------------
@@ -37,12 +39,12 @@ def _check_int(value: object, arg: str, low: int) -> int:
 
 
 def spawn_channel_worker(
-    endpoint: Any,
+    endpoint: WorkerRuntime,
     name: str,
     node_id: int,
     maxsize: int,
     transfer_timeout: float | None,
-) -> Any:
+) -> ActorHandle[ChannelWorker]:
     """Start the channel worker (a detached Ray actor) of a new channel; return its handle.
 
     Raises:
@@ -67,7 +69,7 @@ def spawn_channel_worker(
             _actor_cls = ray.remote(ChannelWorker)
         actor_cls = _actor_cls
     try:
-        actor = actor_cls.options(
+        launched = actor_cls.options(
             name=actor_name(job.store_host, job.store_port, name),
             namespace=CHANNEL_NAMESPACE,
             lifetime="detached",
@@ -83,7 +85,7 @@ def spawn_channel_worker(
             f"a channel named {name!r} already exists in this job; connect to it with "
             f"connect_channel({name!r}) or pick another name"
         ) from exc
-    return actor
+    return cast("ActorHandle[ChannelWorker]", launched)  # Ray's options() loses the type
 
 
 def resolve_names(

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from p2p_worker._channels._protocol.proto import ACK, ACKED
+
+if TYPE_CHECKING:
+    from p2p_worker._channels._protocol.proto import AckMessage, Carried, Request
 
 ACK_DELAY = 0.002  # seconds an acknowledgement waits for a request to ride on
 MAX_TICK = 0.01  # longest pause between ticks while requests take every ack along
@@ -50,14 +53,14 @@ class AckBatch:
         """Forget them (the link was reset: the hello's report covers them)."""
         self.tokens = []
 
-    def wrap(self, request: tuple[Any, ...]) -> tuple[Any, ...]:
+    def wrap(self, request: Carried) -> Request:
         """``request``, carrying the pending acknowledgements if there are any."""
         if not self.tokens:
             return request
         tokens, self.tokens = tuple(self.tokens), []
         return (ACKED, tokens, request)
 
-    def alone(self) -> tuple[Any, ...] | None:
+    def alone(self) -> AckMessage | None:
         """The pending acknowledgements as a message of their own; None when there are none."""
         if not self.tokens:
             return None

@@ -13,20 +13,27 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Hashable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import ray
 
 from p2p_asyncwork import AsyncWork
+from p2p_collective import CollectiveGroup
 from p2p_worker._channels._client.acks import FLUSHER, AckBatch
 from p2p_worker._channels._client.failure import Unconfirmed, fail_ops_soon
 from p2p_worker._channels._client.handshake import open_groups
 from p2p_worker._channels._client.prefetch import Prefetched
-from p2p_worker._channels._client.work import CONTROL_GRACE, ChannelWork
+from p2p_worker._channels._client.work import CONTROL_GRACE, ChannelWork, Granted, Outcome
+from p2p_worker._channels._protocol.actor import ChannelActor
 from p2p_worker._channels._protocol.errors import ChannelClosedError
 from p2p_worker._channels._protocol.payload import Void
-from p2p_worker._channels._protocol.proto import RECEIPT, Hello, wire_timeout
+from p2p_worker._channels._protocol.proto import RECEIPT, AnswerMessage, Hello, wire_timeout
+from p2p_worker._runtime._state import WorkerRuntime
+
+if TYPE_CHECKING:
+    from p2p_worker._channels._protocol.proto import AckMessage, Carried, Request
 
 ACK_TIMEOUT = 5.0  # seconds an acknowledgement may take to leave (and close waits for it)
 
@@ -38,23 +45,23 @@ class LinkAnswers:
     unless said otherwise).
     """
 
-    endpoint: Any
-    actor: Any
+    endpoint: WorkerRuntime
+    actor: ChannelActor
     hello: Hello
     peer: str
     closed: bool
     prefetched: Prefetched
-    _lock: Any  # threading.RLock
-    _send_lock: Any  # threading.RLock: sends on the control group, taken before _lock
+    _lock: threading.RLock
+    _send_lock: threading.RLock  # sends on the control group, taken before _lock
     _gen: int
-    _group: Any
-    _ctl: Any
-    _pending: dict[int, Future[Any]]
+    _group: CollectiveGroup | None
+    _ctl: CollectiveGroup | None
+    _pending: dict[int, Future[Granted]]
     _broken: BaseException | None
     _token: int
-    _got: dict[int, list[Any]]
+    _got: dict[int, tuple[int, int | None]]
     _acks: AckBatch
-    _prefetching: dict[int, Any]
+    _prefetching: dict[int, Hashable]  # token -> key
     _credits: int
     _sent: int
     _unconfirmed: Unconfirmed
@@ -72,7 +79,7 @@ class LinkAnswers:
         )
         self._read(self._group)
 
-    def _group_for(self, gen: int) -> Any:
+    def _group_for(self, gen: int) -> CollectiveGroup | None:
         """The link of generation ``gen`` (holding ``_lock``); None if not ours or closed.
 
         The channel worker answers only on a peer's current link, naming its generation,
@@ -101,7 +108,7 @@ class LinkAnswers:
 
     # -- answers on the link ------------------------------------------------------------
 
-    def _read(self, group: Any) -> None:
+    def _read(self, group: CollectiveGroup) -> None:
         """Post the receive of the next answer on ``group`` (one is always posted)."""
         try:
             # idle for as long as it likes (not the job's op_timeout)
@@ -111,7 +118,7 @@ class LinkAnswers:
             return
         ChannelWork._follow(work, lambda w: self._on_answer(group, w))
 
-    def _on_answer(self, group: Any, work: AsyncWork[Any]) -> None:
+    def _on_answer(self, group: CollectiveGroup, work: AsyncWork[object]) -> None:
         """An answer arrived: receive the items that follow it, then hand it to its op.
 
         Runs in the link's receiving thread. Whatever goes wrong here breaks the link
@@ -123,15 +130,15 @@ class LinkAnswers:
         except BaseException as exc:
             self._break(group, exc)
 
-    def _take_answer(self, group: Any, work: AsyncWork[Any]) -> None:
+    def _take_answer(self, group: CollectiveGroup, work: AsyncWork[object]) -> None:
         failed = work.exception(0)
         if failed is not None:
             self._break(group, failed)
             return
-        token, answer, count, *inline = work.wait(0)
+        token, answer, count, *inline = cast("AnswerMessage", work.wait(0))
         if token == RECEIPT:  # ``answer`` of this link's payloads arrived
             self._read(group)
-            self._receipt(group, answer)
+            self._receipt(group, cast("int", answer))
             return
         self._confirmed(group, token)
         if inline:  # items without tensors, inside the answer
@@ -139,7 +146,7 @@ class LinkAnswers:
             self._hand_over(group, token, answer, [(obj, None) for obj in inline[0]])
             return
         timeout = wire_timeout(self.hello.transfer_timeout)
-        recvs: list[AsyncWork[Any]] = []
+        recvs: list[AsyncWork[object]] = []
         try:
             for _ in range(count):
                 recvs.append(group.recv(async_op=True, timeout=timeout))
@@ -153,7 +160,7 @@ class LinkAnswers:
         left = [count]
         lock = threading.Lock()
 
-        def received(_: AsyncWork[Any]) -> None:
+        def received(_: AsyncWork[object]) -> None:
             with lock:
                 left[0] -= 1
                 if left[0]:
@@ -166,7 +173,7 @@ class LinkAnswers:
         for w in recvs:
             ChannelWork._follow(w, received)
 
-    def _confirmed(self, group: Any, token: int) -> None:
+    def _confirmed(self, group: CollectiveGroup, token: int) -> None:
         """An answer to request ``token`` arrived: acks sent before it have been read.
 
         The channel worker reads this process's requests in order and handles an ack as
@@ -181,7 +188,7 @@ class LinkAnswers:
             for t in done:
                 del self._got[t]
 
-    def _receipt(self, group: Any, arrived: int) -> None:
+    def _receipt(self, group: CollectiveGroup, arrived: int) -> None:
         """``arrived`` payloads sent on ``group`` are in the channel: their puts complete."""
         with self._lock:
             done = self._unconfirmed.confirmed(arrived) if group is self._group else []
@@ -189,7 +196,11 @@ class LinkAnswers:
             work._finish(None)
 
     def _hand_over(
-        self, group: Any, token: int, answer: Any, outcomes: list[tuple[Any, Any]]
+        self,
+        group: CollectiveGroup,
+        token: int,
+        answer: int | BaseException,
+        outcomes: list[Outcome],
     ) -> None:
         """Give a get's items to its op and acknowledge them (all arrived) or report.
 
@@ -203,19 +214,19 @@ class LinkAnswers:
             arrived += 1
         self._resolve(token, answer, outcomes, group, arrived, ack=arrived == len(outcomes) > 0)
 
-    def _ack(self, group: Any, token: int) -> None:
+    def _ack(self, group: CollectiveGroup | None, token: int) -> None:
         """Tell the channel worker the items of get ``token`` arrived (their slots free up)."""
         with self._lock:
             ctl = self._ctl
             if group is not self._group or ctl is None:
                 return
             got = self._got.get(token)
-            if got is not None:
-                got[1] = self._token  # the answer to any later request confirms it
+            if got is not None:  # the answer to any later request confirms it
+                self._got[token] = (got[0], self._token)
             self._acks.add(token)  # rides on the next request, or leaves alone soon
         FLUSHER.arm(self)
 
-    def _with_acks(self, request: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _with_acks(self, request: Carried) -> Request:
         """``request`` carrying the pending acknowledgements (holding ``_lock``)."""
         msg = self._acks.wrap(request)
         if msg is not request:  # taken along: the flusher has nothing to send for them
@@ -231,7 +242,9 @@ class LinkAnswers:
         if failed is not None:
             self._break(group, failed)
 
-    def _send_acks(self, msg: tuple[Any, ...] | None, ctl: Any) -> BaseException | None:
+    def _send_acks(
+        self, msg: AckMessage | None, ctl: CollectiveGroup | None
+    ) -> BaseException | None:
         """Send acknowledgements ``msg`` (holding ``_send_lock``); what failed, if any."""
         if msg is None or ctl is None:
             return None
@@ -244,9 +257,9 @@ class LinkAnswers:
     def _resolve(
         self,
         token: int,
-        answer: Any,
-        outcomes: list[tuple[Any, Any]],
-        group: Any = None,
+        answer: int | BaseException,
+        outcomes: list[Outcome],
+        group: CollectiveGroup | None = None,
         arrived: int = 0,
         ack: bool = False,
     ) -> bool:
@@ -260,16 +273,17 @@ class LinkAnswers:
         """
         with self._lock:
             fut = self._pending.pop(token, None)
-            key = self._prefetching.pop(token, self._prefetching)
+            prefetching = token in self._prefetching
+            key = self._prefetching.pop(token, None)
             if fut is None or fut.done():
                 return False
-            if key is not self._prefetching and arrived == len(outcomes) > 1:
+            if prefetching and arrived == len(outcomes) > 1:
                 if group is self._group:  # each item is acknowledged when handed out
                     self.prefetched.add(key, group, token, [obj for obj, _ in outcomes[1:]])
-                    self._got.update((token + i, [1, None]) for i in range(arrived))
+                    self._got.update((token + i, (1, None)) for i in range(arrived))
                 outcomes, arrived = outcomes[:1], 1
             if arrived and group is self._group:
-                self._got[token] = [arrived, None]
+                self._got[token] = (arrived, None)
         if ack:
             self._ack(group, token)
         if isinstance(answer, BaseException):
@@ -282,7 +296,7 @@ class LinkAnswers:
         """``(gen, {get token: items received})`` of gets not known acknowledged (hold _lock)."""
         return (self._gen, {t: got[0] for t, got in self._got.items()})
 
-    def _break(self, group: Any, exc: BaseException) -> None:
+    def _break(self, group: CollectiveGroup | None, exc: BaseException) -> None:
         """The link (or control group) failed: fail every waiting op; reconnect later.
 
         Settled in a thread of its own (see ``failure.fail_ops``): whether the channel

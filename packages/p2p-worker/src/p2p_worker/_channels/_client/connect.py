@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import cast
 
 import ray
 
 from p2p_worker._address import WorkerAddress
 from p2p_worker._channels._client.link import ChannelLink
+from p2p_worker._channels._protocol.actor import ChannelActor
 from p2p_worker._channels._protocol.errors import ChannelClosedError, ChannelNotFoundError
 from p2p_worker._channels._protocol.proto import CHANNEL_NAMESPACE, actor_name
+from p2p_worker._runtime._state import JobContext, WorkerRuntime
 
 _LOOKUP_PAUSE = 0.1  # seconds between lookups of a channel not created yet
 
 
-def lookup_actor(job: Any, name: str, timeout: float | None) -> Any:
+def lookup_actor(job: JobContext, name: str, timeout: float | None) -> ChannelActor:
     """Find the channel worker of ``name`` in the job, polling until ``timeout``.
 
     Raises:
@@ -25,7 +27,7 @@ def lookup_actor(job: Any, name: str, timeout: float | None) -> Any:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         try:
-            return ray.get_actor(full, namespace=CHANNEL_NAMESPACE)
+            return cast("ChannelActor", ray.get_actor(full, namespace=CHANNEL_NAMESPACE))
         except ValueError as exc:
             launched = _launched_actor(name)
             if launched is not None:
@@ -38,17 +40,17 @@ def lookup_actor(job: Any, name: str, timeout: float | None) -> Any:
         time.sleep(_LOOKUP_PAUSE)
 
 
-def _launched_actor(name: str) -> Any:
+def _launched_actor(name: str) -> ChannelActor | None:
     """Rank 0 of a ChannelWorker group launched under ``name`` (RLinf's way), or None."""
     try:
         actor = ray.get_actor(WorkerAddress(name, (0,)).get_name())
         actor.hello  # noqa: B018 - a handle of another worker class has no such method
     except (ValueError, AttributeError):
         return None
-    return actor
+    return cast("ChannelActor", actor)
 
 
-def connect_link(endpoint: Any, name: str, timeout: float | None) -> ChannelLink:
+def connect_link(endpoint: WorkerRuntime, name: str, timeout: float | None) -> ChannelLink:
     """Find channel ``name``, say hello, and connect this process's link to it.
 
     Raises:

@@ -13,7 +13,7 @@ import gc
 import os
 import threading
 import weakref
-from typing import Any
+from typing import Protocol
 
 from p2p_worker._address import WorkerAddress
 from p2p_worker._channels._protocol.errors import ChannelError
@@ -21,8 +21,19 @@ from p2p_worker._job._cluster import Cluster, live_clusters, open_job_context
 from p2p_worker._runtime._state import WorkerRuntime, current_runtime
 
 _lock = threading.Lock()
-_drivers: weakref.WeakKeyDictionary[Any, WorkerRuntime] = weakref.WeakKeyDictionary()
-_handles: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+class NamedHandle(Protocol):
+    """What the cache of handles needs of a channel handle: the channel's name."""
+
+    @property
+    def name(self) -> str: ...
+
+
+_drivers: weakref.WeakKeyDictionary[Cluster, WorkerRuntime] = weakref.WeakKeyDictionary()
+_handles: weakref.WeakKeyDictionary[WorkerRuntime, dict[str, NamedHandle]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def driver_endpoint(cluster: Cluster) -> WorkerRuntime:
@@ -94,19 +105,19 @@ def endpoint_for_store(store: tuple[str, int]) -> WorkerRuntime:
     )
 
 
-def cached_handle(endpoint: Any, name: str) -> Any:
+def cached_handle(endpoint: WorkerRuntime, name: str) -> NamedHandle | None:
     """The handle on channel ``name`` this endpoint connected before (None if none)."""
     with _lock:
         return _handles.get(endpoint, {}).get(name)
 
 
-def remember_handle(endpoint: Any, handle: Any) -> None:
+def remember_handle(endpoint: WorkerRuntime, handle: NamedHandle) -> None:
     """Make ``handle`` the endpoint's handle on its channel."""
     with _lock:
         _handles.setdefault(endpoint, {})[handle.name] = handle
 
 
-def forget_handle(endpoint: Any, handle: Any) -> None:
+def forget_handle(endpoint: WorkerRuntime, handle: NamedHandle) -> None:
     """Drop ``handle`` from the cache (it was closed)."""
     with _lock:
         named = _handles.get(endpoint, {})

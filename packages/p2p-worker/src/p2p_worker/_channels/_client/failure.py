@@ -14,11 +14,11 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
 
 import ray
 
-from p2p_worker._channels._client.work import ChannelWork
+from p2p_worker._channels._client.work import ChannelWork, Granted
+from p2p_worker._channels._protocol.actor import ChannelActor
 from p2p_worker._channels._protocol.errors import ChannelClosedError, ChannelError
 
 PROBE_TIMEOUT = 10.0  # seconds to ask Ray whether a channel whose link failed still lives
@@ -53,20 +53,28 @@ class Unconfirmed:
         return puts
 
 
-def fail_ops_soon(*args: Any, on_gone: Callable[[], None] = lambda: None) -> None:
-    """:func:`fail_ops` in a thread of its own (it asks Ray); the same arguments."""
-    threading.Thread(
-        target=fail_ops, args=(*args, on_gone), name="p2p-channel-failed", daemon=True
-    ).start()
-
-
-def fail_ops(
-    actor: Any,
+def fail_ops_soon(
+    actor: ChannelActor,
     peer: str,
     name: str,
     exc: BaseException,
     report: tuple[int, dict[int, int]],
-    pending: dict[int, Future[Any]],
+    pending: dict[int, Future[Granted]],
+    unconfirmed: list[tuple[int, ChannelWork]],
+    on_gone: Callable[[], None] = lambda: None,
+) -> None:
+    """:func:`fail_ops` in a thread of its own (it asks Ray); the same arguments."""
+    args = (actor, peer, name, exc, report, pending, unconfirmed, on_gone)
+    threading.Thread(target=fail_ops, args=args, name="p2p-channel-failed", daemon=True).start()
+
+
+def fail_ops(
+    actor: ChannelActor,
+    peer: str,
+    name: str,
+    exc: BaseException,
+    report: tuple[int, dict[int, int]],
+    pending: dict[int, Future[Granted]],
     unconfirmed: list[tuple[int, ChannelWork]],
     on_gone: Callable[[], None],
 ) -> None:

@@ -7,13 +7,18 @@ so the groups are connected before the first request or payload travels.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 
-from p2p_collective import PeerGoneError
+from p2p_collective import CollectiveGroup, PeerGoneError
 from p2p_worker._channels._protocol.errors import ChannelError
-from p2p_worker._channels._protocol.proto import Hello, control_group_name, link_group_name
+from p2p_worker._channels._protocol.proto import (
+    Hello,
+    control_group_name,
+    link_group_name,
+    pair,
+)
+from p2p_worker._runtime._state import WorkerRuntime
 
 REBORN_WAIT = 10.0
 """Seconds a new link waits for a re-created channel worker to replace its dead namesake."""
@@ -21,8 +26,8 @@ REBORN_PAUSE = 0.1
 
 
 def open_groups(
-    endpoint: Any, hello: Hello, peer: str, gen: int, timeout: float | None
-) -> tuple[Any, Any]:
+    endpoint: WorkerRuntime, hello: Hello, peer: str, gen: int, timeout: float | None
+) -> tuple[CollectiveGroup, CollectiveGroup]:
     """Connect ``(link, control group)`` of generation ``gen`` (the channel worker does the same).
 
     The channel worker just answered ``hello``, so it lives. A ``PeerGoneError`` here is
@@ -39,11 +44,15 @@ def open_groups(
     members = [endpoint.address, hello.address]
     while True:
         collective = endpoint.collective()
-        group = collective.create_collective_group(
-            members, group_name=link_group_name(hello.uid, peer, gen)
+        group = pair(
+            collective.create_collective_group(
+                members, group_name=link_group_name(hello.uid, peer, gen)
+            )
         )
-        ctl = collective.create_collective_group(
-            members, group_name=control_group_name(hello.uid, peer, gen)
+        ctl = pair(
+            collective.create_collective_group(
+                members, group_name=control_group_name(hello.uid, peer, gen)
+            )
         )
         try:
             group.recv_tensor(empty, timeout=timeout)

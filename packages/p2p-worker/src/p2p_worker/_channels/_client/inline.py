@@ -14,14 +14,17 @@ granted or processed; the puts after it take their place behind it.
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from p2p_worker._channels._protocol.keys import unwrap
 from p2p_worker._channels._protocol.payload import payload_nbytes
 from p2p_worker._channels._protocol.proto import INLINE_BYTES, PUT, PUT_INLINE
 
+if TYPE_CHECKING:
+    from p2p_worker._channels._protocol.proto import PutInlineMessage, PutMessage
 
-def rides_inline(item: Any) -> bool:
+
+def rides_inline(item: object) -> bool:
     """Whether ``item`` (bare or keyed) may ride inside its put request.
 
     Example:
@@ -36,6 +39,14 @@ def rides_inline(item: Any) -> bool:
         return False
 
 
+class PutLink(Protocol):
+    """What a put's request asks of the link (``ChannelLink``'s methods of those names)."""
+
+    def want_credits(self) -> int: ...
+    def puts_settled(self) -> bool: ...
+    def sync(self) -> tuple[int, int]: ...
+
+
 class PutRequest:
     """Builds one put's request when its token is known; says whether the item rode in it.
 
@@ -46,7 +57,7 @@ class PutRequest:
 
     __slots__ = ("block", "credits", "inline", "item", "link", "small", "timeout")
 
-    def __init__(self, link: Any, item: Any, block: bool, timeout: float | None) -> None:
+    def __init__(self, link: PutLink, item: object, block: bool, timeout: float | None) -> None:
         self.link = link
         self.item = item
         self.block = block
@@ -54,7 +65,7 @@ class PutRequest:
         self.small = rides_inline(item)
         self.inline = False
 
-    def __call__(self, token: int) -> tuple[Any, ...]:
+    def __call__(self, token: int) -> PutMessage | PutInlineMessage:
         link = self.link
         credits = link.want_credits() if self.block else 0
         if self.small and link.puts_settled():

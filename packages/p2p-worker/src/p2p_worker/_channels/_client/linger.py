@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
 
 MIN_DELAY = 0.005
 """The shortest wait the timer is started with (seconds)."""
@@ -46,7 +45,7 @@ class Linger:
     def __init__(
         self,
         idle: Callable[[], float],
-        lock: Callable[[], AbstractContextManager[Any]],
+        lock: Callable[[], AbstractContextManager[object]],
         held: Callable[[], bool],
         fire: Callable[[], None],
     ) -> None:

@@ -16,11 +16,12 @@ hello (open the groups), and for cancel, reset, sizes, stats and destroy.
 from __future__ import annotations
 
 import contextlib
+import enum
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from p2p_asyncwork import WorkCancelledError
 from p2p_worker._channels._client.acks import AckBatch
@@ -29,7 +30,15 @@ from p2p_worker._channels._client.failure import Unconfirmed, fail_ops_soon
 from p2p_worker._channels._client.linger import Linger
 from p2p_worker._channels._client.order import IssueOrder
 from p2p_worker._channels._client.prefetch import Prefetched
-from p2p_worker._channels._client.work import CONTROL_GRACE, ChannelWork, Op, wait_within
+from p2p_worker._channels._client.work import (
+    CONTROL_GRACE,
+    ChannelWork,
+    Granted,
+    Op,
+    Outcome,
+    wait_within,
+)
+from p2p_worker._channels._protocol.actor import ChannelActor
 from p2p_worker._channels._protocol.errors import (
     ChannelClosedError,
     ChannelEmpty,
@@ -39,6 +48,7 @@ from p2p_worker._channels._protocol.errors import (
 from p2p_worker._channels._protocol.payload import Void
 from p2p_worker._channels._protocol.proto import (
     CANCELLED_ANSWER,
+    GET,
     GIVE_BACK,
     NO_ROOM,
     RESET_ANSWER,
@@ -46,10 +56,20 @@ from p2p_worker._channels._protocol.proto import (
     decode,
     wire_timeout,
 )
+from p2p_worker._runtime._state import WorkerRuntime
+
+if TYPE_CHECKING:
+    from p2p_worker._channels._protocol.proto import Request, Served
 
 CREDITS = 8  # put credits a put asks for (the channel worker may lend fewer)
 CREDIT_LINGER = 0.05  # seconds without a put after which unused credits are handed back
-NO_CREDIT: Any = object()  # credit_put's answer when the put must ask the channel worker
+
+
+class _NoCredit(enum.Enum):
+    NO_CREDIT = "no credit"
+
+
+NO_CREDIT = _NoCredit.NO_CREDIT  # credit_put's answer when the put must ask the channel worker
 
 
 class ChannelLink(LinkAnswers):
@@ -59,7 +79,7 @@ class ChannelLink(LinkAnswers):
     issues requests and sends payloads; :class:`LinkAnswers` receives the answers.
     """
 
-    def __init__(self, endpoint: Any, actor: Any, hello: Hello) -> None:
+    def __init__(self, endpoint: WorkerRuntime, actor: ChannelActor, hello: Hello) -> None:
         self.endpoint = endpoint
         self.actor = actor
         self.hello = hello
@@ -81,10 +101,10 @@ class ChannelLink(LinkAnswers):
         # Answers are processed in issue order, one at a time per kind; holding a kind's
         # turn (``with self._order[kind]``) also keeps its answers from being processed.
         self._order = {"put": IssueOrder(self._process), "get": IssueOrder(self._process)}
-        self.orphans: deque[tuple[Any, Any]] = deque()  # (key, item) of abandoned gets
+        self.orphans: deque[tuple[Hashable, object]] = deque()  # (key, item) of abandoned gets
         # Gets of link generation _gen whose items were handed over, until the channel
-        # worker is known to have their acknowledgement: token -> [items received,
-        # request token whose answer confirms the ack (None: no ack sent yet)]. Reported
+        # worker is known to have their acknowledgement: token -> (items received,
+        # request token whose answer confirms the ack (None: no ack sent yet)). Reported
         # when the link fails, so a reset never sends items that arrived here elsewhere.
         self._got = {}
         self._acks = AckBatch()  # acknowledgements waiting for the next request
@@ -110,8 +130,8 @@ class ChannelLink(LinkAnswers):
     def submit(
         self,
         kind: str,
-        request: Callable[[int], tuple[Any, ...]],
-        item: Any = None,
+        request: Callable[[int], Served],
+        item: object = None,
         batch: bool = False,
         reserve: int = 1,
     ) -> Op:
@@ -135,14 +155,14 @@ class ChannelLink(LinkAnswers):
                     self._reconnect()
                 token = self._token
                 self._token += reserve  # a prefetching get numbers its items (see prefetch)
-                fut: Future[Any] = Future()
+                fut: Future[Granted] = Future()
                 self._pending[token] = fut
                 ctl, group = self._ctl, self._group
-                msg: tuple[Any, ...] | None = None
+                msg: Request | None = None
                 try:
                     req = request(token)
-                    if reserve > 1:
-                        self._prefetching[token] = req[7]  # the get's key
+                    if reserve > 1 and req[0] == GET:  # a prefetching get: remember its key
+                        self._prefetching[token] = req[7]
                     msg = self._with_acks(req)
                 except (TypeError, ValueError) as exc:  # refused before anything was sent
                     refused = exc
@@ -150,6 +170,7 @@ class ChannelLink(LinkAnswers):
                 self._seq[kind] += 1
             if msg is not None:
                 try:  # a plain send in this thread: the collective runs it inline
+                    assert ctl is not None  # a request is made on an open link
                     ctl.send(msg, timeout=wire_timeout(self.hello.transfer_timeout))
                 except (TypeError, ValueError) as exc:  # refused before anything was sent
                     refused = exc
@@ -174,17 +195,17 @@ class ChannelLink(LinkAnswers):
 
     def follow(self, op: Op) -> ChannelWork:
         """Process ``op``'s answer whenever it comes; return its handle."""
-        fut = cast("Future[Any]", op.work.ref)
+        fut = cast("Future[Granted]", op.work.ref)
         fut.add_done_callback(lambda done: self._on_future(op, done))
         return op.work
 
-    def run(self, op: Op, limit: float | None) -> Any:
+    def run(self, op: Op, limit: float | None) -> object:
         """Wait for ``op``'s answer and finish it (inline when possible); return its value.
 
         After ``limit`` seconds without an answer the op is abandoned with a
         :class:`ChannelClosedError`; its answer is still processed when it comes.
         """
-        fut: Future[Any] = cast("Future[Any]", op.work.ref)
+        fut: Future[Granted] = cast("Future[Granted]", op.work.ref)
         try:
             answer, error = fut.result(timeout=limit), None
         except BaseException as exc:
@@ -201,7 +222,7 @@ class ChannelLink(LinkAnswers):
         self._order[op.kind].deliver(op, answer, error, inline=True)
         return wait_within(op.work, limit, self.hello.name)
 
-    def _on_future(self, op: Op, fut: Future[Any]) -> None:
+    def _on_future(self, op: Op, fut: Future[Granted]) -> None:
         try:
             answer, error = fut.result(), None
         except BaseException as exc:
@@ -210,7 +231,9 @@ class ChannelLink(LinkAnswers):
         # through a whole transfer): the answer is then left for the holder.
         self._order[op.kind].deliver(op, answer, error, inline=False)
 
-    def _process(self, op: Op, answer: Any, error: BaseException | None, inline: bool) -> None:
+    def _process(
+        self, op: Op, answer: Granted | None, error: BaseException | None, inline: bool
+    ) -> None:
         name = self.hello.name
         if error is not None:
             if not isinstance(error, ChannelError):
@@ -219,7 +242,7 @@ class ChannelLink(LinkAnswers):
                 error = err
             op.work._finish(exception=error)
             return
-        code, outcomes = answer
+        code, outcomes = cast("Granted", answer)
         if code == NO_ROOM and op.kind == "put":
             op.work._finish(exception=ChannelFull(f"channel {name!r} is full"))
         elif code == NO_ROOM:
@@ -281,7 +304,7 @@ class ChannelLink(LinkAnswers):
         idle = self._seq["put"] == self._order["put"].next and not self._credits
         return CREDITS if idle else 0
 
-    def credit_put(self, item: Any, async_op: bool) -> Any:
+    def credit_put(self, item: object, async_op: bool) -> object:
         """Put ``item`` with a credit: a plain send, no call. NO_CREDIT when there is none.
 
         Only when every earlier put of this process has been processed, so puts keep
@@ -296,11 +319,11 @@ class ChannelLink(LinkAnswers):
             work = self._credit_send(item, async_op)
         finally:
             turn.release()
-        if async_op or work is NO_CREDIT:
+        if async_op or not isinstance(work, ChannelWork):  # the handle, or NO_CREDIT
             return work
         return wait_within(work, self.limit(0.0), self.hello.name)  # its receipt
 
-    def _credit_send(self, item: Any, async_op: bool) -> Any:
+    def _credit_send(self, item: object, async_op: bool) -> object:
         """:meth:`credit_put` holding the put turn: send ``item`` if a credit is left.
 
         Returns the put's handle (it completes with the receipt), or NO_CREDIT.
@@ -317,6 +340,7 @@ class ChannelLink(LinkAnswers):
             op = Op(-1, "put", ChannelWork(None), item, False)
             self._unconfirmed.expect(self._sent, op.work)
             timeout = wire_timeout(self.hello.transfer_timeout)
+            assert group is not None  # credits are lent on an open link
             try:
                 send = group.send(item, async_op=async_op, timeout=timeout)
             except (TypeError, ValueError) as exc:  # cannot be sent: hand the credit back
@@ -361,7 +385,7 @@ class ChannelLink(LinkAnswers):
 
     # -- prefetched items (see _channels._client.prefetch) -------------------------------------
 
-    def take_orphans(self, key: Any, most: int) -> list[Any]:
+    def take_orphans(self, key: Hashable, most: int) -> list[object]:
         """Remove and return up to ``most`` of ``key``'s items that abandoned gets left."""
         with self._lock:
             mine = [i for i, (k, _) in enumerate(self.orphans) if k == key]
@@ -370,7 +394,7 @@ class ChannelLink(LinkAnswers):
                 del self.orphans[i]
         return taken
 
-    def held_items(self, key: Any) -> list[Any]:
+    def held_items(self, key: Hashable) -> list[object]:
         """``key``'s items that this process's next gets hand out first (not removed).
 
         Those abandoned gets left, then those a get prefetched, oldest first.
@@ -384,7 +408,7 @@ class ChannelLink(LinkAnswers):
         """Whether no get of this process is in flight (a new blocking get may prefetch)."""
         return self._seq["get"] == self._order["get"].next and not self._prefetching
 
-    def take_prefetched(self, key: Any, most: int) -> list[Any]:
+    def take_prefetched(self, key: Hashable, most: int) -> list[object]:
         """Hand out up to ``most`` prefetched items of ``key``, oldest first; acknowledge them."""
         if not self.prefetched:  # unlocked peek: the common case
             return []
@@ -462,7 +486,7 @@ class ChannelLink(LinkAnswers):
         if group is not None:
             self._break(group, exc)
 
-    def _get_done(self, op: Op, gen: int, outcomes: list[tuple[Any, BaseException | None]]) -> None:
+    def _get_done(self, op: Op, gen: int, outcomes: list[Outcome]) -> None:
         got = [value for value, exc in outcomes if exc is None]
         failures = [exc for _, exc in outcomes if exc is not None]
         if failures:
@@ -527,7 +551,7 @@ class _Locks:
 
     __slots__ = ("_first", "_second")
 
-    def __init__(self, first: Any, second: Any) -> None:
+    def __init__(self, first: threading.RLock, second: threading.RLock) -> None:
         self._first = first
         self._second = second
 

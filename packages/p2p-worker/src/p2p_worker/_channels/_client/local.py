@@ -9,7 +9,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Hashable
+from typing import Any, NoReturn
 
 from p2p_asyncwork.internal import check_timeout
 from p2p_worker._channels._protocol.errors import ChannelEmpty, ChannelFull
@@ -50,11 +51,11 @@ class LocalChannel:
         if maxsize < 0:
             raise ValueError(f"maxsize must be >= 0 (0: no bound), got {maxsize}")
         self._maxsize = maxsize
-        self._queues: dict[Any, deque[tuple[Any, int]]] = {DEFAULT_KEY: deque()}
-        self._bounds: dict[Any, int] = {DEFAULT_KEY: maxsize}
+        self._queues: dict[Hashable, deque[tuple[object, int]]] = {DEFAULT_KEY: deque()}
+        self._bounds: dict[Hashable, int] = {DEFAULT_KEY: maxsize}
         self._changed = threading.Condition(threading.Lock())
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("a LocalChannel lives in one process and cannot be pickled")
 
     def __repr__(self) -> str:
@@ -69,7 +70,7 @@ class LocalChannel:
         """True: RLinf's ``Channel.is_local``."""
         return True
 
-    def create_queue(self, key: Any, maxsize: int = 0) -> None:
+    def create_queue(self, key: Hashable, maxsize: int = 0) -> None:
         """Make ``key``'s FIFO with its own bound, unless it exists (RLinf's)."""
         check_key(key)
         check_weight(maxsize, "maxsize")
@@ -78,7 +79,7 @@ class LocalChannel:
                 self._queues[key] = deque()
                 self._bounds[key] = maxsize
 
-    def _queue(self, key: Any) -> deque[tuple[Any, int]]:
+    def _queue(self, key: Hashable) -> deque[tuple[object, int]]:
         """``key``'s FIFO, made with the channel's bound on first use (holding the lock)."""
         queue = self._queues.get(key)
         if queue is None:
@@ -86,25 +87,25 @@ class LocalChannel:
             self._bounds[key] = self._maxsize
         return queue
 
-    def _full(self, key: Any) -> bool:
+    def _full(self, key: Hashable) -> bool:
         bound = self._bounds.get(key, self._maxsize)
         return bound > 0 and len(self._queues.get(key, ())) >= bound
 
-    def qsize(self, key: Any = DEFAULT_KEY) -> int:
+    def qsize(self, key: Hashable = DEFAULT_KEY) -> int:
         """Items under ``key``."""
         with self._changed:
             return len(self._queues.get(check_key(key), ()))
 
-    def empty(self, key: Any = DEFAULT_KEY) -> bool:
+    def empty(self, key: Hashable = DEFAULT_KEY) -> bool:
         """Whether ``key`` holds no item."""
         return self.qsize(key) == 0
 
-    def full(self, key: Any = DEFAULT_KEY) -> bool:
+    def full(self, key: Hashable = DEFAULT_KEY) -> bool:
         """Whether ``key``'s FIFO holds its bound."""
         with self._changed:
             return self._full(check_key(key))
 
-    def maxsize(self, key: Any = DEFAULT_KEY) -> int:
+    def maxsize(self, key: Hashable = DEFAULT_KEY) -> int:
         """``key``'s bound (RLinf's method; the channel's for a key not used yet)."""
         with self._changed:
             return self._bounds.get(check_key(key), self._maxsize)
@@ -119,9 +120,9 @@ class LocalChannel:
 
     def put(
         self,
-        item: Any,
+        item: object,
         weight: int = 0,
-        key: Any = DEFAULT_KEY,
+        key: Hashable = DEFAULT_KEY,
         nowait: bool = False,
         async_op: bool = False,
         *,
@@ -144,7 +145,7 @@ class LocalChannel:
             self._queue(key).append((item, weight))
             self._changed.notify_all()
 
-    def put_nowait(self, item: Any, weight: int = 0, key: Any = DEFAULT_KEY) -> None:
+    def put_nowait(self, item: object, weight: int = 0, key: Hashable = DEFAULT_KEY) -> None:
         """Append ``item`` if there is room now.
 
         Raises:
@@ -154,7 +155,7 @@ class LocalChannel:
 
     def get(
         self,
-        key: Any = DEFAULT_KEY,
+        key: Hashable = DEFAULT_KEY,
         nowait: bool = False,
         async_op: bool = False,
         *,
@@ -177,7 +178,7 @@ class LocalChannel:
             self._changed.notify_all()
             return item
 
-    def get_nowait(self, key: Any = DEFAULT_KEY) -> Any:
+    def get_nowait(self, key: Hashable = DEFAULT_KEY) -> Any:
         """Remove and return ``key``'s oldest item if there is one.
 
         Raises:
@@ -188,11 +189,11 @@ class LocalChannel:
     def get_batch(
         self,
         target_weight: int = 0,
-        key: Any = DEFAULT_KEY,
+        key: Hashable = DEFAULT_KEY,
         async_op: bool = False,
         *,
         timeout: float | None = None,
-    ) -> list[Any]:
+    ) -> list[Any]:  # the caller's items, of the types it put
         """Take ``key``'s items, oldest first, until their weights reach ``target_weight``.
 
         ``Channel.get_batch``'s rule: waiting for more as needed, it stops before an item
@@ -207,7 +208,7 @@ class LocalChannel:
         check_key(key)
         check_weight(target_weight, "target_weight")
         deadline = _deadline(check_timeout(timeout))
-        batch: list[Any] = []
+        batch: list[object] = []
         total = 0
         with self._changed:
             while True:
@@ -226,7 +227,7 @@ class LocalChannel:
                         return batch
                     raise ChannelEmpty(f"local channel: key {key!r} is empty")
 
-    def peek_all(self, key: Any = DEFAULT_KEY) -> list[Any]:
+    def peek_all(self, key: Hashable = DEFAULT_KEY) -> list[object]:
         """``key``'s items, oldest first, left in place."""
         with self._changed:
             return [item for item, _ in self._queues.get(check_key(key), ())]

@@ -8,17 +8,19 @@ handles (which may start a channel worker) is ``Channel``'s, above the client si
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import ray
+from ray.actor import ActorHandle
 
 from p2p_asyncwork.internal import check_timeout
 from p2p_worker._channels._client.endpoint import forget_handle
 from p2p_worker._channels._client.inline import PutRequest
 from p2p_worker._channels._client.link import NO_CREDIT, ChannelLink
-from p2p_worker._channels._client.work import ChannelWork, refuse_waiting_in_callback
+from p2p_worker._channels._client.work import ChannelWork, Granted, refuse_waiting_in_callback
+from p2p_worker._channels._protocol.actor import ChannelActor, RemoteMethod
 from p2p_worker._channels._protocol.errors import ChannelClosedError, ChannelError
 from p2p_worker._channels._protocol.keys import DEFAULT_KEY, check_key, check_weight, wrap
 from p2p_worker._channels._protocol.proto import (
@@ -26,10 +28,17 @@ from p2p_worker._channels._protocol.proto import (
     MAX_BATCH,
     PREFETCH,
     QSIZE,
+    ChannelStats,
     check_channel_name,
 )
 
+if TYPE_CHECKING:
+    from p2p_worker._channels._protocol.proto import Served
+
 DEFAULT_QUERY_TIMEOUT = 60.0
+
+
+R = TypeVar("R")
 
 
 class ChannelOperations:
@@ -75,15 +84,59 @@ class ChannelOperations:
 
     # -- putting --------------------------------------------------------------------------
 
+    @overload
     def put(
         self,
-        item: Any,
+        item: object,
         weight: int = 0,
-        key: Any = DEFAULT_KEY,
+        key: Hashable = DEFAULT_KEY,
+        async_op: Literal[False] = False,
+        *,
+        timeout: float | None = None,
+    ) -> None: ...
+
+    @overload
+    def put(
+        self,
+        item: object,
+        weight: int,
+        key: Hashable,
+        async_op: Literal[True],
+        *,
+        timeout: float | None = None,
+    ) -> ChannelWork: ...
+
+    @overload
+    def put(
+        self,
+        item: object,
+        weight: int = 0,
+        key: Hashable = DEFAULT_KEY,
+        *,
+        async_op: Literal[True],
+        timeout: float | None = None,
+    ) -> ChannelWork: ...
+
+    @overload
+    def put(
+        self,
+        item: object,
+        weight: int = 0,
+        key: Hashable = DEFAULT_KEY,
         async_op: bool = False,
         *,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> ChannelWork | None: ...
+
+    def put(
+        self,
+        item: object,
+        weight: int = 0,
+        key: Hashable = DEFAULT_KEY,
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> ChannelWork | None:
         """Append ``item`` to ``key``'s FIFO; wait while the channel is full.
 
         RLinf's signature. Returns once the item is in the channel: it then comes out
@@ -93,7 +146,7 @@ class ChannelOperations:
         argument is read as ``async_op`` (p2p-worker's earlier ``put(item, async_op)``).
 
         Args:
-            item: Any picklable object; tensors must be dense, contiguous CPU tensors.
+            item: A picklable object; tensors must be dense, contiguous CPU tensors.
             weight: The item's weight for ``get_batch(target_weight=...)`` (int >= 0).
             key: The FIFO to append to (hashable, picklable; default: RLinf's
                 ``"default_queue"``). ``maxsize`` bounds the channel, not each key.
@@ -126,12 +179,15 @@ class ChannelOperations:
             refuse_waiting_in_callback("a blocking put")
         link = self._link()
         done = link.credit_put(item, async_op)
-        if done is not NO_CREDIT:
-            return done
+        if done is not NO_CREDIT:  # the put's handle, or (waited for) its None
+            return done if isinstance(done, ChannelWork) else None
         op = link.submit("put", PutRequest(link, item, True, timeout), item)
-        return link.follow(op) if async_op else link.run(op, link.limit(timeout))
+        if async_op:
+            return link.follow(op)
+        link.run(op, link.limit(timeout))  # a put completes with None
+        return None
 
-    def put_nowait(self, item: Any, weight: int = 0, key: Any = DEFAULT_KEY) -> None:
+    def put_nowait(self, item: object, weight: int = 0, key: Hashable = DEFAULT_KEY) -> None:
         """Append ``item`` (with ``weight``, to ``key``) if there is room now; never wait.
 
         Returns once the item is in the channel (its payload transfer is done).
@@ -166,9 +222,9 @@ class ChannelOperations:
         timeout: float | None,
         batch: bool,
         async_op: bool,
-        key: Any = DEFAULT_KEY,
+        key: Hashable = DEFAULT_KEY,
         target_weight: int | None = None,
-    ) -> Any:
+    ) -> object:
         if not async_op:
             refuse_waiting_in_callback("a blocking get" if block else "get_nowait")
         link = self._link()
@@ -208,7 +264,7 @@ class ChannelOperations:
         return link.follow(op) if async_op else link.run(op, link.limit(timeout))
 
     def get(
-        self, key: Any = DEFAULT_KEY, async_op: bool = False, *, timeout: float | None = None
+        self, key: Hashable = DEFAULT_KEY, async_op: bool = False, *, timeout: float | None = None
     ) -> Any:
         """Remove and return the oldest item of ``key``; wait while there is none.
 
@@ -242,12 +298,13 @@ class ChannelOperations:
             >>> item = await work  # doctest: +SKIP
         """
         if isinstance(key, bool):  # get(async_op): the earlier p2p-worker form
-            key, async_op = DEFAULT_KEY, key
+            async_op = key
+            key = DEFAULT_KEY
         check_key(key)
         timeout = check_timeout(timeout)
         return self._get(1, None, True, timeout, batch=False, async_op=async_op, key=key)
 
-    def get_nowait(self, key: Any = DEFAULT_KEY) -> Any:
+    def get_nowait(self, key: Hashable = DEFAULT_KEY) -> Any:
         """Remove and return the oldest item of ``key`` if there is one; never wait for a put.
 
         An item whose put was granted but whose payload is still arriving counts as
@@ -272,7 +329,7 @@ class ChannelOperations:
     def get_batch(
         self,
         target_weight: int = 0,
-        key: Any = DEFAULT_KEY,
+        key: Hashable = DEFAULT_KEY,
         async_op: bool = False,
         *,
         max_items: int | None = None,
@@ -343,11 +400,17 @@ class ChannelOperations:
 
     # -- state --------------------------------------------------------------------------
 
-    def _query(self, method: str, timeout: float | None, *args: Any) -> Any:
+    def _query(
+        self,
+        method: Callable[[ChannelActor], RemoteMethod[R]],
+        timeout: float | None,
+        *args: object,
+    ) -> R:
+        """Call ``method`` of the channel worker (after this process's puts), over Ray."""
         timeout = check_timeout(timeout)
         link = self._link()
         try:
-            ref = getattr(link.actor, method).remote(link.peer, link.sync(), *args)
+            ref = method(link.actor).remote(link.peer, link.sync(), *args)
             return ray.get(ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError as exc:
             raise ChannelClosedError(
@@ -359,7 +422,7 @@ class ChannelOperations:
             ) from exc
 
     def qsize(
-        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+        self, key: Hashable = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
     ) -> int:
         """Number of items under ``key`` (a snapshot, like ``queue.Queue``'s).
 
@@ -386,7 +449,7 @@ class ChannelOperations:
         return int(_query_link(link, lambda t: (QSIZE, t, link.sync(), key), timeout))
 
     def empty(
-        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+        self, key: Hashable = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
     ) -> bool:
         """Whether ``key`` holds no item (``qsize(key) == 0``; a snapshot).
 
@@ -396,7 +459,7 @@ class ChannelOperations:
         return self.qsize(key, timeout=timeout) == 0
 
     def full(
-        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+        self, key: Hashable = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
     ) -> bool:
         """Whether a put would wait now: ``maxsize`` items are held (a snapshot).
 
@@ -411,8 +474,8 @@ class ChannelOperations:
         return bool(st["maxsize"] > 0 and st["held"] >= st["maxsize"])
 
     def peek_all(
-        self, key: Any = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
-    ) -> list[Any]:
+        self, key: Hashable = DEFAULT_KEY, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+    ) -> list[object]:
         """The items queued under ``key``, oldest first, without taking them (RLinf's).
 
         A snapshot for debugging: copies of the items (each crosses Ray once), this
@@ -431,7 +494,8 @@ class ChannelOperations:
         check_key(key)
         link = self._link()
         held = link.held_items(key)  # what the next gets of this process hand out first
-        return held + list(self._query("peek_all", timeout, key))
+        queued: list[object] = self._query(lambda actor: actor.peek_all, timeout, key)
+        return held + list(queued)
 
     def __str__(self) -> str:
         """The default key's queued items (RLinf's ``str(channel)``); the repr if unreachable."""
@@ -440,7 +504,7 @@ class ChannelOperations:
         except ChannelError as exc:
             return f"{self!r} (items unavailable: {exc})"
 
-    def stats(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> dict[str, Any]:
+    def stats(self, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> ChannelStats:
         """Counters of the channel worker.
 
         Returns:
@@ -457,7 +521,7 @@ class ChannelOperations:
         Raises:
             ChannelClosedError: The channel worker is gone or did not answer in time.
         """
-        return dict(self._query("state", timeout))
+        return self._query(lambda actor: actor.state, timeout).copy()
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -494,13 +558,11 @@ class ChannelOperations:
         except ray.exceptions.RayError as exc:
             raise ChannelClosedError(f"channel {self.name!r}: destroy failed: {exc}") from exc
         finally:
-            ray.kill(link.actor, no_restart=True)
+            ray.kill(cast("ActorHandle[object]", link.actor), no_restart=True)
             self.close()
 
 
-def _query_link(
-    link: ChannelLink, request: Callable[[int], tuple[Any, ...]], timeout: float | None
-) -> Any:
+def _query_link(link: ChannelLink, request: Callable[[int], Served], timeout: float | None) -> int:
     """Send ``request(token)`` on ``link`` and wait for its answer (no put or get: no order).
 
     Raises:
@@ -508,7 +570,7 @@ def _query_link(
         ChannelError: The link failed.
     """
     op = link.submit("query", request)
-    fut = cast("Future[Any]", op.work.ref)
+    fut = cast("Future[Granted]", op.work.ref)
     try:
         answer, _ = fut.result(timeout=timeout)
     except BaseException as exc:
@@ -517,6 +579,4 @@ def _query_link(
         raise ChannelClosedError(
             f"channel {link.hello.name!r}: no answer from its channel worker within {timeout} s"
         ) from exc
-    if isinstance(answer, BaseException):  # pragma: no cover - set as the exception
-        raise answer
-    return answer
+    return answer  # a failure is the future's exception, raised above

@@ -18,12 +18,11 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
-from p2p_worker._channels._client.work import Op, answer_processing
+from p2p_worker._channels._client.work import Granted, Op, answer_processing
 
-Answer = tuple[Op, Any, BaseException | None]
-Process = Callable[[Op, Any, BaseException | None, bool], None]
+Answer = tuple[Op, Granted | None, BaseException | None]
+Process = Callable[[Op, Granted | None, BaseException | None, bool], None]
 
 
 class IssueOrder:
@@ -54,7 +53,9 @@ class IssueOrder:
         self._answers: dict[int, Answer] = {}
         self.next = 0  # the issue number (``Op.seq``) whose answer is processed next
 
-    def deliver(self, op: Op, answer: Any, error: BaseException | None, inline: bool) -> None:
+    def deliver(
+        self, op: Op, answer: Granted | None, error: BaseException | None, inline: bool
+    ) -> None:
         """Hand in ``op``'s answer; process every answer that is next in line, in order.
 
         With ``inline`` (a caller waiting for ``op``) this waits for the turn, so ``op``

@@ -21,12 +21,16 @@ closes, and before a by-weight ``get_batch`` (which then takes them in order).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable
+from contextlib import AbstractContextManager
 
+from p2p_collective import CollectiveGroup
 from p2p_worker._channels._client.linger import Linger
 
 PREFETCH_LINGER = 0.05  # seconds without a get after which unused prefetched items go back
+
+Entry = tuple[Hashable, int, CollectiveGroup | None, object]
+"""A prefetched item: ``(key, token, group it came over, item)``."""
 
 
 class Prefetched:
@@ -48,8 +52,8 @@ class Prefetched:
 
     __slots__ = ("_linger", "entries")
 
-    def __init__(self, lock: Any, give_back: Callable[[], None]) -> None:
-        self.entries: deque[tuple[Any, int, Any, Any]] = deque()  # (key, token, group, item)
+    def __init__(self, lock: AbstractContextManager[object], give_back: Callable[[], None]) -> None:
+        self.entries: deque[Entry] = deque()
         # touched when a get adds or takes items
         self._linger = Linger(
             lambda: PREFETCH_LINGER, lambda: lock, lambda: bool(self.entries), give_back
@@ -58,25 +62,27 @@ class Prefetched:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def add(self, key: Any, group: Any, token: int, items: list[Any]) -> None:
+    def add(
+        self, key: Hashable, group: CollectiveGroup | None, token: int, items: list[object]
+    ) -> None:
         """The items after the first of get ``token``'s answer: tokens ``token + 1`` on."""
         self.entries.extend((key, token + i, group, item) for i, item in enumerate(items, 1))
         self._linger.touch()
 
-    def take(self, key: Any, most: int) -> list[tuple[int, Any, Any]]:
+    def take(self, key: Hashable, most: int) -> list[tuple[int, CollectiveGroup | None, object]]:
         """Remove up to ``most`` of ``key``'s oldest items: ``(token, group, item)`` each."""
-        taken: list[tuple[int, Any, Any]] = []
-        kept: deque[tuple[Any, int, Any, Any]] = deque()
+        taken: list[tuple[int, CollectiveGroup | None, object]] = []
+        kept: deque[Entry] = deque()
         for entry in self.entries:
             if entry[0] == key and len(taken) < most:
-                taken.append(entry[1:])
+                taken.append((entry[1], entry[2], entry[3]))
             else:
                 kept.append(entry)
         self.entries = kept
         self._linger.touch(arm=False)
         return taken
 
-    def drain(self, group: Any) -> list[int]:
+    def drain(self, group: CollectiveGroup) -> list[int]:
         """Remove the items that came over ``group`` (the live link); their tokens.
 
         Items of an earlier, reset link stay: that link's report counted them as

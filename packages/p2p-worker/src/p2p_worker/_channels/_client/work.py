@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 from p2p_asyncwork import AsyncChannelWork, AsyncWork, WorkCancelledError, WorkTimeoutError
 from p2p_asyncwork.internal import check_timeout
 from p2p_worker._channels._protocol.errors import ChannelClosedError, ChannelError
 from p2p_worker._channels._protocol.keys import DEFAULT_KEY
+
+Outcome = tuple[object, BaseException | None]
+"""One item a get was granted: ``(item, None)``, or ``(None, why its transfer failed)``."""
+Granted = tuple[int, list[Outcome]]
+"""What an op's future holds: the channel worker's answer code and the items that came."""
 
 CONTROL_GRACE = 30.0  # seconds a blocking call waits past its own bounds for an answer
 
@@ -111,11 +116,11 @@ class ChannelWork(AsyncChannelWork):
             refuse_waiting_in_callback("waiting for a pending channel operation")
         return super().wait(timeout)
 
-    def _finish(self, result: Any = None, exception: BaseException | None = None) -> bool:
+    def _finish(self, result: object = None, exception: BaseException | None = None) -> bool:
         return self._complete(result=result, exception=exception)
 
     @staticmethod
-    def _follow(work: AsyncWork[Any], fn: Callable[[AsyncWork[Any]], None]) -> None:
+    def _follow(work: AsyncWork[object], fn: Callable[[AsyncWork[object]], None]) -> None:
         work.add_done_callback(fn)  # same handle family: success and failure
 
 
@@ -125,7 +130,13 @@ class Op:
     __slots__ = ("batch", "inline", "item", "key", "kind", "seq", "work")
 
     def __init__(
-        self, seq: int, kind: str, work: ChannelWork, item: Any, batch: bool, inline: bool = False
+        self,
+        seq: int,
+        kind: str,
+        work: ChannelWork,
+        item: object,
+        batch: bool,
+        inline: bool = False,
     ) -> None:
         self.seq = seq
         self.kind = kind
@@ -133,10 +144,10 @@ class Op:
         self.item = item
         self.batch = batch
         self.inline = inline  # a put whose item rode in its request (no payload follows)
-        self.key: Any = DEFAULT_KEY  # a get's key: where its orphans belong
+        self.key: Hashable = DEFAULT_KEY  # a get's key: where its orphans belong
 
 
-def wait_within(work: ChannelWork, limit: float | None, name: str) -> Any:
+def wait_within(work: ChannelWork, limit: float | None, name: str) -> object:
     """Wait for ``work`` of channel ``name``; after ``limit`` seconds abandon it.
 
     Raises:

@@ -11,8 +11,8 @@ opens; unkeyed, unweighted items travel bare, as before.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
 
 DEFAULT_KEY = "default_queue"
 """The key of items put without one (the same value as RLinf's)."""
@@ -28,12 +28,12 @@ class Keyed:
         item: The item itself.
     """
 
-    key: Any
+    key: Hashable
     weight: int
-    item: Any
+    item: object
 
 
-def check_key(key: object) -> Any:
+def check_key(key: object) -> Hashable:
     """Return ``key`` if it can name a channel queue.
 
     Raises:
@@ -63,14 +63,14 @@ def check_weight(weight: object, arg: str = "weight") -> int:
     return weight
 
 
-def wrap(item: Any, key: Any, weight: int) -> Any:
+def wrap(item: object, key: Hashable, weight: int) -> object:
     """The object to send for ``item``: bare when it has neither key nor weight."""
     if weight == 0 and key == DEFAULT_KEY:
         return item
     return Keyed(key, weight, item)
 
 
-def unwrap(obj: Any) -> tuple[Any, Any, int]:
+def unwrap(obj: object) -> tuple[object, Hashable, int]:
     """``(item, key, weight)`` of a received object (bare or :class:`Keyed`)."""
     if isinstance(obj, Keyed):
         return obj.item, obj.key, obj.weight

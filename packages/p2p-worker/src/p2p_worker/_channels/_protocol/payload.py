@@ -8,12 +8,11 @@ what both sides count of it (a put's item rides inline only without tensors; a g
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 
 
-def payload_nbytes(obj: Any) -> int:
+def payload_nbytes(obj: object) -> int:
     """Tensor bytes of an item: what ``max_bytes`` of ``get_batch`` counts.
 
     Tensors, lists/tuples of tensors, dicts of tensors and dataclass tensor fields are

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Literal, TypedDict, cast
 
+from p2p_collective import CollectiveGroup, MultiCollectiveGroup
 from p2p_worker._address import WorkerAddress
 from p2p_worker._runtime._state import JobContext
 
@@ -54,6 +57,29 @@ class Hello:
     transfer_timeout: float | None
 
 
+class ChannelStats(TypedDict):
+    """The channel worker's counters (``Channel.stats()``; see its docstring)."""
+
+    name: str
+    maxsize: int
+    held: int
+    queued: int
+    arriving: int
+    waiting_putters: int
+    waiting_getters: int
+    credits: int
+    keys: dict[str, int]
+    closed: bool
+    peers: dict[str, int]
+    puts: int
+    gets: int
+    failures: int
+    resets: int
+    voids: int
+    inline: int
+    prefetched: int
+
+
 def wire_timeout(seconds: float | None) -> float:
     """The timeout of a collective operation for a channel's ``seconds`` (None: no limit).
 
@@ -68,6 +94,11 @@ def wire_timeout(seconds: float | None) -> float:
 def channel_address(name: str) -> WorkerAddress:
     """The worker address of the channel worker of channel ``name``."""
     return WorkerAddress(f"p2p_channel.{name}", 0)
+
+
+def pair(group: CollectiveGroup | MultiCollectiveGroup) -> CollectiveGroup:
+    """``group`` as the pair group it is: every group of a channel has two members."""
+    return cast("CollectiveGroup", group)
 
 
 def link_group_name(uid: str, peer: str, gen: int) -> str:
@@ -95,14 +126,39 @@ def control_group_name(uid: str, peer: str, gen: int) -> str:
 # as below or an exception, followed by ``count`` items (the items a get was granted), or
 # as (token, answer, 0, objects) with the items inline (items without tensors). A receipt
 # (RECEIPT, n, 0) says that n of the peer's payloads on this link have arrived.
-PUT = 0
-GET = 1
-ACK = 2
-QSIZE = 3
-ACKED = 4
-PUT_INLINE = 5
-GIVE_BACK = 6
-RECEIPT = -1  # the token of a receipt (requests are numbered from 0)
+AnswerMessage = (
+    tuple[int, int | BaseException, int] | tuple[int, int | BaseException, int, list[object]]
+)
+"""An answer as it travels: ``(token, answer, count)`` or ``(token, answer, 0, objects)``."""
+
+PUT: Final = 0
+GET: Final = 1
+ACK: Final = 2
+QSIZE: Final = 3
+ACKED: Final = 4
+PUT_INLINE: Final = 5
+GIVE_BACK: Final = 6
+RECEIPT: Final = -1  # the token of a receipt (requests are numbered from 0)
+
+if TYPE_CHECKING:  # the requests above as types (Literal[n]: the kinds just defined)
+    from typing import TypeAlias, Unpack
+
+    Sync: TypeAlias = tuple[int, int]  # (link generation, payloads sent on it)
+    PutMessage: TypeAlias = tuple[Literal[0], int, bool, float | None, int]
+    PutInlineMessage: TypeAlias = tuple[Literal[5], int, bool, float | None, int, Sync, object]
+    GetMessage: TypeAlias = tuple[
+        Literal[1], int, int, int | None, bool, float | None, Sync, Hashable, int | None, int
+    ]
+    QsizeMessage: TypeAlias = tuple[Literal[3], int, Sync, Hashable]
+    GiveBackMessage: TypeAlias = tuple[Literal[6], Unpack[tuple[int, ...]]]
+    AckMessage: TypeAlias = tuple[Literal[2], Unpack[tuple[int, ...]]]
+    Served: TypeAlias = PutMessage | PutInlineMessage | GetMessage | QsizeMessage
+    """A request that the channel worker answers."""
+    Carried: TypeAlias = Served | GiveBackMessage
+    """A request that acknowledgements may ride on."""
+    AckedMessage: TypeAlias = tuple[Literal[4], tuple[int, ...], Carried]
+    Request: TypeAlias = Carried | AckMessage | AckedMessage
+    """A message of either kind on a peer's control group."""
 
 PREFETCH = 8
 """Most items a blocking ``get()`` takes at once when queued (see ``_channels._client.prefetch``).

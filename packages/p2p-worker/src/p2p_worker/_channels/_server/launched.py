@@ -7,13 +7,13 @@ group gave it; peers find it as the group's rank 0 (see ``connect.lookup_actor``
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from p2p_worker._channels._protocol.proto import DEFAULT_TRANSFER_TIMEOUT, ChannelSpec
 from p2p_worker._errors import WorkerError
+from p2p_worker._process._worker_base import WorkerBase
 
 
-def launched_spec(worker: Any, maxsize: object) -> ChannelSpec:
+def launched_spec(worker: WorkerBase, maxsize: object) -> ChannelSpec:
     """The spec of channel worker ``worker``, launched in a group with ``maxsize``.
 
     Raises:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
+from p2p_collective import CollectiveGroup
 from p2p_worker._channels._server.queue import Item
 from p2p_worker._channels._server.readers import PayloadReader, RequestReader
 
@@ -113,8 +113,12 @@ class Peer:
     def __init__(self, name: str) -> None:
         self.name = name
         self.gen = 0
-        self.group: Any = None  # the link: payloads in, answers (and got items) out
-        self.ctl: Any = None  # the control group: the peer's requests, in issue order
+        self.group: CollectiveGroup | None = (
+            None  # the link: payloads in, answers (and got items) out
+        )
+        self.ctl: CollectiveGroup | None = (
+            None  # the control group: the peer's requests, in issue order
+        )
         self.reader: RequestReader | None = None  # takes them off ``ctl`` for the loop
         self.payload_reader: PayloadReader | None = None  # put payloads off ``group``
         self.gate: asyncio.Future[None] | None = None  # set once the last request queued up
@@ -126,10 +130,10 @@ class Peer:
         self.payloads = Payloads()
         # (link, [payloads received on it]): counted where they are read (the loop, or
         # the link's receiving thread), which sends the receipts (ChannelWorker._payload_in)
-        self.receipts: tuple[Any, list[int]] = (None, [0])
+        self.receipts: tuple[CollectiveGroup | None, list[int]] = (None, [0])
         self.syncs: list[tuple[int, asyncio.Future[None]]] = []  # (count, woken at count)
 
-    def count_receipt(self, group: Any) -> int:
+    def count_receipt(self, group: CollectiveGroup) -> int:
         """One more payload arrived on ``group``, read on the loop: how many so far."""
         if self.receipts[0] is not group:
             self.receipts = (group, [0])

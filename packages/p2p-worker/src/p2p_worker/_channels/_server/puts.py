@@ -11,8 +11,10 @@ posted ahead, so the producer's next puts are plain sends without a request.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from p2p_asyncwork import AsyncWork
+from p2p_collective import CollectiveGroup
 from p2p_worker._channels._protocol.payload import Void
 from p2p_worker._channels._protocol.proto import (
     CANCELLED_ANSWER,
@@ -47,14 +49,14 @@ class ChannelPuts:
     if TYPE_CHECKING:  # ChannelWorker's own
 
         def _reset(
-            self, peer: Peer, group: Any, why: BaseException | None, hold: bool = True
+            self, peer: Peer, group: CollectiveGroup, why: BaseException | None, hold: bool = True
         ) -> None: ...
 
         def _event_loop(self) -> asyncio.AbstractEventLoop: ...
 
         def _peer(self, name: str) -> Peer: ...
 
-        def _group(self, peer: Peer) -> Any: ...
+        def _group(self, peer: Peer) -> CollectiveGroup: ...
 
     async def put_begin(
         self, peer_name: str, token: int, block: bool, timeout: float | None, credits: int = 0
@@ -75,9 +77,9 @@ class ChannelPuts:
         block: bool,
         timeout: float | None,
         credits: int,
-        expect: Any = None,
+        expect: CollectiveGroup | None = None,
         queued: asyncio.Future[None] | None = None,
-        *inline: Any,
+        *inline: object,
     ) -> int:
         """Reserve a slot (and lend credits) for ``peer``; post the receives; the answer.
 
@@ -107,7 +109,7 @@ class ChannelPuts:
             return RESET_ANSWER
         return self._granted_put(peer, credits, *inline)
 
-    def _granted_put(self, peer: Peer, credits: int, *inline: Any) -> int:
+    def _granted_put(self, peer: Peer, credits: int, *inline: object) -> int:
         """A put of ``peer`` holds its slot: post the receives (and lend credits); the answer.
 
         ``inline`` (``(obj,)``): the item came with the request; it is queued now.
@@ -131,7 +133,7 @@ class ChannelPuts:
         maxsize = self._spec.maxsize
         return MAX_CREDITS if maxsize == 0 else min(MAX_CREDITS, maxsize // 4)
 
-    def _expect_payload(self, peer: Peer, group: Any, credit: bool) -> None:
+    def _expect_payload(self, peer: Peer, group: CollectiveGroup, credit: bool) -> None:
         """One more payload of ``peer`` is due on ``group`` (a granted put's or a credit's).
 
         The link's :class:`PayloadReader` takes it from the event loop; without one (a
@@ -144,7 +146,7 @@ class ChannelPuts:
         else:
             self._post_payload_recv(peer, group, credit)
 
-    def _post_payload_recv(self, peer: Peer, group: Any, credit: bool) -> None:
+    def _post_payload_recv(self, peer: Peer, group: CollectiveGroup, credit: bool) -> None:
         """Post the receive of one expected payload on ``peer``'s link ``group``.
 
         The receiving thread hands the payload to the loop (:meth:`_payload_in`) and
@@ -157,7 +159,7 @@ class ChannelPuts:
             peer.receipts = (group, [0])  # payloads received on this link, counted there
         count = peer.receipts[1]
 
-        def received(w: Any) -> None:
+        def received(w: AsyncWork[object]) -> None:
             exc = w.exception(0)
             obj = None if exc is not None else w.wait(0)
             loop.call_soon_threadsafe(self._payload_in, peer, group, gen, credit, obj, exc)
@@ -171,10 +173,10 @@ class ChannelPuts:
     def _payload_in(
         self,
         peer: Peer,
-        group: Any,
+        group: CollectiveGroup,
         gen: int,
         credit: bool,
-        obj: Any,
+        obj: object,
         exc: BaseException | None,
         receipt: bool = False,
     ) -> None:
@@ -201,7 +203,7 @@ class ChannelPuts:
             self._replies.receipt(peer, group, peer.count_receipt(group))
         self._seen(peer, group)
 
-    def _seen(self, peer: Peer, group: Any) -> None:
+    def _seen(self, peer: Peer, group: CollectiveGroup) -> None:
         """One more payload of ``peer`` arrived on ``group``: wake the calls waiting for it."""
         if peer.group is group:
             peer.wake()

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
 
 from p2p_worker._channels._protocol.errors import ChannelClosedError
 from p2p_worker._channels._protocol.keys import DEFAULT_KEY, batch_weight, unwrap
@@ -57,27 +56,35 @@ WAITER_CANCELLED = _Signal("WAITER_CANCELLED")
 class Item:
     """One queued item: the received object, its tensor bytes, key and weight."""
 
-    obj: Any
+    obj: object
     nbytes: int
-    key: Any = DEFAULT_KEY
+    key: Hashable = DEFAULT_KEY
     weight: int = 0
 
 
-def item_of(obj: Any) -> Item:
+def item_of(obj: object) -> Item:
     """A received object as a queue item (a ``Keyed`` envelope is opened, see ``keys``)."""
     item, key, weight = unwrap(obj)
     return Item(item, payload_nbytes(item), key, weight)
+
+
+WaiterResult = bool | list[Item] | None | _Signal | ChannelClosedError
+"""What a waiting put (a bool: granted) or get (its items, or None) is resolved with.
+
+A :class:`_Signal` when it ends without a grant; :class:`ChannelClosedError` (raised
+by the wait) when the channel closes.
+"""
 
 
 @dataclass
 class _Waiter:
     peer: str
     token: int
-    fut: asyncio.Future[Any]
+    fut: asyncio.Future[WaiterResult]
     max_items: int = 1
     max_bytes: int | None = None
     draining: bool = False  # its own wait is over: it waits only for arriving items
-    key: Any = DEFAULT_KEY
+    key: Hashable = DEFAULT_KEY
     target_weight: int | None = None  # a weighted batch: collect until this weight
     batch: list[Item] = field(default_factory=list)  # what a weighted batch holds so far
 
@@ -94,7 +101,7 @@ class QueueState:
     waiting_getters: int
     closed: bool
     credits: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, int] = field(default_factory=dict)
 
 
 class ChannelQueue:
@@ -121,7 +128,7 @@ class ChannelQueue:
         self.held = 0
         self.arriving = 0  # granted reservations whose payload has not arrived yet
         self.credits = 0  # slots lent to producers ahead of their puts (see grant_credits)
-        self.queues: dict[Any, deque[Item]] = {}
+        self.queues: dict[Hashable, deque[Item]] = {}
         self._putters: deque[_Waiter] = deque()
         self._getters: deque[_Waiter] = deque()
         self.closed = False
@@ -133,7 +140,7 @@ class ChannelQueue:
 
     async def reserve(
         self, peer: str, *, block: bool, timeout: float | None, token: int = -1
-    ) -> Any:
+    ) -> WaiterResult:
         """Take one slot for ``peer``'s next payload.
 
         Returns:
@@ -161,7 +168,7 @@ class ChannelQueue:
             timeout = PASSING_GRACE
         waiter = _Waiter(peer, token, asyncio.get_running_loop().create_future())
         self._putters.append(waiter)
-        return await self._await(waiter, timeout, lambda granted: self.arrival_failed(), False)
+        return await self._await(waiter, timeout, lambda _: self.arrival_failed(), False)
 
     def _in_passing(self) -> int:
         """Slots held by neither a queued nor an arriving item (delivered, or lent credits)."""
@@ -176,7 +183,7 @@ class ChannelQueue:
         self.arriving += 1
         return True
 
-    def try_take(self, key: Any, max_items: int, max_bytes: int | None) -> list[Item] | None:
+    def try_take(self, key: Hashable, max_items: int, max_bytes: int | None) -> list[Item] | None:
         """Items :meth:`take` (by count) would return at once; None if it would wait."""
         queue = self.queues.get(key)
         if self.closed or not queue:
@@ -185,7 +192,7 @@ class ChannelQueue:
             return None
         return self._pop(queue, max_items, max_bytes)
 
-    def take_small(self, key: Any, most: int) -> list[Item]:
+    def take_small(self, key: Hashable, most: int) -> list[Item]:
         """Up to ``most`` more items of ``key`` from its head, while they have no tensors."""
         queue = self.queues.get(key)
         out: list[Item] = []
@@ -276,7 +283,7 @@ class ChannelQueue:
             self._queue_of(item.key).appendleft(item)
         self._dispatch_items()
 
-    def _queue_of(self, key: Any) -> deque[Item]:
+    def _queue_of(self, key: Hashable) -> deque[Item]:
         q = self.queues.get(key)
         if q is None:
             q = self.queues[key] = deque()
@@ -287,7 +294,7 @@ class ChannelQueue:
         """Items queued under every key."""
         return sum(len(q) for q in self.queues.values())
 
-    def queued_for(self, key: Any) -> int:
+    def queued_for(self, key: Hashable) -> int:
         """Items queued under ``key``."""
         q = self.queues.get(key)
         return len(q) if q else 0
@@ -301,9 +308,9 @@ class ChannelQueue:
         block: bool,
         timeout: float | None,
         token: int = -1,
-        key: Any = DEFAULT_KEY,
+        key: Hashable = DEFAULT_KEY,
         target_weight: int | None = None,
-    ) -> Any:
+    ) -> WaiterResult:
         """Remove items from the head of ``key``'s FIFO for ``peer``.
 
         By count (``target_weight`` None): the first item is always taken; further ones
@@ -418,9 +425,9 @@ class ChannelQueue:
         self,
         waiter: _Waiter,
         timeout: float | None,
-        give_back: Callable[[Any], None],
-        timed_out: Any = None,
-    ) -> Any:
+        give_back: Callable[[list[Item]], None],
+        timed_out: WaiterResult = None,
+    ) -> WaiterResult:
         """Wait for ``waiter``; on timeout return ``timed_out`` (or _TIMED_OUT if None)."""
         try:
             await asyncio.wait({waiter.fut}, timeout=timeout)
@@ -494,6 +501,9 @@ def _prune(waiters: deque[_Waiter]) -> None:
         waiters.popleft()
 
 
-def _give_back(result: Any, give_back: Callable[[Any], None]) -> None:
-    if result is True or isinstance(result, list):
+def _give_back(result: WaiterResult, give_back: Callable[[list[Item]], None]) -> None:
+    """Undo a grant its caller did not live to see: a put's slot, a get's items."""
+    if result is True:
+        give_back([])  # a put's slot: its callback frees it
+    elif isinstance(result, list):
         give_back(result)

@@ -29,9 +29,9 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
-from p2p_collective import CollectiveTimeoutError, GroupClosedError, Unready
+from p2p_asyncwork import AsyncWork
+from p2p_collective import CollectiveGroup, CollectiveTimeoutError, GroupClosedError, Unready
 from p2p_worker._channels._protocol.proto import wire_timeout
 
 logger = logging.getLogger("p2p_worker.channel")
@@ -47,7 +47,9 @@ class LoopReader:
     (:meth:`_take`) and handle a failure (:meth:`_broken`); all three run on the loop.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, group: Any, timeout: float | None):
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, group: CollectiveGroup, timeout: float | None
+    ):
         self._loop = loop
         self._group = group
         self._timeout = timeout  # of a large message's ordinary receive
@@ -104,7 +106,7 @@ class LoopReader:
         work = self._group.recv(async_op=True, timeout=self._timeout)
         work.add_done_callback(lambda w: loop.call_soon_threadsafe(self._large_in, w))
 
-    def _large_in(self, work: Any) -> None:
+    def _large_in(self, work: AsyncWork[object]) -> None:
         self._paused = False
         if self._stopped:
             return
@@ -123,7 +125,7 @@ class LoopReader:
     def _wanted(self) -> bool:
         raise NotImplementedError
 
-    def _take(self, msg: Any) -> None:
+    def _take(self, msg: object) -> None:
         raise NotImplementedError
 
     def _broken(self, exc: BaseException) -> None:
@@ -140,8 +142,8 @@ class RequestReader(LoopReader):
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        ctl: Any,
-        handle: Callable[[Any], None],
+        ctl: CollectiveGroup,
+        handle: Callable[[object], None],
         failed: Callable[[BaseException], None],
     ) -> None:
         super().__init__(loop, ctl, wire_timeout(None))  # a peer may idle for long
@@ -161,7 +163,7 @@ class RequestReader(LoopReader):
     def _wanted(self) -> bool:
         return True
 
-    def _take(self, msg: Any) -> None:
+    def _take(self, msg: object) -> None:
         self._handle(msg)
 
     def _broken(self, exc: BaseException) -> None:
@@ -173,7 +175,7 @@ class RequestReader(LoopReader):
         # (which closes the group) ends the receive.
         loop = self._loop
 
-        def arrived(work: Any) -> None:
+        def arrived(work: AsyncWork[object]) -> None:
             if work.exception(0) is None:
                 try:
                     self._post()
@@ -183,7 +185,7 @@ class RequestReader(LoopReader):
 
         self._group.recv(async_op=True, timeout=self._timeout).add_done_callback(arrived)
 
-    def _arrived(self, work: Any) -> None:
+    def _arrived(self, work: AsyncWork[object]) -> None:
         if self._stopped:
             return
         exc = work.exception(0)
@@ -206,9 +208,9 @@ class PayloadReader(LoopReader):
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        link: Any,
+        link: CollectiveGroup,
         timeout: float | None,
-        take: Callable[[bool, Any, BaseException | None], None],
+        take: Callable[[bool, object, BaseException | None], None],
     ) -> None:
         super().__init__(loop, link, timeout)
         self._take_payload = take
@@ -246,7 +248,7 @@ class PayloadReader(LoopReader):
     def _wanted(self) -> bool:
         return self._started and bool(self._expected)
 
-    def _take(self, msg: Any) -> None:
+    def _take(self, msg: object) -> None:
         credit, _ = self._expected.popleft()
         self._take_payload(credit, msg, None)
 

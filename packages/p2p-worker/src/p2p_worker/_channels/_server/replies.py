@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
+from p2p_asyncwork import AsyncWork
+from p2p_collective import CollectiveGroup
 from p2p_worker._channels._protocol.payload import Void
 from p2p_worker._channels._protocol.proto import RECEIPT, wire_timeout
 from p2p_worker._channels._server.peers import Peer
 from p2p_worker._channels._server.queue import ChannelQueue, Item
 
-Reset = Callable[[Peer, Any, BaseException], None]
+Reset = Callable[[Peer, CollectiveGroup | None, BaseException], None]
 """``reset(peer, group, why)``: drop the peer's link ``group`` after a failed send."""
 
 
@@ -44,9 +45,9 @@ class Replies:
     def answer(
         self,
         peer: Peer,
-        group: Any,
+        group: CollectiveGroup,
         token: int,
-        answer: Any,
+        answer: int | BaseException,
         items: list[Item],
         prefetched: bool = False,
     ) -> None:
@@ -94,7 +95,9 @@ class Replies:
             return
         self._watch(head, peer, group)
 
-    def _send_items(self, peer: Peer, group: Any, token: int, items: list[Item]) -> None:
+    def _send_items(
+        self, peer: Peer, group: CollectiveGroup, token: int, items: list[Item]
+    ) -> None:
         """Send the items announced by an answer, in order.
 
         An item that cannot be encoded again goes back to the head, a :class:`Void`
@@ -113,7 +116,7 @@ class Replies:
                 return
             self._watch(work, peer, group)
 
-    def receipt(self, peer: Peer, group: Any, arrived: int) -> None:
+    def receipt(self, peer: Peer, group: CollectiveGroup, arrived: int) -> None:
         """Tell ``peer`` that ``arrived`` of its payloads on ``group`` are in: ``(RECEIPT, n, 0)``.
 
         Called by the link's receiving thread once it handed payload ``arrived`` to the
@@ -133,11 +136,11 @@ class Replies:
             return
         self._watch(sent, peer, group)
 
-    def _watch(self, work: Any, peer: Peer, group: Any) -> None:
+    def _watch(self, work: AsyncWork[object], peer: Peer, group: CollectiveGroup) -> None:
         """Reset ``peer``'s link ``group`` if the send ``work`` fails (no wake-up on success)."""
         work.add_done_callback(lambda w: self._failed(w, peer, group))
 
-    def _failed(self, work: Any, peer: Peer, group: Any) -> None:
+    def _failed(self, work: AsyncWork[object], peer: Peer, group: CollectiveGroup) -> None:
         exc = work.exception(0)
         if exc is not None:
             self._reset_soon(peer, group, exc)

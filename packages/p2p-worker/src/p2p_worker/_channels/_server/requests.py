@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, cast
 
+from p2p_asyncwork import AsyncWork
+from p2p_collective import CollectiveGroup
 from p2p_worker._channels._protocol.proto import (
     ACK,
     ACKED,
@@ -41,6 +44,9 @@ from p2p_worker._channels._server.replies import Replies
 from p2p_worker._channels._server.sole import SoleConsumer
 from p2p_worker._process._untraced import untraced_internals
 
+if TYPE_CHECKING:
+    from p2p_worker._channels._protocol.proto import Request, Served
+
 logger = logging.getLogger(__name__)
 
 
@@ -58,14 +64,14 @@ class ChannelRequests:
     if TYPE_CHECKING:  # ChannelWorker's own
 
         def _reset(
-            self, peer: Peer, group: Any, why: BaseException | None, hold: bool = True
+            self, peer: Peer, group: CollectiveGroup, why: BaseException | None, hold: bool = True
         ) -> None: ...
 
         def _event_loop(self) -> asyncio.AbstractEventLoop: ...
 
         async def _sync(self, peer_name: str | None, gen: int, sent: int) -> None: ...
 
-        def _count(self, key: Any) -> int: ...  # ChannelViews'
+        def _count(self, key: Hashable) -> int: ...  # ChannelViews'
 
         async def _put(
             self,
@@ -74,14 +80,18 @@ class ChannelRequests:
             block: bool,
             timeout: float | None,
             credits: int,
-            expect: Any = None,
+            expect: CollectiveGroup | None = None,
             queued: asyncio.Future[None] | None = None,
-            *inline: Any,
+            *inline: object,
         ) -> int: ...  # ChannelPuts'
 
-        def _granted_put(self, peer: Peer, credits: int, *inline: Any) -> int: ...  # ChannelPuts'
+        def _granted_put(
+            self, peer: Peer, credits: int, *inline: object
+        ) -> int: ...  # ChannelPuts'
 
-    def _control_open(self, peer: Peer, group: Any, ctl: Any, work: Any) -> None:
+    def _control_open(
+        self, peer: Peer, group: CollectiveGroup, ctl: CollectiveGroup, work: AsyncWork[object]
+    ) -> None:
         """The peer's control group is connected: keep one receive posted on it."""
         exc = work.exception(0)
         if exc is not None:
@@ -90,19 +100,23 @@ class ChannelRequests:
             peer.reader = RequestReader(
                 self._event_loop(),
                 ctl,
-                lambda request: self._on_request(peer, group, ctl, request),
+                lambda request: self._on_request(peer, group, ctl, cast("Request", request)),
                 lambda exc: self._request_failed(peer, group, ctl, exc),
             )
             peer.reader.start()
 
-    def _request_failed(self, peer: Peer, group: Any, ctl: Any, exc: BaseException) -> None:
+    def _request_failed(
+        self, peer: Peer, group: CollectiveGroup, ctl: CollectiveGroup, exc: BaseException
+    ) -> None:
         """The peer closed its handle, died or went away: its waiting requests end."""
         if peer.ctl is ctl:
             logger.debug("channel %r: %s left (%s)", self._spec.name, peer.name, exc)
             # it acknowledged what it took before it closed
             self._reset(peer, group, None, hold=False)
 
-    def _on_request(self, peer: Peer, group: Any, ctl: Any, request: Any) -> None:
+    def _on_request(
+        self, peer: Peer, group: CollectiveGroup, ctl: CollectiveGroup, request: Request
+    ) -> None:
         """One request of ``peer`` arrived (in the order it sent them): serve it in turn."""
         if peer.ctl is not ctl:
             return  # a reset dropped this control group; its requests answer nothing
@@ -140,13 +154,13 @@ class ChannelRequests:
         if back:
             self._queue.push_front(back)
 
-    def _try_now(self, peer: Peer, group: Any, request: tuple[Any, ...]) -> bool:
+    def _try_now(self, peer: Peer, group: CollectiveGroup, request: Served) -> bool:
         try:
             return self._serve_now(peer, group, request)
         except Exception:  # a bad request (say, an unhashable key): the task answers it
             return False
 
-    def _serve_now(self, peer: Peer, group: Any, request: tuple[Any, ...]) -> bool:
+    def _serve_now(self, peer: Peer, group: CollectiveGroup, request: Served) -> bool:
         """Serve a request that completes at once, without a task; False if it must wait.
 
         Only called when none of the peer's earlier requests still waits for its place,
@@ -154,14 +168,14 @@ class ChannelRequests:
         holds items (no getter ahead) and a ``qsize`` whose sync holds are answered from
         here; anything else (and any error) goes the task's way (:meth:`_serve`).
         """
-        kind, token = request[0], request[1]
+        token = request[1]
         queue = self._queue
         if queue.closed or token in peer.tokens.cancelled:
             return False
-        if kind in (PUT, PUT_INLINE):
+        if request[0] == PUT or request[0] == PUT_INLINE:
             credits = request[4]
             inline = request[6:]  # (obj,) of an item riding in its request
-            if inline and not self._synced(peer, *request[5]):
+            if request[0] == PUT_INLINE and not self._synced(peer, *request[5]):
                 return False  # the peer's earlier payloads first (FIFO per producer)
             if not queue.try_reserve():
                 return False
@@ -170,7 +184,7 @@ class ChannelRequests:
             answer = self._granted_put(peer, credits, *inline)
             self._replies.answer(peer, group, token, answer, [])
             return True
-        if kind == QSIZE:
+        if request[0] == QSIZE:
             _, _, sync, key = request
             if not self._synced(peer, *sync):
                 return False
@@ -199,8 +213,8 @@ class ChannelRequests:
     async def _serve(
         self,
         peer: Peer,
-        group: Any,
-        request: tuple[Any, ...],
+        group: CollectiveGroup,
+        request: Served,
         gate: asyncio.Future[None] | None,
         queued: asyncio.Future[None],
     ) -> None:
@@ -213,12 +227,14 @@ class ChannelRequests:
         try:
             if gate is not None and not gate.done():
                 await gate
-            if request[0] in (PUT, PUT_INLINE):
-                _, _, block, timeout, credits, *inline = request
-                if inline:  # the peer's earlier payloads enter first (FIFO per producer)
-                    await self._sync(peer.name, *inline[0])
-                answer: Any = await self._put(
-                    peer, token, block, timeout, credits, group, queued, *inline[1:]
+            if request[0] == PUT or request[0] == PUT_INLINE:
+                inline: tuple[object, ...] = ()
+                if request[0] == PUT_INLINE:  # the peer's earlier payloads enter first (FIFO)
+                    await self._sync(peer.name, *request[5])
+                    inline = (request[6],)
+                _, _, block, timeout, credits = request[:5]
+                answer: int | BaseException = await self._put(
+                    peer, token, block, timeout, credits, group, queued, *inline
                 )
                 self._replies.answer(peer, group, token, answer, [])
                 return
@@ -258,7 +274,7 @@ class ChannelRequests:
         max_bytes: int | None,
         block: bool,
         timeout: float | None,
-        key: Any,
+        key: Hashable,
         target_weight: int | None,
         queued: asyncio.Future[None] | None = None,
     ) -> list[Item] | int:
@@ -288,4 +304,4 @@ class ChannelRequests:
             return RESET_ANSWER
         if items is None:
             return NO_ROOM
-        return list(items)
+        return list(cast("list[Item]", items))  # the signals and None are answered above

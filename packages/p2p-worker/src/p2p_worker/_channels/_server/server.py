@@ -47,18 +47,21 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from functools import partial
 
 import ray
 import torch
 
-from p2p_collective import GroupClosedError
+from p2p_asyncwork import AsyncWork
+from p2p_collective import CollectiveGroup, GroupClosedError
 from p2p_worker._channels._protocol.proto import (
     ChannelSpec,
     Hello,
     channel_address,
     control_group_name,
     link_group_name,
+    pair,
     wire_timeout,
 )
 from p2p_worker._channels._server.launched import launched_spec
@@ -152,7 +155,7 @@ class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
         ).start()
 
     @classmethod
-    def create_group(cls, maxsize: int = 0) -> Any:
+    def create_group(cls, maxsize: int = 0) -> WorkerGroup[ChannelWorker]:
         """Describe a group of one channel worker (RLinf's); ``launch`` it to start it.
 
         Args:
@@ -171,11 +174,14 @@ class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
             peer = self._peers[name] = Peer(name)
         return peer
 
-    def _group(self, peer: Peer) -> Any:
+    def _group(self, peer: Peer) -> CollectiveGroup:
         if peer.group is None:
             me = self.worker_address.get_name()
-            group = peer.group = self.collective.create_collective_group(
-                [me, peer.name], group_name=link_group_name(self._spec.uid, peer.name, peer.gen)
+            group = peer.group = pair(
+                self.collective.create_collective_group(
+                    [me, peer.name],
+                    group_name=link_group_name(self._spec.uid, peer.name, peer.gen),
+                )
             )
             gen = peer.gen
             peer.payload_reader = PayloadReader(
@@ -186,7 +192,13 @@ class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
             )
         return peer.group
 
-    def _reset(self, peer: Peer, group: Any, why: BaseException | None, hold: bool = True) -> None:
+    def _reset(
+        self,
+        peer: Peer,
+        group: CollectiveGroup | None,
+        why: BaseException | None,
+        hold: bool = True,
+    ) -> None:
         """Drop ``peer``'s link (if ``group`` is still it): close, bump, wake its waiters.
 
         Items sent to the peer and not acknowledged yet may have arrived there (a live
@@ -230,7 +242,7 @@ class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
         if payloads is not None:  # the payloads still expected on the link never come
             payloads.fail(GroupClosedError(f"{group.name}: the link was reset"))
 
-    def _check_held(self, peer: Peer, gen: int, group: Any, until: float) -> None:
+    def _check_held(self, peer: Peer, gen: int, group: CollectiveGroup, until: float) -> None:
         """Put back the items held for ``peer``'s link ``gen`` once it is known dead or late.
 
         ``group`` (closed) still knows whether the peer's process is gone.
@@ -271,7 +283,7 @@ class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
             self._loop = asyncio.get_running_loop()
         return self._loop
 
-    def _reset_soon(self, peer: Peer, group: Any, why: BaseException) -> None:
+    def _reset_soon(self, peer: Peer, group: CollectiveGroup | None, why: BaseException) -> None:
         """:meth:`_reset` on the event loop, from any thread (a send that failed).
 
         Every send follows a request or a payload handled on the loop, which remembered
@@ -280,11 +292,17 @@ class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._reset, peer, group, why)
 
-    def _when_done(self, work: Any, fn: Any, *args: Any) -> None:
+    def _when_done(self, work: AsyncWork[object], fn: Callable[..., None], *args: object) -> None:
         """Run ``fn(*args, work)`` on the event loop once ``work`` has completed."""
         loop = self._event_loop()
-        # No task per transfer: the completing thread schedules a plain callback.
-        work.add_done_callback(lambda w: loop.call_soon_threadsafe(fn, *args, w))
+
+        bound = partial(fn, *args)
+
+        def done(w: AsyncWork[object]) -> None:
+            # No task per transfer: the completing thread schedules a plain callback.
+            loop.call_soon_threadsafe(bound, w)
+
+        work.add_done_callback(done)
 
     # -- control calls (Ray) ------------------------------------------------------------
 
@@ -304,11 +322,13 @@ class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
         empty = torch.empty(0, dtype=torch.uint8)
         sent = group.send_tensor(empty, async_op=True, timeout=timeout)
         self._when_done(sent, self._finish_hello, peer, group)
-        got = group.recv_tensor(empty, async_op=True, timeout=timeout)
-        self._when_done(got, self._link_open, peer, group)
+        shaken = group.recv_tensor(empty, async_op=True, timeout=timeout)
+        self._when_done(shaken, self._link_open, peer, group)
         me = self.worker_address.get_name()
-        ctl: Any = self.collective.create_collective_group(
-            [me, peer.name], group_name=control_group_name(self._spec.uid, peer.name, peer.gen)
+        ctl = pair(
+            self.collective.create_collective_group(
+                [me, peer.name], group_name=control_group_name(self._spec.uid, peer.name, peer.gen)
+            )
         )
         peer.ctl = ctl
         shake = ctl.recv_tensor(torch.empty(0, dtype=torch.uint8), async_op=True, timeout=timeout)
@@ -322,12 +342,12 @@ class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
             timeout,
         )
 
-    def _finish_hello(self, peer: Peer, group: Any, work: Any) -> None:
+    def _finish_hello(self, peer: Peer, group: CollectiveGroup, work: AsyncWork[object]) -> None:
         exc = work.exception(0)
         if exc is not None:
             self._reset(peer, group, exc)
 
-    def _link_open(self, peer: Peer, group: Any, work: Any) -> None:
+    def _link_open(self, peer: Peer, group: CollectiveGroup, work: AsyncWork[object]) -> None:
         """The link's receiving side is connected: read payloads from the loop if it can.
 
         Without a descriptor (gloo) one receive is posted per expected payload instead,

@@ -7,9 +7,11 @@ its Ray methods (``qsize``, ``state``, ``peek_all``) first wait for the caller's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 from p2p_worker._channels._protocol.keys import DEFAULT_KEY
+from p2p_worker._channels._protocol.proto import ChannelStats
 from p2p_worker._process._untraced import untraced_internals
 
 if TYPE_CHECKING:
@@ -31,7 +33,10 @@ class ChannelViews:
         raise NotImplementedError  # ChannelWorker's
 
     async def qsize(
-        self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0), key: Any = DEFAULT_KEY
+        self,
+        peer_name: str | None = None,
+        sync: tuple[int, int] = (0, 0),
+        key: Hashable = DEFAULT_KEY,
     ) -> int:
         """Items under ``key``, after the caller's puts.
 
@@ -41,14 +46,17 @@ class ChannelViews:
         await self._sync(peer_name, *sync)
         return self._count(key)
 
-    def _count(self, key: Any) -> int:
+    def _count(self, key: Hashable) -> int:
         """Items under ``key``; the default key also counts arriving items (key unknown yet)."""
         arriving = self._queue.arriving if key == DEFAULT_KEY else 0
         return self._queue.queued_for(key) + arriving
 
     async def peek_all(
-        self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0), key: Any = DEFAULT_KEY
-    ) -> list[Any]:
+        self,
+        peer_name: str | None = None,
+        sync: tuple[int, int] = (0, 0),
+        key: Hashable = DEFAULT_KEY,
+    ) -> list[object]:
         """The items queued under ``key``, oldest first, left in place (after the caller's puts).
 
         Items a consumer holds (sent, not acknowledged yet, or taken ahead) are not
@@ -60,7 +68,7 @@ class ChannelViews:
 
     async def state(
         self, peer_name: str | None = None, sync: tuple[int, int] = (0, 0)
-    ) -> dict[str, Any]:
+    ) -> ChannelStats:
         """Counters of the channel (see ``Channel.stats``), after the caller's puts."""
         await self._sync(peer_name, *sync)
         st = self._queue.state()
@@ -76,5 +84,11 @@ class ChannelViews:
             "keys": {repr(k): len(q) for k, q in self._queue.queues.items() if q},
             "closed": st.closed,
             "peers": {p.name: p.gen for p in self._peers.values()},
-            **self._counts,
+            "puts": self._counts["puts"],
+            "gets": self._counts["gets"],
+            "failures": self._counts["failures"],
+            "resets": self._counts["resets"],
+            "voids": self._counts["voids"],
+            "inline": self._counts["inline"],
+            "prefetched": self._counts["prefetched"],
         }
