@@ -4,9 +4,11 @@ The examples are complete programs under ``docs/examples/``; the pages include t
 ``literalinclude``. Each one is run in a fresh interpreter with a timeout and must exit 0
 and print ``<name>: ok`` (``<name>`` is the file's stem).
 
-An example is skipped, with the missing names in the reason, only while a name it
-imports from a p2p package (or an attribute listed in ``EXTRA_REQUIREMENTS``) does not
-exist yet. As soon as the code lands, the example runs and must pass.
+An example that imports a name a p2p package does not have (or an attribute listed in
+``EXTRA_REQUIREMENTS``) fails, naming what is missing: a renamed public name must take
+the docs with it. The selected examples run two at a time, each in its own interpreter
+with its own Ray temp dir: most of an example's time is starting an interpreter and an
+embedded Ray cluster, which waits on other processes about as much as it computes.
 
 The docstring examples of every public name (what the API reference shows) run here too,
 through :mod:`doctest`, one package per subprocess.
@@ -23,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -159,15 +163,40 @@ def example_params() -> list[object]:
     return params
 
 
+PARALLEL_EXAMPLES = 2
+
+
+def run_example(path: Path) -> subprocess.CompletedProcess[str]:
+    return run_program([str(path)], TIMEOUT_RAY if uses_ray(path) else TIMEOUT_PLAIN)
+
+
+@pytest.fixture(scope="module")
+def example_runs(
+    request: pytest.FixtureRequest,
+) -> Iterator[dict[Path, Future[subprocess.CompletedProcess[str]]]]:
+    """Every selected example, started in test order, ``PARALLEL_EXAMPLES`` at a time."""
+    selected = [
+        item.callspec.params["path"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_example_runs"
+    ]
+    with ThreadPoolExecutor(PARALLEL_EXAMPLES, thread_name_prefix="docs-example") as pool:
+        runs = {path: pool.submit(run_example, path) for path in selected}
+        yield runs
+        for run in runs.values():
+            run.cancel()
+
+
 @pytest.mark.parametrize("path", example_params())
-def test_example_runs(path: Path) -> None:
+def test_example_runs(
+    path: Path, example_runs: dict[Path, Future[subprocess.CompletedProcess[str]]]
+) -> None:
     missing = missing_requirements(path)
     assert not missing, (
         f"{path.name} uses names the packages do not have: {', '.join(missing)}"
         " (a public name renamed or removed? the docs must follow)"
     )
-    timeout = TIMEOUT_RAY if uses_ray(path) else TIMEOUT_PLAIN
-    proc = run_program([str(path)], timeout)
+    proc = example_runs[path].result()
     report = f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
     assert proc.returncode == 0, f"{path.name} exited with {proc.returncode}\n{report}"
     expected = f"{path.stem}: ok"
