@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast
 
@@ -123,7 +123,7 @@ class WorkerGroup(Generic[W]):
         catch_system_failure: bool | None = None,
         disable_distributed_log: bool = False,
         *,
-        runtime_env: dict[str, object] | None = None,
+        runtime_env: Mapping[str, object] | None = None,
         timeout: float | None = 120.0,
     ) -> WorkerGroup[W]:
         """Start the workers on ``cluster`` and return this group.
@@ -212,7 +212,7 @@ class WorkerGroup(Generic[W]):
         placement_strategy: PlacementStrategy | None = None,
         max_concurrency: int | None = None,
         *,
-        runtime_env: dict[str, object] | None = None,
+        runtime_env: Mapping[str, object] | None = None,
         timeout: float | None = 120.0,
     ) -> WorkerGroup[W]:
         """Start the workers as children of the worker whose method calls this.
@@ -292,7 +292,7 @@ class WorkerGroup(Generic[W]):
         job: JobContext,
         strategy: PlacementStrategy,
         max_concurrency: int | None,
-        runtime_env: dict[str, object] | None,
+        runtime_env: Mapping[str, object] | None,
         timeout: float | None,
     ) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -312,7 +312,7 @@ class WorkerGroup(Generic[W]):
         job: JobContext,
         strategy: PlacementStrategy,
         max_concurrency: int | None,
-        runtime_env: dict[str, object] | None,
+        runtime_env: Mapping[str, object] | None,
         deadline: float | None,
         timeout: float | None,
     ) -> None:
