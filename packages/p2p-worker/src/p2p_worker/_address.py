@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import total_ordering
-from typing import Any
+from typing import cast
 
 _SEP = ":"
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -29,13 +29,13 @@ def _check_ranks(ranks: int | Iterable[int], arg: str = "ranks") -> tuple[int, .
         raise TypeError(f"{arg} must be an int or a sequence of ints, got bool")
     if not isinstance(ranks, (int, Iterable)) or isinstance(ranks, (str, bytes)):
         raise TypeError(f"{arg} must be an int or a sequence of ints, got {type(ranks).__name__}")
-    seq: tuple[Any, ...] = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    seq: tuple[object, ...] = (ranks,) if isinstance(ranks, int) else tuple(ranks)
     for r in seq:
         if not isinstance(r, int) or isinstance(r, bool):
             raise TypeError(f"{arg} must hold ints, got {r!r} ({type(r).__name__})")
         if r < 0:
             raise ValueError(f"{arg} must hold ranks >= 0, got {r}")
-    return seq
+    return cast("tuple[int, ...]", seq)  # every item checked above
 
 
 def parse_group_name(name: object, arg: str = "group_name") -> WorkerAddress:
@@ -107,7 +107,7 @@ class WorkerAddress:
     ``"trainer:3"``; a worker that rank 3 created as its child of rank 1 is
     ``"trainer:3:1"``. The address with no ranks names the root group itself. Addresses
     are immutable, hashable and ordered (by group name, then rank path), so they work as
-    dict keys and sort deterministically. Any worker can address any other, even in
+    dict keys and sort deterministically. Every worker can address every other, even in
     another group, which is how ``Worker.send`` finds its peer.
 
     Args:

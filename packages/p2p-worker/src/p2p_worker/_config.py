@@ -7,7 +7,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -19,7 +18,7 @@ from p2p_collective import (
     parse_net_emulation,
 )
 
-ConfigSource = Mapping[str, Any] | str | os.PathLike[str] | None
+ConfigSource = Mapping[str, object] | str | os.PathLike[str] | None
 
 _KEYS = ("num_nodes", "collective", "net_emulation")
 
@@ -51,7 +50,7 @@ class ClusterConfig:
         return None if compression is None else str(compression.codec_name)
 
 
-def load_config_source(source: ConfigSource) -> Any:
+def load_config_source(source: ConfigSource) -> object:
     """Turn a mapping, a YAML file path or YAML text into plain data.
 
     Args:
@@ -89,7 +88,7 @@ def load_config_source(source: ConfigSource) -> Any:
     return _load_yaml(source, "<config text>")
 
 
-def _load_yaml(text: str, origin: str) -> Any:
+def _load_yaml(text: str, origin: str) -> object:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -159,7 +158,7 @@ def parse_cluster_config(source: ConfigSource, path: str = "cluster") -> Cluster
     return ClusterConfig(num_nodes=num_nodes, collective=collective, net_emulation=net)
 
 
-def _parse_num_nodes(value: Any, path: str) -> int | None:
+def _parse_num_nodes(value: object, path: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:

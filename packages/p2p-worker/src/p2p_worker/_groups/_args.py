@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 LARGE_ARGS_BYTES = 1 << 20
 
 
-def _nbytes(value: Any) -> int:
+def _nbytes(value: object) -> int:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return len(value)
     nbytes = getattr(value, "nbytes", None)  # torch.Tensor, numpy.ndarray
     return nbytes if isinstance(nbytes, int) else 0
 
 
-def looks_large(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+def looks_large(args: tuple[object, ...], kwargs: Mapping[str, object]) -> bool:
     """Return True if the arguments hold at least 1 MiB of tensors/arrays/bytes.
 
     Looks at the arguments and one level into lists, tuples and dicts; that is enough to

@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import ray
-from ray.util.placement_group import remove_placement_group
+from ray.actor import ActorHandle
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from p2p_worker._address import WorkerAddress, check_group_name
@@ -38,6 +39,8 @@ from p2p_worker._process._actor import (
     CONTROL_GROUP,
     Boot,
     Probe,
+    Reply,
+    WorkerActor,
     dispatcher_name,
     is_async_method,
     make_actor_class,
@@ -74,7 +77,9 @@ class WorkerGroup(Generic[W]):
         [0, 3]
     """
 
-    def __init__(self, worker_cls: type[W], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, worker_cls: type[W], args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
         if not (isinstance(worker_cls, type) and issubclass(worker_cls, WorkerBase)):
             raise TypeError(f"worker_cls must be a subclass of Worker, got {worker_cls!r}")
         self.worker_cls = worker_cls
@@ -87,11 +92,11 @@ class WorkerGroup(Generic[W]):
         self._parent_runtime: WorkerRuntime | None = None  # set for a child group
         self._placements: list[WorkerPlacement] = []
         self._ray_node_ids: list[str] = []
-        self._actors: list[Any] = []
+        self._actors: list[WorkerActor] = []
         self._probes: list[Probe] = []
         self._infos: list[WorkerInfo] = []
-        self._pg: Any = None
-        self._methods: dict[str, Callable[..., Any]] = {}
+        self._pg: PlacementGroup | None = None
+        self._methods: dict[str, Callable[..., object]] = {}
         self._next_ranks: tuple[int, ...] | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -118,7 +123,7 @@ class WorkerGroup(Generic[W]):
         catch_system_failure: bool | None = None,
         disable_distributed_log: bool = False,
         *,
-        runtime_env: dict[str, Any] | None = None,
+        runtime_env: Mapping[str, object] | None = None,
         timeout: float | None = 120.0,
     ) -> WorkerGroup[W]:
         """Start the workers on ``cluster`` and return this group.
@@ -207,7 +212,7 @@ class WorkerGroup(Generic[W]):
         placement_strategy: PlacementStrategy | None = None,
         max_concurrency: int | None = None,
         *,
-        runtime_env: dict[str, Any] | None = None,
+        runtime_env: Mapping[str, object] | None = None,
         timeout: float | None = 120.0,
     ) -> WorkerGroup[W]:
         """Start the workers as children of the worker whose method calls this.
@@ -287,7 +292,7 @@ class WorkerGroup(Generic[W]):
         job: JobContext,
         strategy: PlacementStrategy,
         max_concurrency: int | None,
-        runtime_env: dict[str, Any] | None,
+        runtime_env: Mapping[str, object] | None,
         timeout: float | None,
     ) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -307,7 +312,7 @@ class WorkerGroup(Generic[W]):
         job: JobContext,
         strategy: PlacementStrategy,
         max_concurrency: int | None,
-        runtime_env: dict[str, Any] | None,
+        runtime_env: Mapping[str, object] | None,
         deadline: float | None,
         timeout: float | None,
     ) -> None:
@@ -319,7 +324,7 @@ class WorkerGroup(Generic[W]):
         actor_cls = make_actor_class(self.worker_cls, self._methods)
         for p in self._placements:
             address = self._worker_address(p.rank).get_name()
-            options: dict[str, Any] = {
+            options: dict[str, object] = {
                 "name": address,
                 "num_cpus": p.num_cpus,
                 "num_gpus": p.num_gpus,
@@ -339,7 +344,9 @@ class WorkerGroup(Generic[W]):
                     f"name={self.name!r}: cannot create Ray actor {address!r}: {exc}"
                 ) from exc
             self._actors.append(actor)
-        probes = self._gather([a._p2p_probe.remote() for a in self._actors], left())
+        probes = cast(
+            "list[Probe]", self._gather([a._p2p_probe.remote() for a in self._actors], left())
+        )
         self._probes = probes
         assert self._address is not None  # set at launch
         setups = build_setups(
@@ -350,7 +357,7 @@ class WorkerGroup(Generic[W]):
             [a._p2p_setup.remote(s) for a, s in zip(self._actors, setups, strict=True)], left()
         )
 
-    def _gather(self, refs: list[Any], timeout: float | None) -> list[Any]:
+    def _gather(self, refs: list[ray.ObjectRef[Reply]], timeout: float | None) -> list[object]:
         handle = GroupCallHandle(self.name, "__init__", list(range(len(refs))), refs)
         try:
             return handle.wait(timeout)
@@ -394,7 +401,10 @@ class WorkerGroup(Generic[W]):
             >>> [w.rank for w in group.worker_info_list]  # doctest: +SKIP
             [0, 1]
         """
-        return [WorkerRank(a, i.rank, i) for a, i in zip(self._actors, self._infos, strict=True)]
+        return [
+            WorkerRank(cast("ActorHandle[object]", a), i.rank, i)
+            for a, i in zip(self._actors, self._infos, strict=True)
+        ]
 
     @property
     def worker_group_name(self) -> str:
@@ -402,9 +412,9 @@ class WorkerGroup(Generic[W]):
         return self.name
 
     @property
-    def actors(self) -> list[Any]:
+    def actors(self) -> list[ActorHandle[W]]:
         """The Ray actor handles of the workers, by rank (for plain Ray calls)."""
-        return list(self._actors)
+        return [cast("ActorHandle[W]", a) for a in self._actors]
 
     def execute_on(self, *ranks: int) -> WorkerGroup[W]:
         """Restrict the next call on this group to ``ranks`` (in that result order).
@@ -441,7 +451,7 @@ class WorkerGroup(Generic[W]):
             self._next_ranks = tuple(ranks)
         return self
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> GroupCallHandle:
+    def call(self, method: str, *args: object, **kwargs: object) -> GroupCallHandle:
         """Run ``method(*args, **kwargs)`` on the workers; same as ``group.<method>(...)``.
 
         Args:
@@ -468,7 +478,7 @@ class WorkerGroup(Generic[W]):
         return self._invoke(method, args, kwargs)
 
     def _make_method(self, method: str) -> Callable[..., GroupCallHandle]:
-        def group_method(*args: Any, **kwargs: Any) -> GroupCallHandle:
+        def group_method(*args: object, **kwargs: object) -> GroupCallHandle:
             self._check_launched()
             return self._invoke(method, args, kwargs)
 
@@ -478,7 +488,7 @@ class WorkerGroup(Generic[W]):
         return group_method
 
     def _invoke(
-        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, method: str, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> GroupCallHandle:
         with self._lock:
             ranks = self._next_ranks or tuple(range(self.world_size))
@@ -486,7 +496,9 @@ class WorkerGroup(Generic[W]):
         if len(ranks) > 1 and looks_large(args, kwargs):
             packed = ray.put((args, kwargs))
             call = "_p2p_acall" if is_async_method(self._methods[method]) else "_p2p_call"
-            refs = [getattr(self._actors[r], call).remote(method, packed) for r in ranks]
+            refs: list[ray.ObjectRef[Reply]] = [
+                getattr(self._actors[r], call).remote(method, packed) for r in ranks
+            ]
         else:
             name = dispatcher_name(method)
             refs = [getattr(self._actors[r], name).remote(*args, **kwargs) for r in ranks]
@@ -544,7 +556,7 @@ class WorkerGroup(Generic[W]):
                 ray.wait(refs, num_returns=len(refs), timeout=min(timeout, 10.0))
         for actor in self._actors:
             with contextlib.suppress(ray.exceptions.RayError):
-                ray.kill(actor, no_restart=True)
+                ray.kill(cast("ActorHandle[object]", actor), no_restart=True)
         if self._pg is not None:
             with contextlib.suppress(ray.exceptions.RayError):
                 remove_placement_group(self._pg)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group
@@ -103,8 +102,8 @@ def build_setups(
     group: WorkerAddress,
     placements: Sequence[WorkerPlacement],
     probes: Sequence[Probe],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
 ) -> list[Setup]:
     """What each worker gets before its ``__init__``: environment, info, job, arguments.
 

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, cast
 
 import ray
 
 from p2p_asyncwork import AsyncWork, WorkTimeoutError
 from p2p_worker._errors import WorkerError
-from p2p_worker._process._actor import Failure
+from p2p_worker._process._actor import Failure, Reply
 from p2p_worker._process._timer import Reduction, reduce_durations
 
-_PENDING: Any = object()
+_PENDING = object()
 
 POLL_SECONDS = 0.1
 """How often a waiting handle checks finished replies for a failure while others run."""
@@ -74,7 +76,11 @@ class GroupCallHandle(AsyncWork[list[Any]]):
     """
 
     def __init__(
-        self, group_name: str, method: str, ranks: Sequence[int], refs: Sequence[Any]
+        self,
+        group_name: str,
+        method: str,
+        ranks: Sequence[int],
+        refs: Sequence[ray.ObjectRef[Reply]],
     ) -> None:
         super().__init__()
         self.group_name = group_name
@@ -82,7 +88,7 @@ class GroupCallHandle(AsyncWork[list[Any]]):
         self.ranks = tuple(ranks)
         self.refs = list(refs)
         self._index = {ref: i for i, ref in enumerate(self.refs)}
-        self._results: list[Any] = [_PENDING] * len(self.refs)
+        self._results: list[object] = [_PENDING] * len(self.refs)
         self._durations: list[dict[str, float]] = [{} for _ in self.refs]
         self._remaining = len(self.refs)
         self._state_lock = threading.Lock()
@@ -94,20 +100,21 @@ class GroupCallHandle(AsyncWork[list[Any]]):
 
     # -- resolving replies ----------------------------------------------------------------
 
-    def _unresolved(self) -> list[Any]:
+    def _unresolved(self) -> list[ray.ObjectRef[Reply]]:
         with self._state_lock:
             return [r for i, r in enumerate(self.refs) if self._results[i] is _PENDING]
 
-    def _settle(self, i: int, reply: Any = None, exc: BaseException | None = None) -> None:
+    def _settle(self, i: int, reply: Reply | None = None, exc: BaseException | None = None) -> None:
         """Record rank ``i``'s reply (or Ray error); complete the handle when it decides."""
         rank = self.ranks[i]
         error: WorkerError | None = None
         if exc is not None:
             error = ray_error(self.group_name, rank, self.method, exc)
         else:
+            assert reply is not None
             ok, value, durations = reply
             if not ok:
-                error = failure_error(self.group_name, rank, self.method, value)
+                error = failure_error(self.group_name, rank, self.method, cast("Failure", value))
         with self._state_lock:
             if self._results[i] is not _PENDING:
                 return
@@ -123,7 +130,7 @@ class GroupCallHandle(AsyncWork[list[Any]]):
         elif last:
             self._complete(result=list(self._results))
 
-    def _fetch(self, refs: Sequence[Any]) -> None:
+    def _fetch(self, refs: Sequence[ray.ObjectRef[Reply]]) -> None:
         for ref in refs:
             try:
                 reply = ray.get(ref)
@@ -174,9 +181,9 @@ class GroupCallHandle(AsyncWork[list[Any]]):
                 return
             self._armed = True
         for ref in self._unresolved():
-            ref.future().add_done_callback(lambda fut, ref=ref: self._on_future(ref, fut))
+            ref.future().add_done_callback(functools.partial(self._on_future, ref))
 
-    def _on_future(self, ref: Any, fut: Any) -> None:
+    def _on_future(self, ref: ray.ObjectRef[Reply], fut: Future[Reply]) -> None:
         try:
             reply = fut.result()
         except ray.exceptions.RayError as exc:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+
+from ray.actor import ActorHandle
 
 from p2p_worker._info import WorkerInfo
 
@@ -28,14 +29,14 @@ class WorkerRank:
         info: Its :class:`WorkerInfo`.
     """
 
-    worker: Any
+    worker: ActorHandle[object]
     rank: int
     info: WorkerInfo
 
 
-def public_methods(cls: type) -> dict[str, Callable[..., Any]]:
+def public_methods(cls: type) -> dict[str, Callable[..., object]]:
     """Return the public instance methods of a worker class, by name."""
-    out: dict[str, Callable[..., Any]] = {}
+    out: dict[str, Callable[..., object]] = {}
     for name in dir(cls):
         if name.startswith("_") or name in _NOT_REMOTE:
             continue

@@ -9,7 +9,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import ray
 
@@ -132,7 +132,7 @@ class Cluster:
     chooses it.
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Cluster:
+    def __new__(cls, *args: object, **kwargs: object) -> Cluster:
         # RLinf's Cluster() with no arguments, once a Cluster is open, is that Cluster: code
         # written for it (test fixtures, helpers) reaches the job's one Cluster this way.
         if not args and not kwargs:

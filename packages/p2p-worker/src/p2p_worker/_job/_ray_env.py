@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import ray
 
@@ -210,13 +210,23 @@ def start_or_attach(
     return True
 
 
+class _RayNode(TypedDict, total=False):
+    """The fields of a ``ray.nodes()`` record read here."""
+
+    NodeID: str
+    NodeManagerAddress: str
+    Alive: bool
+    alive: bool
+    Resources: dict[str, float]
+
+
 def discover_nodes() -> list[NodeInfo]:
     """Return the alive nodes, the driver's node first, then ordered by IP and id."""
     here = ray.get_runtime_context().get_node_id()
-    listed: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    listed: list[_RayNode] = ray.nodes()  # type: ignore[no-untyped-call]
     alive = [n for n in listed if n.get("Alive", n.get("alive", False))]
 
-    def order(n: dict[str, Any]) -> tuple[bool, str, str]:
+    def order(n: _RayNode) -> tuple[bool, str, str]:
         return (n["NodeID"] != here, str(n["NodeManagerAddress"]), str(n["NodeID"]))
 
     nodes = []

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar, cast
 
 import ray
+from ray.actor import ActorHandle
 
 from p2p_worker._errors import ClusterError
 from p2p_worker._job._cluster import Cluster
@@ -46,7 +47,9 @@ class ManagerProxy:
         29555
     """
 
-    def __init__(self, manager_cls: type[Manager], actor: Any, timeout: float | None) -> None:
+    def __init__(
+        self, manager_cls: type[Manager], actor: ActorHandle[object], timeout: float | None
+    ) -> None:
         self.manager_cls = manager_cls
         self.actor = actor
         self.timeout = timeout
@@ -59,7 +62,7 @@ class ManagerProxy:
         method = getattr(self.actor, name)
         timeout = self.timeout
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: object, **kwargs: object) -> Any:
             return ray.get(method.remote(*args, **kwargs), timeout=timeout)
 
         call.__name__ = name
@@ -104,7 +107,7 @@ class Manager:
     _proxy: ClassVar[ManagerProxy | None] = None
     _proxy_pid: ClassVar[int | None] = None
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+    def __new__(cls, *args: object, **kwargs: object) -> Self:
         """Sync the cluster namespace from the environment, then create the object."""
         del args, kwargs
         cls.sync_cluster_namespace()
@@ -150,7 +153,7 @@ class Manager:
     @classmethod
     def get_proxy(
         cls: type[M], no_wait: bool = False, *, timeout: float | None = DEFAULT_CALL_TIMEOUT
-    ) -> Any:
+    ) -> ManagerProxy:
         """The proxy of this manager's actor, creating the actor if none runs yet.
 
         One proxy per class and process (a forked process makes its own).
@@ -193,7 +196,7 @@ class Manager:
         return proxy
 
     @classmethod
-    def _find_or_create(cls, no_wait: bool) -> Any:
+    def _find_or_create(cls, no_wait: bool) -> ActorHandle[object]:
         try:
             return ray.get_actor(cls.MANAGER_NAME, namespace=Cluster.NAMESPACE)
         except ValueError:
@@ -202,8 +205,8 @@ class Manager:
                     f"no manager actor named {cls.MANAGER_NAME!r} runs in Ray namespace "
                     f"{Cluster.NAMESPACE!r} (no_wait=True: not creating one)"
                 ) from None
-        actor_cls: Any = ray.remote(cls)
-        return actor_cls.options(
+        actor_cls = ray.remote(cls)
+        handle = actor_cls.options(
             name=cls.MANAGER_NAME,
             namespace=Cluster.NAMESPACE,
             get_if_exists=True,
@@ -211,3 +214,4 @@ class Manager:
             max_restarts=0,
             runtime_env={"env_vars": cls.get_runtime_env_vars()},
         ).remote()
+        return cast("ActorHandle[object]", handle)  # Ray types it as a class or a handle

@@ -16,13 +16,14 @@ import inspect
 import os
 import socket
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Generic, Protocol, TypeAlias, TypeVar, cast
 
 import ray
 import ray.cloudpickle
 
+from p2p_worker._address import WorkerAddress
 from p2p_worker._info import WorkerInfo
 from p2p_worker._job._cluster import NAMESPACE_ENV, Cluster
 from p2p_worker._process._timer import collect_durations
@@ -59,8 +60,8 @@ class Setup:
     info: WorkerInfo
     env: dict[str, str]
     cuda_visible_devices: str | None
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    args: tuple[object, ...] = ()
+    kwargs: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,27 @@ def _loopback_interface() -> str | None:
 # The functions below become methods of the actor class (see make_actor_class).
 
 
-def _shim_init(self: Any, boot: Boot) -> None:
+class _Shim(Protocol):
+    """What the functions below read and set on the worker object they run as methods of."""
+
+    _p2p_worker_cls: type
+    _p2p_probe_result: Probe
+    _p2p_info: WorkerInfo
+    _p2p_runtime: WorkerRuntime
+    _p2p_local_durations: dict[str, float]
+    _rank: int
+    _world_size: int
+    _group_name: str
+    _worker_address: WorkerAddress
+    _worker_name: str
+    _cluster_node_rank: int
+    _local_accelerator_rank: int
+    _node_local_rank: int
+
+    def _load_user_extensions(self) -> None: ...
+
+
+def _shim_init(self: _Shim, boot: Boot) -> None:
     ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
     self._p2p_probe_result = Probe(
         ray_node_id=ray.get_runtime_context().get_node_id(),
@@ -113,14 +134,61 @@ def _shim_init(self: Any, boot: Boot) -> None:
     )
 
 
-Reply = tuple[bool, Any, dict[str, float]]
+Reply: TypeAlias = tuple[bool, object, dict[str, float]]
+"""``(ok, the method's result or a Failure, timer durations)``."""
+
+Packed: TypeAlias = tuple[tuple[object, ...], dict[str, object]]
+"""A call's ``(args, kwargs)``, put in the object store once for a whole group."""
+
+R = TypeVar("R")
 
 
-def _p2p_probe(self: Any) -> Reply:
+class RemoteMethod(Protocol, Generic[R]):
+    """A method of a Ray actor handle: ``.remote(...)`` submits a call."""
+
+    def remote(self, *args: object, **kwargs: object) -> ray.ObjectRef[R]: ...
+
+    def options(self, **options: object) -> RemoteMethod[R]: ...
+
+
+class WorkerActor(Protocol):
+    """The Ray actor handle of a worker (see :func:`make_actor_class`).
+
+    Its ``_p2p_*`` methods run the protocol; any other name is a method of the user's
+    class (its raw result) or a dispatcher (``dispatcher_name``, a :data:`Reply`).
+    """
+
+    @property
+    def _p2p_probe(self) -> RemoteMethod[Reply]: ...
+    @property
+    def _p2p_setup(self) -> RemoteMethod[Reply]: ...
+    @property
+    def _p2p_call(self) -> RemoteMethod[Reply]: ...
+    @property
+    def _p2p_acall(self) -> RemoteMethod[Reply]: ...
+    @property
+    def _p2p_shutdown(self) -> RemoteMethod[None]: ...
+    @property
+    def _p2p_ping(self) -> RemoteMethod[int]: ...
+
+    def __getattr__(self, name: str) -> RemoteMethod[object]: ...
+
+
+class _ActorCreator(Protocol):
+    def remote(self, boot: Boot) -> WorkerActor: ...
+
+
+class WorkerActorClass(Protocol):
+    """The Ray actor class of a worker class (see :func:`make_actor_class`)."""
+
+    def options(self, **options: object) -> _ActorCreator: ...
+
+
+def _p2p_probe(self: _Shim) -> Reply:
     return (True, self._p2p_probe_result, {})
 
 
-def _p2p_setup(self: Any, setup: Setup) -> Reply:
+def _p2p_setup(self: _Shim, setup: Setup) -> Reply:
     try:
         os.environ.update(setup.env)
         if setup.cuda_visible_devices is not None and not _cuda_initialized():
@@ -152,7 +220,8 @@ def _p2p_setup(self: Any, setup: Setup) -> Reply:
     with collect_durations() as durations:
         try:
             self._load_user_extensions()
-            self._p2p_worker_cls.__init__(self, *setup.args, **setup.kwargs)
+            # The user's own __init__ on this subclass instance (the shim replaced it).
+            self._p2p_worker_cls.__init__(self, *setup.args, **setup.kwargs)  # type: ignore[misc]
         except BaseException as exc:
             return (False, make_failure(exc), dict(durations))
     return (True, None, dict(durations))
@@ -173,18 +242,24 @@ def _cuda_initialized() -> bool:
 
 
 def _p2p_call(
-    self: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+    self: object,
+    method: str,
+    args: tuple[object, ...] | Packed,
+    kwargs: dict[str, object] | None = None,
 ) -> Reply:
     if kwargs is None:  # arguments were put in the object store once for the whole group
-        args, kwargs = args
+        args, kwargs = cast("Packed", args)
     return run_method(self, method, args, kwargs)
 
 
 async def _p2p_acall(
-    self: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+    self: object,
+    method: str,
+    args: tuple[object, ...] | Packed,
+    kwargs: dict[str, object] | None = None,
 ) -> Reply:
     if kwargs is None:
-        args, kwargs = args
+        args, kwargs = cast("Packed", args)
     return await run_coroutine_method(self, method, args, kwargs)
 
 
@@ -193,19 +268,19 @@ def dispatcher_name(method: str) -> str:
     return f"_p2p__{method}"
 
 
-def _make_dispatcher(method: str, is_async: bool) -> Any:
+def _make_dispatcher(method: str, is_async: bool) -> Callable[..., object]:
     # One actor method per worker method: a call then carries only the user's arguments
     # (every extra Ray argument costs tens of microseconds). A coroutine method gets a
     # coroutine dispatcher, which Ray awaits on the actor's event loop.
     if is_async:
 
-        async def adispatch(self: Any, *args: Any, **kwargs: Any) -> Reply:
+        async def adispatch(self: object, *args: object, **kwargs: object) -> Reply:
             return await run_coroutine_method(self, method, args, kwargs)
 
         adispatch.__name__ = adispatch.__qualname__ = dispatcher_name(method)
         return adispatch
 
-    def dispatch(self: Any, *args: Any, **kwargs: Any) -> Reply:
+    def dispatch(self: object, *args: object, **kwargs: object) -> Reply:
         return run_method(self, method, args, kwargs)
 
     dispatch.__name__ = dispatch.__qualname__ = dispatcher_name(method)
@@ -213,7 +288,7 @@ def _make_dispatcher(method: str, is_async: bool) -> Any:
 
 
 async def run_coroutine_method(
-    self: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    self: object, method: str, args: tuple[object, ...], kwargs: dict[str, object]
 ) -> Reply:
     """Await ``method`` on the running loop; return what :func:`run_method` returns."""
     with collect_durations() as durations:
@@ -233,7 +308,9 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def run_method(self: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply:
+def run_method(
+    self: object, method: str, args: tuple[object, ...], kwargs: dict[str, object]
+) -> Reply:
     """Run ``method`` and return ``(ok, result or Failure, timer durations)``."""
     with collect_durations() as durations:
         try:
@@ -251,32 +328,34 @@ def run_method(self: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, 
     return (True, result, dict(durations))
 
 
-def _p2p_shutdown(self: Any) -> None:
+def _p2p_shutdown(self: object) -> None:
     runtime = self.__dict__.get("_p2p_runtime")
     if runtime is not None:
         runtime.close()
 
 
-def _p2p_ping(self: Any) -> int:
+def _p2p_ping(self: object) -> int:
     return os.getpid()
 
 
-_ACTOR_CLASSES: dict[type, Any] = {}
+_ACTOR_CLASSES: dict[type, WorkerActorClass] = {}
 
 
-def is_async_method(func: Any) -> bool:
+def is_async_method(func: Callable[..., object]) -> bool:
     """Whether ``func`` is an ``async def`` function (seen through ``functools.wraps``)."""
     return inspect.iscoroutinefunction(inspect.unwrap(func)) or inspect.iscoroutinefunction(func)
 
 
-def make_shim_class(worker_cls: type, methods: Mapping[str, Any] | Iterable[str] = ()) -> type:
+def make_shim_class(
+    worker_cls: type, methods: Mapping[str, Callable[..., object]] | Iterable[str] = ()
+) -> type:
     """Return the class a worker actor instantiates: ``worker_cls`` plus the protocol.
 
     It subclasses ``worker_cls`` under the same name, replaces ``__init__`` by the boot
     step and adds the ``_p2p_*`` methods, including one dispatcher per name in
     ``methods``.
     """
-    namespace: dict[str, Any] = {
+    namespace: dict[str, object] = {
         "__init__": _shim_init,
         "__module__": worker_cls.__module__,
         "__qualname__": worker_cls.__qualname__,
@@ -288,7 +367,9 @@ def make_shim_class(worker_cls: type, methods: Mapping[str, Any] | Iterable[str]
         "_p2p_shutdown": _p2p_shutdown,
         "_p2p_ping": _p2p_ping,
     }
-    funcs = methods if isinstance(methods, Mapping) else dict.fromkeys(methods)
+    funcs: Mapping[str, Callable[..., object] | None] = (
+        methods if isinstance(methods, Mapping) else dict.fromkeys(methods)
+    )
     for method, func in funcs.items():
         namespace[dispatcher_name(method)] = _make_dispatcher(
             method, func is not None and is_async_method(func)
@@ -299,7 +380,9 @@ def make_shim_class(worker_cls: type, methods: Mapping[str, Any] | Iterable[str]
     return type(worker_cls.__name__, (worker_cls,), namespace)
 
 
-def make_actor_class(worker_cls: type, methods: Mapping[str, Any] | Iterable[str] = ()) -> Any:
+def make_actor_class(
+    worker_cls: type, methods: Mapping[str, Callable[..., object]] | Iterable[str] = ()
+) -> WorkerActorClass:
     """Return the Ray actor class for ``worker_cls`` (one per class, cached).
 
     The actor runs :func:`make_shim_class`'s class and has a control concurrency group,
@@ -309,6 +392,7 @@ def make_actor_class(worker_cls: type, methods: Mapping[str, Any] | Iterable[str
     if cached is not None:
         return cached
     shim = make_shim_class(worker_cls, methods)
-    actor_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 2})(shim)  # type: ignore[call-overload]
+    remote = ray.remote(concurrency_groups={CONTROL_GROUP: 2})  # type: ignore[call-overload]
+    actor_cls = cast("WorkerActorClass", remote(shim))
     _ACTOR_CLASSES[worker_cls] = actor_cls
     return actor_cls

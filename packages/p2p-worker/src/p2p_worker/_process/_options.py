@@ -9,7 +9,6 @@ workers first communicate and are ignored afterwards. Every field tunes accelera
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
 
 
 def _check_ctas(value: object, name: str) -> None:
@@ -73,7 +72,7 @@ class CollectiveGroupOptions:
         """Return True when every field has its default."""
         return self == CollectiveGroupOptions()
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Return the fields as a dict."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

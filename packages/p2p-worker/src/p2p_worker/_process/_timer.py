@@ -12,11 +12,18 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
+
+
+class _Timed(Protocol):
+    """What a timed method runs on: a worker, with its ``worker_timer``."""
+
+    def worker_timer(self, tag: str) -> AbstractContextManager[None]: ...
+
 
 _CALL_DURATIONS: ContextVar[dict[str, float] | None] = ContextVar(
     "p2p_worker_call_durations", default=None
@@ -96,14 +103,14 @@ def timer(tag: str) -> Callable[[F], F]:
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
-            async def async_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            async def async_wrapper(self: _Timed, *args: object, **kwargs: object) -> object:
                 with self.worker_timer(tag):
                     return await func(self, *args, **kwargs)
 
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(func)
-        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def wrapper(self: _Timed, *args: object, **kwargs: object) -> object:
             with self.worker_timer(tag):
                 return func(self, *args, **kwargs)
 

@@ -174,7 +174,7 @@ class WorkerBase(CollectivesMixin):
     @overload
     def send(
         self,
-        object: Any,
+        object: object,
         dst_group_name: str,
         dst_rank: Ranks,
         async_op: Literal[False] = ...,
@@ -185,7 +185,7 @@ class WorkerBase(CollectivesMixin):
     @overload
     def send(
         self,
-        object: Any,
+        object: object,
         dst_group_name: str,
         dst_rank: Ranks,
         async_op: Literal[True],
@@ -196,7 +196,7 @@ class WorkerBase(CollectivesMixin):
     @overload
     def send(
         self,
-        object: Any,
+        object: object,
         dst_group_name: str,
         dst_rank: Ranks,
         async_op: bool,
@@ -207,7 +207,7 @@ class WorkerBase(CollectivesMixin):
 
     def send(
         self,
-        object: Any,  # the name seed 004 uses
+        object: object,  # the name seed 004 uses
         dst_group_name: str,
         dst_rank: Ranks,
         async_op: bool = False,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from p2p_asyncwork.internal import CONFIGURED
@@ -25,6 +26,9 @@ from p2p_worker._raycoll._errors import (
     ReadOnlyArrayWarning,
     TensorTypeError,
 )
+
+Tensor: TypeAlias = torch.Tensor | npt.NDArray[np.generic]
+"""What the operations take: a CPU ``torch.Tensor`` or a ``numpy.ndarray``."""
 
 _TORCH_READ_ONLY = "The given NumPy array is not writable"
 """The start of torch's own warning at ``torch.from_numpy`` of a read-only array."""
@@ -110,7 +114,7 @@ def check_tensor(value: object, where: str, op: str) -> None:
         )
 
 
-def check_tensor_list(value: object, where: str, op: str, length: int | None) -> list[Any]:
+def check_tensor_list(value: object, where: str, op: str, length: int | None) -> list[Tensor]:
     """Check a non-empty list of tensors (of ``length`` items when given); return it.
 
     Raises:
@@ -156,7 +160,7 @@ def check_not_self(rank: int, own: int, arg: str) -> None:
         raise CollectiveArgumentError(f"{arg}: got {rank}, this member's own rank")
 
 
-def as_torch(value: Any, where: str, op: str, *, writable: bool = False) -> torch.Tensor:
+def as_torch(value: Tensor, where: str, op: str, *, writable: bool = False) -> torch.Tensor:
     """A torch view of a CPU tensor or numpy array (no copy): ``p2p_collective.as_tensor``.
 
     A read-only numpy array is viewed as it is, as Ray's library does: with

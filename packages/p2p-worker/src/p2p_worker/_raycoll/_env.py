@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 import ray
+from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
+from p2p_collective import CollectiveConfig
 from p2p_worker._raycoll._errors import RayCollectiveError
 from p2p_worker._raycoll._service import get_service
 from p2p_worker._runtime._state import current_runtime
@@ -35,10 +36,10 @@ class Meeting:
         where: ``"worker"`` (the job's store) or ``"ray"`` (the rendezvous actor).
     """
 
-    store: Any
+    store: TCPStore
     host: str
     job_token: str | None = field(repr=False)
-    config: Any
+    config: CollectiveConfig | None
     where: str
 
 

@@ -25,13 +25,13 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import ray
+import torch
 
 from p2p_collective import Collective, CollectiveGroup, MultiCollectiveGroup
 from p2p_collective.internal import PairCollectives, RingCollectives, check_like, check_reducible
-from p2p_worker._raycoll._checks import as_torch, check_not_self, check_rank
+from p2p_worker._raycoll._checks import Tensor, as_torch, check_not_self, check_rank
 from p2p_worker._raycoll._env import Meeting, meeting
 from p2p_worker._raycoll._errors import CollectiveArgumentError, TensorTypeError
 from p2p_worker._raycoll._types import Backend
@@ -314,7 +314,7 @@ class GroupHandle:
 
     # -- operations (arguments already checked in Ray's terms) ----------------------------
 
-    def allreduce(self, tensor: Any, op: str, timeout: float | None) -> None:
+    def allreduce(self, tensor: Tensor, op: str, timeout: float | None) -> None:
         """Reduce ``tensor`` over the members, in place on every member."""
         with _arguments():
             if self._world_size == 1:
@@ -328,7 +328,7 @@ class GroupHandle:
                 return
             self._members_group().allreduce(t, op=op, timeout=timeout)
 
-    def broadcast(self, tensor: Any, src_rank: int, timeout: float | None) -> None:
+    def broadcast(self, tensor: Tensor, src_rank: int, timeout: float | None) -> None:
         """Copy ``tensor`` of ``src_rank`` into ``tensor`` of every member."""
         with _arguments():
             if self._world_size == 1:
@@ -341,7 +341,7 @@ class GroupHandle:
                 return
             self._members_group().broadcast_tensor(t, src=src_rank, timeout=timeout)
 
-    def reduce(self, tensor: Any, dst_rank: int, op: str, timeout: float | None) -> None:
+    def reduce(self, tensor: Tensor, dst_rank: int, op: str, timeout: float | None) -> None:
         """Reduce ``tensor`` over the members into ``tensor`` of ``dst_rank``."""
         with _arguments():
             if self._world_size == 1:
@@ -355,7 +355,7 @@ class GroupHandle:
                 return
             self._members_group().reduce(t, dst=dst_rank, op=op, timeout=timeout)
 
-    def allgather(self, tensor_list: list[Any], tensor: Any, timeout: float | None) -> None:
+    def allgather(self, tensor_list: list[Tensor], tensor: Tensor, timeout: float | None) -> None:
         """Gather every member's ``tensor`` into ``tensor_list`` by rank."""
         with _arguments():
             if self._world_size == 1:
@@ -376,7 +376,7 @@ class GroupHandle:
             self._members_group().allgather(t, outs, timeout=timeout)
 
     def reducescatter(
-        self, tensor: Any, tensor_list: list[Any], op: str, timeout: float | None
+        self, tensor: Tensor, tensor_list: list[Tensor], op: str, timeout: float | None
     ) -> None:
         """Reduce ``tensor_list[r]`` over the members into ``tensor`` of member ``r``.
 
@@ -415,13 +415,13 @@ class GroupHandle:
                 return
             self._members_group().barrier(timeout=timeout)
 
-    def send(self, tensor: Any, dst_rank: int, timeout: float | None) -> None:
+    def send(self, tensor: Tensor, dst_rank: int, timeout: float | None) -> None:
         """Send ``tensor``'s bytes to ``dst_rank``."""
         with _arguments():
             t = as_torch(tensor, "tensor", "send")
             self.pair_group(dst_rank).send_tensor(t, timeout=timeout)
 
-    def recv(self, tensor: Any, src_rank: int, timeout: float | None) -> None:
+    def recv(self, tensor: Tensor, src_rank: int, timeout: float | None) -> None:
         """Receive a ``send`` of ``src_rank`` into ``tensor`` (same number of bytes)."""
         with _arguments():
             t = as_torch(tensor, "tensor", "recv", writable=True)
@@ -438,7 +438,7 @@ class GroupHandle:
             coll.close()
 
 
-def _copy(out: Any, src: Any, op: str, where: str) -> None:
+def _copy(out: torch.Tensor, src: torch.Tensor, op: str, where: str) -> None:
     if out.shape != src.shape or out.dtype != src.dtype:
         raise CollectiveArgumentError(
             f"{op}: {where} is {out.dtype}{tuple(out.shape)}, the tensor it receives is"

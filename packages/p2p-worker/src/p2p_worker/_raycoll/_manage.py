@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from p2p_worker._raycoll import _registry
 from p2p_worker._raycoll._checks import check_gloo_timeout, check_group_name, check_spec
@@ -32,7 +31,7 @@ def is_backend_available(backend: str) -> bool:
     return isinstance(backend, str) and backend.upper() in ("GLOO", "TORCH_GLOO")
 
 
-def register_collective_backend(name: str, group_cls: Any) -> None:
+def register_collective_backend(name: str, group_cls: type) -> None:
     """Ray's hook for a custom backend class; not supported here.
 
     Raises:
@@ -47,7 +46,7 @@ def register_collective_backend(name: str, group_cls: Any) -> None:
 def init_collective_group(
     world_size: int,
     rank: int,
-    backend: Any = Backend.NCCL,
+    backend: str = Backend.NCCL,
     group_name: str = "default",
     gloo_timeout: int = 30000,
 ) -> None:
@@ -94,10 +93,10 @@ def init_collective_group(
 
 
 def create_collective_group(
-    actors: Sequence[Any],
+    actors: Sequence[object],
     world_size: int,
     ranks: Sequence[int],
-    backend: Any = Backend.NCCL,
+    backend: str = Backend.NCCL,
     group_name: str = "default",
     gloo_timeout: int = 30000,
 ) -> None:

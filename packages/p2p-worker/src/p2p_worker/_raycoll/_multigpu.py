@@ -8,12 +8,11 @@ Until then run one actor per GPU and use the single-tensor calls.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from p2p_worker._raycoll._checks import Tensor
 from p2p_worker._raycoll._errors import BackendUnavailableError, RayCollectiveError
-from p2p_worker._raycoll._types import ReduceOp
+from p2p_worker._raycoll._types import ReduceOp, ReduceOpLike
 
 
 def _missing(call: str) -> BackendUnavailableError:
@@ -25,7 +24,7 @@ def _missing(call: str) -> BackendUnavailableError:
 
 
 def allreduce_multigpu(
-    tensor_list: list[Any], group_name: str = "default", op: Any = ReduceOp.SUM
+    tensor_list: list[Tensor], group_name: str = "default", op: ReduceOpLike = ReduceOp.SUM
 ) -> None:
     """Ray's multi-GPU allreduce: not available (see the module doc).
 
@@ -36,11 +35,11 @@ def allreduce_multigpu(
 
 
 def reduce_multigpu(
-    tensor_list: list[Any],
+    tensor_list: list[Tensor],
     dst_rank: int = 0,
     dst_tensor: int = 0,
     group_name: str = "default",
-    op: Any = ReduceOp.SUM,
+    op: ReduceOpLike = ReduceOp.SUM,
 ) -> None:
     """Ray's multi-GPU reduce: not available (see the module doc).
 
@@ -51,7 +50,7 @@ def reduce_multigpu(
 
 
 def broadcast_multigpu(
-    tensor_list: list[Any], src_rank: int = 0, src_tensor: int = 0, group_name: str = "default"
+    tensor_list: list[Tensor], src_rank: int = 0, src_tensor: int = 0, group_name: str = "default"
 ) -> None:
     """Ray's multi-GPU broadcast: not available (see the module doc).
 
@@ -62,7 +61,9 @@ def broadcast_multigpu(
 
 
 def allgather_multigpu(
-    output_tensor_lists: list[Any], input_tensor_list: list[Any], group_name: str = "default"
+    output_tensor_lists: list[list[Tensor]],
+    input_tensor_list: list[Tensor],
+    group_name: str = "default",
 ) -> None:
     """Ray's multi-GPU allgather: not available (see the module doc).
 
@@ -73,10 +74,10 @@ def allgather_multigpu(
 
 
 def reducescatter_multigpu(
-    output_tensor_list: list[Any],
-    input_tensor_lists: list[Any],
+    output_tensor_list: list[Tensor],
+    input_tensor_lists: list[list[Tensor]],
     group_name: str = "default",
-    op: Any = ReduceOp.SUM,
+    op: ReduceOpLike = ReduceOp.SUM,
 ) -> None:
     """Ray's multi-GPU reduce-scatter: not available (see the module doc).
 
@@ -87,7 +88,7 @@ def reducescatter_multigpu(
 
 
 def send_multigpu(
-    tensor: Any,
+    tensor: Tensor,
     dst_rank: int,
     dst_gpu_index: int,
     group_name: str = "default",
@@ -102,7 +103,7 @@ def send_multigpu(
 
 
 def recv_multigpu(
-    tensor: Any,
+    tensor: Tensor,
     src_rank: int,
     src_gpu_index: int,
     group_name: str = "default",

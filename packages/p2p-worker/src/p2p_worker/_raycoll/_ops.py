@@ -15,10 +15,10 @@ raises ``p2p_collective.CollectiveTimeoutError``. Both are ``RuntimeError`` s.
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 from p2p_worker._raycoll import _registry
 from p2p_worker._raycoll._checks import (
+    Tensor,
     check_not_self,
     check_rank,
     check_tensor,
@@ -26,7 +26,7 @@ from p2p_worker._raycoll._checks import (
     check_timeout,
 )
 from p2p_worker._raycoll._errors import CollectiveArgumentError
-from p2p_worker._raycoll._types import ReduceOp
+from p2p_worker._raycoll._types import ReduceOp, ReduceOpLike
 
 _OPS = {"sum": "sum", "product": "product", "prod": "product", "min": "min", "max": "max"}
 
@@ -43,9 +43,9 @@ def _op_name(op: object) -> str:
 
 
 def allreduce(
-    tensor: Any,
+    tensor: Tensor,
     group_name: str = "default",
-    op: Any = ReduceOp.SUM,
+    op: ReduceOpLike = ReduceOp.SUM,
     *,
     timeout: float | None = None,
 ) -> None:
@@ -88,10 +88,10 @@ def barrier(group_name: str = "default", *, timeout: float | None = None) -> Non
 
 
 def reduce(
-    tensor: Any,
+    tensor: Tensor,
     dst_rank: int = 0,
     group_name: str = "default",
-    op: Any = ReduceOp.SUM,
+    op: ReduceOpLike = ReduceOp.SUM,
     *,
     timeout: float | None = None,
 ) -> None:
@@ -113,7 +113,7 @@ def reduce(
 
 
 def broadcast(
-    tensor: Any, src_rank: int = 0, group_name: str = "default", *, timeout: float | None = None
+    tensor: Tensor, src_rank: int = 0, group_name: str = "default", *, timeout: float | None = None
 ) -> None:
     """Copy ``tensor`` of ``src_rank`` into ``tensor`` of every member.
 
@@ -131,8 +131,8 @@ def broadcast(
 
 
 def allgather(
-    tensor_list: list[Any],
-    tensor: Any,
+    tensor_list: list[Tensor],
+    tensor: Tensor,
     group_name: str = "default",
     *,
     timeout: float | None = None,
@@ -163,10 +163,10 @@ def allgather(
 
 
 def reducescatter(
-    tensor: Any,
-    tensor_list: list[Any],
+    tensor: Tensor,
+    tensor_list: list[Tensor],
     group_name: str = "default",
-    op: Any = ReduceOp.SUM,
+    op: ReduceOpLike = ReduceOp.SUM,
     *,
     timeout: float | None = None,
 ) -> None:
@@ -204,7 +204,7 @@ reduce_scatter = reducescatter
 
 
 def send(
-    tensor: Any, dst_rank: int, group_name: str = "default", *, timeout: float | None = None
+    tensor: Tensor, dst_rank: int, group_name: str = "default", *, timeout: float | None = None
 ) -> None:
     """Send ``tensor`` to ``dst_rank``, which calls :func:`recv` with as many bytes.
 
@@ -228,7 +228,7 @@ def send(
 
 
 def recv(
-    tensor: Any, src_rank: int, group_name: str = "default", *, timeout: float | None = None
+    tensor: Tensor, src_rank: int, group_name: str = "default", *, timeout: float | None = None
 ) -> None:
     """Receive a :func:`send` of ``src_rank`` into ``tensor`` (in place).
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import ray
 
@@ -111,7 +110,7 @@ def destroy(group_name: str) -> None:
 
 
 def declare(
-    actors: Sequence[Any],
+    actors: Sequence[object],
     world_size: int,
     ranks: Sequence[int],
     backend: object,

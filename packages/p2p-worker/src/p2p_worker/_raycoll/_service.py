@@ -21,7 +21,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from typing import Any
+from typing import Generic, Literal, Protocol, TypeAlias, TypeVar, cast, overload
 
 import ray
 
@@ -31,6 +31,28 @@ SERVICE_NAMESPACE = "p2p-collective"
 """The Ray namespace of the rendezvous actors (a fixed one, so Ray logs no warning)."""
 
 _JOB_POLL_S = 5.0
+
+Declaration: TypeAlias = tuple[list[str], int, list[int], str, "float | None"]
+"""A group declared from the driver: actor ids, world size, ranks, backend, timeout."""
+
+R = TypeVar("R")
+
+
+class _RemoteMethod(Protocol, Generic[R]):
+    def remote(self, *args: object) -> ray.ObjectRef[R]: ...
+
+
+class ServiceHandle(Protocol):
+    """The rendezvous actor's handle, as this package calls it."""
+
+    @property
+    def store_address(self) -> _RemoteMethod[tuple[str, int, str]]: ...
+    @property
+    def declare(self) -> _RemoteMethod[bool]: ...
+    @property
+    def lookup(self) -> _RemoteMethod[Declaration | None]: ...
+    @property
+    def forget(self) -> _RemoteMethod[None]: ...
 
 
 def service_name(namespace: str, job_id: str) -> str:
@@ -65,7 +87,7 @@ class RendezvousService:
         self._token = secrets.token_hex(32)
         self._lock = threading.Lock()
         self._store: RendezvousStore | None = None
-        self._declared: dict[str, tuple[Any, ...]] = {}
+        self._declared: dict[str, Declaration] = {}
         threading.Thread(target=self._watch_job, name="p2p-rendezvous-job", daemon=True).start()
 
     def store_address(self) -> tuple[str, int, str]:
@@ -76,7 +98,7 @@ class RendezvousService:
                 self._store = RendezvousStore(ip)
             return self._store.host, self._store.port, self._token
 
-    def declare(self, group_name: str, info: tuple[Any, ...]) -> bool:
+    def declare(self, group_name: str, info: Declaration) -> bool:
         """Record a group declared from the driver; False when that name is taken."""
         with self._lock:
             if group_name in self._declared:
@@ -84,7 +106,7 @@ class RendezvousService:
             self._declared[group_name] = info
             return True
 
-    def lookup(self, group_name: str) -> tuple[Any, ...] | None:
+    def lookup(self, group_name: str) -> Declaration | None:
         """The declaration of ``group_name``, or None."""
         with self._lock:
             return self._declared.get(group_name)
@@ -105,10 +127,16 @@ class RendezvousService:
                 ray.kill(ray.get_runtime_context().current_actor)
 
 
-_actor_class: Any = None
+_actor_class: ray.actor.ActorClass[RendezvousService] | None = None
 
 
-def get_service(create: bool = True) -> Any:
+@overload
+def get_service(create: Literal[True] = True) -> ServiceHandle: ...
+@overload
+def get_service(create: bool) -> ServiceHandle | None: ...
+
+
+def get_service(create: bool = True) -> ServiceHandle | None:
     """The handle of this job's rendezvous actor (created when missing and ``create``).
 
     Returns:
@@ -119,7 +147,7 @@ def get_service(create: bool = True) -> Any:
     name = service_name(ctx.namespace, ctx.get_job_id())
     if not create:
         try:
-            return ray.get_actor(name, namespace=SERVICE_NAMESPACE)
+            return cast("ServiceHandle", ray.get_actor(name, namespace=SERVICE_NAMESPACE))
         except ValueError:
             return None
     if _actor_class is None:
@@ -127,7 +155,7 @@ def get_service(create: bool = True) -> Any:
     node = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
         ctx.get_node_id(), soft=True
     )
-    return _actor_class.options(
+    handle = _actor_class.options(
         name=name,
         namespace=SERVICE_NAMESPACE,
         lifetime="detached",
@@ -136,3 +164,4 @@ def get_service(create: bool = True) -> Any:
         max_restarts=0,
         scheduling_strategy=node,
     ).remote(ctx.get_job_id())
+    return cast("ServiceHandle", handle)

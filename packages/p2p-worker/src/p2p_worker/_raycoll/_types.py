@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import TypeAlias
 
 from p2p_worker._raycoll._errors import BackendUnavailableError
 
@@ -24,6 +25,10 @@ class ReduceOp(enum.Enum):
     PRODUCT = 1
     MIN = 2
     MAX = 3
+
+
+ReduceOpLike: TypeAlias = ReduceOp | enum.Enum | str
+"""What ``op`` takes: a :class:`ReduceOp`, Ray's ``ReduceOp`` member, or a name (``"sum"`` ...)."""
 
 
 class Backend:

@@ -9,9 +9,21 @@ join, about once a second, so an operation toward a worker whose actor is dead f
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol, cast
 
 import ray
+
+
+class _ReadyMethod(Protocol):
+    def remote(self) -> ray.ObjectRef[bool]: ...
+
+
+class _Pingable(Protocol):
+    """An actor handle, as far as the liveness probe calls it."""
+
+    @property
+    def __ray_ready__(self) -> _ReadyMethod: ...
+
 
 _READY_WAIT = 0.2  # seconds to wait for the actor's ready probe before answering "alive"
 
@@ -30,10 +42,10 @@ def actor_alive(name: str) -> bool:
         True
     """
     try:
-        handle: Any = ray.get_actor(name)
+        handle = cast("_Pingable", ray.get_actor(name))
     except ValueError:
         return not _dead_in_table(name)
-    probe: Any = handle.__ray_ready__.remote()
+    probe = handle.__ray_ready__.remote()
     done, _ = ray.wait([probe], timeout=_READY_WAIT)
     if not done:
         return True
@@ -51,7 +63,7 @@ def _dead_in_table(name: str) -> bool:
 
     ``ray._private.state`` is private; it is used because the public state API
     (``ray.util.state``) needs the dashboard, which p2p-worker's clusters run without.
-    Any failure of it counts as "not listed" (the caller then waits on).
+    A failure of it counts as "not listed" (the caller then waits on).
     """
     try:
         from ray._private import state

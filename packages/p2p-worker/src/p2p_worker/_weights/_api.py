@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from p2p_asyncwork import AsyncWork
 from p2p_collective import Collective
@@ -16,10 +17,19 @@ from p2p_worker._weights._source import DEFAULT_JOIN_TIMEOUT, DEFAULT_PUSH_TIMEO
 from p2p_worker._weights._target import DEFAULT_PULL_TIMEOUT, WeightReceiver
 
 if TYPE_CHECKING:
+    import torch
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
     from p2p_worker._info import WorkerInfo
     from p2p_worker._runtime._state import WorkerRuntime
 
 SIZE_KEY = "p2p/worker-group-size/{}"  # the key create_collective publishes sizes under
+
+Model: TypeAlias = "torch.nn.Module | Mapping[str, torch.Tensor]"
+"""What weight sync reads or writes: a module (parameters, persistent buffers) or tensors."""
+TargetItem: TypeAlias = "str | WorkerAddress | tuple[str, int | list[int]]"
+"""One target of a push: a group name, an address (or its string), ``(group, ranks)``."""
+_Syncs: TypeAlias = "dict[tuple[str, str], WeightSender | WeightReceiver | ShardedReceiver]"
 
 
 def _sync_name(sync: object) -> str:
@@ -50,8 +60,8 @@ class WeightSyncMixin:
 
         def _p2p_worker_runtime(self) -> WorkerRuntime: ...
 
-    def _p2p_weight_syncs(self) -> dict[tuple[str, str], Any]:
-        found: dict[tuple[str, str], Any] = self.__dict__.setdefault("_p2p_weights", {})
+    def _p2p_weight_syncs(self) -> _Syncs:
+        found: _Syncs = self.__dict__.setdefault("_p2p_weights", {})
         return found
 
     def _p2p_publish_size(self) -> None:
@@ -63,9 +73,9 @@ class WeightSyncMixin:
 
     def push_weights(
         self,
-        model: Any,
+        model: Model,
         version: int,
-        targets: Any = None,
+        targets: TargetItem | list[TargetItem] | None = None,
         *,
         sync: str = "weights",
         async_op: bool = False,
@@ -127,14 +137,18 @@ class WeightSyncMixin:
         """  # noqa: E501
         name = _sync_name(sync)
         syncs = self._p2p_weight_syncs()
-        sender = syncs.get(("push", name))
+        sender = cast("WeightSender | None", syncs.get(("push", name)))
         if targets is not None or sender is None:
             if targets is None:
                 raise ValueError(f"targets: the first push of sync {name!r} must name its targets")
             spec = _target_spec(targets, self.worker_address)
             store = self._p2p_worker_runtime().store()
 
-            def resolve(deadline: float | None, spec: Any = spec, store: Any = store) -> list[str]:
+            def resolve(
+                deadline: float | None,
+                spec: list[str | WorkerAddress] = spec,
+                store: TCPStore = store,
+            ) -> list[str]:
                 return _resolve(spec, store, deadline)
 
             if sender is None:
@@ -152,7 +166,7 @@ class WeightSyncMixin:
 
     def pull_weights(
         self,
-        model: Any,
+        model: Model,
         src_group_name: str,
         src_rank: int | list[int] = 0,
         *,
@@ -200,7 +214,7 @@ class WeightSyncMixin:
                 raise ValueError(f"src_group_name, src_rank: {source} is this worker itself")
         wanted = tuple(s.get_name() for s in sources)
         syncs = self._p2p_weight_syncs()
-        receiver = syncs.get(("pull", name))
+        receiver = cast("WeightReceiver | ShardedReceiver | None", syncs.get(("pull", name)))
         held = () if receiver is None else receiver.source
         if receiver is None or wanted != (held if isinstance(held, tuple) else (held,)):
             self._p2p_publish_size()
@@ -226,8 +240,8 @@ class WeightSyncMixin:
             >>> self.weight_sender().base_bytes  # doctest: +SKIP
             1048576
         """
-        found: WeightSender | None = self._p2p_weight_syncs().get(("push", _sync_name(sync)))
-        return found
+        found = self._p2p_weight_syncs().get(("push", _sync_name(sync)))
+        return cast("WeightSender | None", found)
 
     def weight_receiver(self, sync: str = "weights") -> WeightReceiver | ShardedReceiver | None:
         """This worker's :class:`WeightReceiver` of sync ``sync`` (None before its first pull).
@@ -241,10 +255,8 @@ class WeightSyncMixin:
             >>> self.weight_receiver().progress  # doctest: +SKIP
             (12, 40)
         """
-        found: WeightReceiver | ShardedReceiver | None = self._p2p_weight_syncs().get(
-            ("pull", _sync_name(sync))
-        )
-        return found
+        found = self._p2p_weight_syncs().get(("pull", _sync_name(sync)))
+        return cast("WeightReceiver | ShardedReceiver | None", found)
 
     def weight_version(self, sync: str = "weights") -> int | None:
         """The version of sync ``sync`` this worker holds bit-exactly (None: none, or torn).
@@ -254,17 +266,19 @@ class WeightSyncMixin:
             7
         """
         receiver = self._p2p_weight_syncs().get(("pull", _sync_name(sync)))
-        return None if receiver is None else receiver.version
+        return (
+            None if receiver is None else cast("WeightReceiver | ShardedReceiver", receiver).version
+        )
 
 
-def _target_spec(spec: Any, me: WorkerAddress) -> list[Any]:
+def _target_spec(spec: object, me: WorkerAddress) -> list[str | WorkerAddress]:
     """Check a targets spec; return its items (group names as addresses, workers as names)."""
     items = list(spec) if isinstance(spec, list) else [spec]
     if not items:
         raise ValueError(
             "targets: got an empty list; allowed: group names, (name, ranks), addresses"
         )
-    out: list[Any] = []
+    out: list[str | WorkerAddress] = []
     for i, item in enumerate(items):
         if isinstance(item, WorkerAddress):
             out.append(item.get_name())
@@ -289,7 +303,7 @@ def _target_spec(spec: Any, me: WorkerAddress) -> list[Any]:
     return out
 
 
-def _resolve(spec: list[Any], store: Any, deadline: float | None) -> list[str]:
+def _resolve(spec: list[str | WorkerAddress], store: TCPStore, deadline: float | None) -> list[str]:
     """Target names; whole groups' sizes come from the store (their workers publish them)."""
     out: list[str] = []
     for item in spec:

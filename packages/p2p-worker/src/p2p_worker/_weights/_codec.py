@@ -7,8 +7,6 @@ sparse, XOR or full patch of the bits, whichever is smallest, then zstd or lz4).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 import p2p_compress
@@ -21,13 +19,13 @@ def checksum(buf: torch.Tensor) -> int:
 
 def encode_delta(
     new: torch.Tensor, base: torch.Tensor, codec: str, level: int
-) -> tuple[dict[str, Any], torch.Tensor, int]:
+) -> tuple[dict[str, int | str], torch.Tensor, int]:
     """The patch that turns ``base`` into ``new``: ``(meta, payload, wire_nbytes)``."""
     patch = p2p_compress.encode_delta(new, base, codec=codec, level=level)
     return dict(patch.meta()), patch.payload, int(patch.wire_nbytes)
 
 
-def apply_delta(meta: dict[str, Any], payload: torch.Tensor, target: torch.Tensor) -> None:
+def apply_delta(meta: dict[str, int | str], payload: torch.Tensor, target: torch.Tensor) -> None:
     """Apply a patch in place: ``target`` holds the base on entry, the new bits on exit.
 
     Raises:

@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypeAlias
 
 import torch
 
@@ -58,6 +58,8 @@ class Edges:
 
 
 Payload = Callable[[], "torch.Tensor | None"]
+_Job: TypeAlias = tuple[tuple[object, ...], "Payload | None", Callable[[], None]]
+"""An outbox job: a header on the wire, the payload if any, and what frees its slot."""
 
 
 def ready(tensor: torch.Tensor | None) -> Payload | None:
@@ -92,13 +94,15 @@ class Outbox:
         self._group = group
         self._deadline = deadline
         self._on_fail = on_fail
-        self._jobs: queue.Queue[Any] = queue.Queue()
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread = threading.Thread(
             target=self._run, name=f"p2p-weights-to-{child}", daemon=True
         )
         self._thread.start()
 
-    def put(self, header: Any, payload: Payload | None, release: Callable[[], None]) -> None:
+    def put(
+        self, header: tuple[object, ...], payload: Payload | None, release: Callable[[], None]
+    ) -> None:
         """Queue one message (header, then the payload if any)."""
         self._jobs.put((header, payload, release))
 
@@ -127,7 +131,7 @@ class Outbox:
             finally:
                 release()
 
-    def _send(self, header: Any, payload: Payload | None) -> None:
+    def _send(self, header: tuple[object, ...], payload: Payload | None) -> None:
         tensor = None if payload is None else payload()
         self._group.send(header, timeout=remaining(self._deadline))
         if tensor is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -79,6 +78,15 @@ def dtype_of(name: str) -> torch.dtype:
     return dtype
 
 
+@dataclass
+class _OpenBucket:
+    """A bucket :meth:`Layout.build` is still filling."""
+
+    index: int
+    numel: int
+    segments: list[Segment]
+
+
 @dataclass(frozen=True)
 class Layout:
     """The entries of a target cut into buckets of at most ``bucket_bytes``.
@@ -107,7 +115,7 @@ class Layout:
         """
         check_bucket_bytes(bucket_bytes)
         frozen_keys = set(frozen)
-        open_: dict[tuple[str, bool], list[Any]] = {}  # kind -> [index, numel, segments]
+        open_: dict[tuple[str, bool], _OpenBucket] = {}  # kind -> the bucket being filled
         done: list[tuple[int, torch.dtype, int, tuple[Segment, ...], bool]] = []
         counter = 0
         for i, e in enumerate(entries):
@@ -118,18 +126,18 @@ class Layout:
             while left > 0:
                 cur = open_.get(kind)
                 if cur is None:
-                    cur = open_[kind] = [counter, 0, []]
+                    cur = open_[kind] = _OpenBucket(counter, 0, [])
                     counter += 1
-                take = min(left, cap - cur[1])
-                cur[2].append(Segment(i, start, take, cur[1]))
-                cur[1] += take
+                take = min(left, cap - cur.numel)
+                cur.segments.append(Segment(i, start, take, cur.numel))
+                cur.numel += take
                 start += take
                 left -= take
-                if cur[1] == cap:
-                    done.append((cur[0], dtype, cur[1], tuple(cur[2]), kind[1]))
+                if cur.numel == cap:
+                    done.append((cur.index, dtype, cur.numel, tuple(cur.segments), kind[1]))
                     del open_[kind]
         for (name, fro), cur in open_.items():
-            done.append((cur[0], dtype_of(name), cur[1], tuple(cur[2]), fro))
+            done.append((cur.index, dtype_of(name), cur.numel, tuple(cur.segments), fro))
         done.sort(key=lambda b: b[0])
         buckets = tuple(Bucket(i, d, n, s, f) for i, d, n, s, f in done)
         text = repr((tuple(entries), bucket_bytes, sorted(frozen_keys)))
@@ -214,7 +222,7 @@ def target_entries(tensors: Mapping[str, torch.Tensor], arg: str) -> tuple[list[
     Raises:
         ValueError: A tensor is not contiguous (it is written in place as a flat view).
     """
-    seen: dict[tuple[Any, ...], str] = {}
+    seen: dict[tuple[torch.device, int, torch.dtype, tuple[int, ...], tuple[int, ...]], str] = {}
     entries: list[Entry] = []
     keys: list[str] = []
     for key, t in tensors.items():

@@ -9,7 +9,7 @@ travel down the tree, each followed by its payload unless the bucket is unchange
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TypeVar, overload
 
 from p2p_collective import FramingError
 
@@ -65,7 +65,7 @@ class Header:
     index: int
     mode: str
     crc: int
-    meta: dict[str, Any] | None
+    meta: dict[str, int | str] | None
     nbytes: int
 
 
@@ -82,12 +82,22 @@ class Result:
 _KINDS: dict[str, type] = {c.__name__: c for c in (Hello, Plan, Abort, Resume, Header, Result)}
 
 
-def to_wire(msg: object) -> tuple[Any, ...]:
+def to_wire(msg: object) -> tuple[object, ...]:
     """A message as a tuple of builtins (a receiver's ``object_policy="plain"`` takes it)."""
     return (type(msg).__name__, *(getattr(msg, f.name) for f in fields(msg)))  # type: ignore[arg-type]
 
 
-def from_wire(obj: object, kinds: tuple[type, ...], peer: str, what: str) -> Any:
+T1 = TypeVar("T1")
+T2 = TypeVar("T2")
+
+
+@overload
+def from_wire(obj: object, kinds: tuple[type[T1]], peer: str, what: str) -> T1: ...
+@overload
+def from_wire(obj: object, kinds: tuple[type[T1], type[T2]], peer: str, what: str) -> T1 | T2: ...
+
+
+def from_wire(obj: object, kinds: tuple[type, ...], peer: str, what: str) -> object:
     """The message in ``obj`` if it is one of ``kinds``.
 
     Raises:

@@ -10,7 +10,7 @@ the target exactly once.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import cast
 
 from p2p_asyncwork import AsyncWork
 from p2p_asyncwork.internal import check_timeout
@@ -75,7 +75,10 @@ class ShardedReceiver:
         return self._pull(model, keys, limit)
 
     def _pull(self, model: object, keys: list[str], limit: float | None) -> int:
-        works: list[Any] = [r.pull(model, async_op=True, timeout=limit) for r in self.receivers]
+        works = [
+            cast("AsyncWork[int]", r.pull(model, async_op=True, timeout=limit))
+            for r in self.receivers
+        ]
         versions: list[int] = []
         errors: list[WeightSyncError] = []
         for work in works:

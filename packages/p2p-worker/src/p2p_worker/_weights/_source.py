@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from p2p_asyncwork import AsyncWork, wait_any
 from p2p_asyncwork.internal import check_timeout
-from p2p_collective import PeerError
+from p2p_collective import Collective, CollectiveGroup, PeerError
 from p2p_worker._weights import _messages as m
 from p2p_worker._weights._codec import checksum, encode_delta
 from p2p_worker._weights._edges import (
@@ -47,6 +46,7 @@ DEFAULT_PUSH_TIMEOUT = 600.0
 DEFAULT_JOIN_TIMEOUT = 60.0
 INFLIGHT = 3  # buckets the source prepares ahead of the wire
 _POLL = 0.01
+_Waiting = tuple[CollectiveGroup, AsyncWork[object]]  # a target's pair group, its hello's receive
 _HELLO_TIMEOUT = 24 * 3600.0  # a hello may come pushes later; a dead target fails it at once
 
 
@@ -80,7 +80,7 @@ class WeightSender:
 
     def __init__(
         self,
-        collective: Any,
+        collective: Collective,
         me: str,
         targets: Callable[[float | None], list[str]],
         sync: str,
@@ -107,7 +107,7 @@ class WeightSender:
         self._crcs: list[int] = []
         self._base_gen: str | None = None
         self._base_digest: str | None = None
-        self._waiting: dict[str, Any] = {}  # target -> its hello's receive, still waiting
+        self._waiting: dict[str, _Waiting] = {}  # target -> its hello's receive, still waiting
 
     def configure(
         self,
@@ -270,7 +270,7 @@ class WeightSender:
         A receive still waiting at ``join_deadline`` is kept for the next push rather
         than timed out: a timed-out receive would break the pair group on this side only.
         """
-        works: dict[str, Any] = {n: self._waiting.pop(n, None) for n in names}
+        works: dict[str, _Waiting | None] = {n: self._waiting.pop(n, None) for n in names}
         got: dict[str, m.Hello] = {}
         while works:
             for name, pending in list(works.items()):
@@ -297,17 +297,17 @@ class WeightSender:
                         del works[name]
             left = remaining(join_deadline)
             if works and left is not None and left <= 0:
-                for name, work in works.items():
+                for name, waiting in works.items():
                     failed[name] = "no hello before join_timeout (dead, or not pulling)"
-                    if work is not None:
-                        self._waiting[name] = work
+                    if waiting is not None:
+                        self._waiting[name] = waiting
                 break
             if works:
                 # woken by the next hello (or a dead target); a target that is not
                 # connected yet (None) is looked at again after _POLL
-                pending = [p[1] for p in works.values() if p is not None]
+                receives = [p[1] for p in works.values() if p is not None]
                 most = None if left is None else max(left, _POLL)
-                wait_any(pending, timeout=_POLL if len(pending) < len(works) else most)
+                wait_any(receives, timeout=_POLL if len(receives) < len(works) else most)
         return {n: got[n] for n in names if n in got}
 
     def _stale(self, hello: m.Hello, layout: Layout) -> tuple[int, ...]:
@@ -399,7 +399,7 @@ class WeightSender:
         report: PushReport,
     ) -> None:
         """Every target's result; a resume request gets the rest of the buckets in full."""
-        works: dict[str, Any] = {}
+        works: dict[str, AsyncWork[object]] = {}
         resends: list[Outbox] = []
         for name in live:
             works[name] = self._edges.group(name).recv(async_op=True, timeout=remaining(deadline))

@@ -14,13 +14,13 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import TypedDict
 
 import torch
 
 from p2p_asyncwork import AsyncWork
 from p2p_asyncwork.internal import check_timeout
-from p2p_collective import CollectiveGroup, PeerError
+from p2p_collective import Collective, CollectiveGroup, PeerError
 from p2p_worker._weights import _messages as m
 from p2p_worker._weights._codec import apply_delta, checksum
 from p2p_worker._weights._edges import (
@@ -31,12 +31,28 @@ from p2p_worker._weights._edges import (
     remaining,
 )
 from p2p_worker._weights._errors import WeightSyncError
-from p2p_worker._weights._layout import Layout, gather, named_tensors, scatter, target_entries
+from p2p_worker._weights._layout import (
+    Entry,
+    Layout,
+    gather,
+    named_tensors,
+    scatter,
+    target_entries,
+)
 from p2p_worker._weights._pipeline import Slots, run_async
 from p2p_worker._weights._topology import Tree
 
 DEFAULT_PULL_TIMEOUT = 600.0
 INFLIGHT = 3  # buckets a target holds beyond its model (received, applying, forwarding)
+
+
+class PullStats(TypedDict, total=False):
+    """What one pull saw (``WeightReceiver.last_stats``)."""
+
+    received_bytes: int
+    modes: dict[str, int]  # how many buckets came in each mode
+    lost: dict[str, str]  # child -> why forwarding to it failed
+    resumed_at: int  # the bucket a resume from the source started at
 
 
 class WeightReceiver:
@@ -60,7 +76,7 @@ class WeightReceiver:
         True
     """
 
-    def __init__(self, collective: Any, me: str, node: int, source: str, sync: str) -> None:
+    def __init__(self, collective: Collective, me: str, node: int, source: str, sync: str) -> None:
         self.source = source
         self.sync = sync
         self._me = me
@@ -69,7 +85,7 @@ class WeightReceiver:
         self._digest: str | None = None
         self._gens: list[str | None] = []
         self._versions: dict[str, int] = {}  # generation -> version (the last two)
-        self.last_stats: dict[str, Any] = {}
+        self.last_stats: PullStats = {}
         self.keys: tuple[str, ...] = ()
         """The keys the source filled in the last pull (all, unless it is one shard)."""
         self.progress = (0, 0)
@@ -125,7 +141,7 @@ class WeightReceiver:
 
     # -- one pull ------------------------------------------------------------------------
 
-    def _pull(self, entries: list[Any], own: list[torch.Tensor], deadline: float | None) -> int:
+    def _pull(self, entries: list[Entry], own: list[torch.Tensor], deadline: float | None) -> int:
         self.progress = (0, 0)
         hello = m.Hello(
             self._me,
@@ -208,7 +224,7 @@ class _Run:
         self.tree = Tree(rx.source, plan.order, plan.parent)
         self.errors: list[str] = []
         self.cause: BaseException | None = None
-        self.stats: dict[str, Any] = {"received_bytes": 0, "modes": {}}
+        self.stats: PullStats = {"received_bytes": 0, "modes": {}}
 
     def _fail(self, child: str, exc: BaseException) -> None:
         self.rx._edges.drop(child)
@@ -270,7 +286,7 @@ class _Run:
 
         Raises:
             PeerError: The parent died (or aborted because its own parent died).
-            Exception: Any other failure; it is recorded in ``errors`` first.
+            Exception: Another failure; it is recorded in ``errors`` first.
         """
         head = self._receive_header(group, parent, index)
         bucket = self.layout.buckets[index]
@@ -362,7 +378,7 @@ class _Run:
         payload: torch.Tensor | None,
         applied: Future[torch.Tensor],
         child_stale: bool,
-        release: Any,
+        release: Callable[[], None],
     ) -> None:
         """Forward one bucket to one child.
 

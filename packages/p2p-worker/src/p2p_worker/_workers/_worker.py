@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from p2p_worker._channels.handle import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -66,7 +66,7 @@ class Worker(WeightSyncMixin, WorkerBase):
     """
 
     @classmethod
-    def create_group(cls: type[W], *args: Any, **kwargs: Any) -> WorkerGroup[W]:
+    def create_group(cls: type[W], *args: object, **kwargs: object) -> WorkerGroup[W]:
         """Describe a group of this worker class; ``launch`` it to start the workers.
 
         Args:
