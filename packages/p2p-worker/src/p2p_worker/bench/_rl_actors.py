@@ -43,6 +43,7 @@ from p2p_worker import (
     WorkerGroup,
     create_channel,
 )
+from p2p_worker._weights._api import TargetItem
 from p2p_worker.bench._rl_ledger import Inbox, take_batch, trainer_key
 from p2p_worker.bench._rl_phases import SpanLog
 from p2p_worker.bench._rl_placement import InOrder, layout
@@ -303,7 +304,9 @@ class RLTrainer(Worker):
         return out
 
     def _push(self, step: int, *, async_op: bool) -> PushReport | AsyncWork[PushReport]:
-        targets: list[tuple[str, list[int]]] | str | None = self._targets
+        targets: list[TargetItem] | str | None = (
+            None if self._targets is None else list(self._targets)
+        )
         self._targets = None
         if targets is None and step == 1:
             targets = self.rollout_group
