@@ -161,9 +161,9 @@ class CollectiveConfig:
         )
         _allowlist_needs_plain(self.object_policy, self.object_allowlist, "object_allowlist")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The ``cluster.collective`` section as a plain dict (net_emulation is separate)."""
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "tensor_buffer_pool": self.buffer_pool.to_dict(),
             "compression_pipeline": self.compression_pipeline.to_dict(),
             "init_timeout": self.init_timeout,

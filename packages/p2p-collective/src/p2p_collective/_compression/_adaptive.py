@@ -75,7 +75,7 @@ import bisect
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import torch
 
@@ -452,7 +452,7 @@ class LinkAdvisor:
         pred = ", ".join(f"{k} {v * 8 / 1e6:.0f}" for k, v in self._predicted.items())
         return "; ".join(parts) + f" on {dtype}; predicted Mbit/s of raw data: {pred}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The decision, its reason and the figures behind it (for ``stats()``).
 
         Returns:
@@ -470,7 +470,7 @@ class LinkAdvisor:
             ``ignored`` (garbled, or for a frame not known) and its ``decoders``.
         """
         with self._lock:
-            codecs: dict[str, dict[str, dict[str, Any]]] = {}
+            codecs: dict[str, dict[str, dict[str, object]]] = {}
             for (cid, dtype), fig in sorted(self._figures.items()):
                 codecs.setdefault(CODEC_NAMES[cid], {})[dtype] = {
                     "mbps": None if fig.bps is None else fig.bps * 8 / 1e6,

@@ -265,7 +265,7 @@ class DecodeFigures:
                 return None, "default"
             return rate.bps, rate.source
 
-    def as_dict(self, codec_id: int, dtype: str) -> dict[str, Any]:
+    def as_dict(self, codec_id: int, dtype: str) -> dict[str, object]:
         """``decode_mbps`` (one call), ``decode_source`` and ``decode_samples`` per source."""
         with self._lock:
             rate = self._rates.get((codec_id, dtype))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from p2p_collective._deadline import remaining
 from p2p_collective._errors import CollectiveTimeoutError
@@ -72,18 +72,24 @@ class Job(Generic[T]):
         return self._result  # type: ignore[return-value]
 
 
+class Runnable(Protocol):
+    """What a :class:`Worker` runs: a :class:`Job` of any result type."""
+
+    def run(self) -> None: ...
+
+
 class Worker:
     """Up to ``threads`` lazily started daemon threads that run queued jobs in FIFO order."""
 
     def __init__(self, name: str, threads: int = 1) -> None:
         self.name = name
         self._max = max(1, threads)
-        self._queue: queue.SimpleQueue[Job[Any] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Runnable | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
 
-    def put(self, job: Job[Any]) -> None:
+    def put(self, job: Runnable) -> None:
         with self._lock:
             if self._closed:
                 return  # the consumer runs the job itself
@@ -100,7 +106,7 @@ class Worker:
                 self._queue.put(None)
 
 
-def _work(jobs: queue.SimpleQueue[Job[Any] | None]) -> None:
+def _work(jobs: queue.SimpleQueue[Runnable | None]) -> None:
     while True:
         job = jobs.get()
         if job is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from p2p_collective._validate import fail as _fail
 from p2p_collective._validate import mapping as _mapping
@@ -94,7 +94,7 @@ class AdaptiveConfig:
         object.__setattr__(self, "codecs", _codecs(self.codecs, "codecs"))
         _probe_every(self.probe_every, "probe_every")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The mapping form that :func:`parse_compression_pipeline` accepts."""
         return {"codecs": list(self.codecs), "probe_every": self.probe_every}
 
@@ -178,7 +178,7 @@ class CompressionPipelineConfig:
         _threads(self.decoder_threads, "decoder_threads")
         _chunk_bytes(self.chunk_bytes, "chunk_bytes")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The section as a plain dict that :func:`parse_compression_pipeline` accepts."""
         return {
             "overlap": self.overlap,
@@ -190,7 +190,7 @@ class CompressionPipelineConfig:
 
 
 def parse_compression_pipeline(
-    section: Mapping[str, Any] | None, path: str = "cluster.collective.compression_pipeline"
+    section: Mapping[str, object] | None, path: str = "cluster.collective.compression_pipeline"
 ) -> CompressionPipelineConfig:
     """Parse the ``compression_pipeline`` section (None: all defaults).
 

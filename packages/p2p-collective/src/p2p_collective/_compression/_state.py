@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import replace
-from typing import Any
 
 from p2p_collective._compression._jobs import Worker
 from p2p_collective._compression._settings import CompressionPipelineConfig
@@ -113,14 +112,14 @@ class WireCodec:
                     self._providers[key] = provider
         return provider
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """``pool`` (buffer pool counters) and ``codec`` (provider counters, None until used).
 
         When a link used (or a peer sent) another codec than the job's, ``other_codecs``
         holds its provider's counters by codec name.
         """
         mine = self._providers.get(self.config.codec_id)
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "codec": None if mine is None else mine.stats(),
             "pool": self.pool.stats(),
         }

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from p2p_collective._compression._adaptive import LinkAdvisor, Sampler
 from p2p_collective._compression._decode_rates import DecodeReporter, FrameDecodes
@@ -91,7 +90,7 @@ class WireStats:
             self.codec_seconds += codec
             self.emulated_seconds += emulated
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The counters as a dict.
 
         Sending with ``adaptive``: ``adaptive``, the link's decision. Receiving with
@@ -99,7 +98,7 @@ class WireStats:
         sender and ``dropped`` (the connection's buffer was full).
         """
         advisor, reporter = self.advisor, self.reporter
-        extra: dict[str, Any] = {} if advisor is None else {"adaptive": advisor.as_dict()}
+        extra: dict[str, object] = {} if advisor is None else {"adaptive": advisor.as_dict()}
         if reporter is not None:
             extra["decode_reports"] = {"sent": reporter.sent, "dropped": reporter.dropped}
         with self.lock:

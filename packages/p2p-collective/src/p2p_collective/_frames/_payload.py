@@ -12,9 +12,9 @@ import dataclasses
 import io
 import pickle
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -36,7 +36,7 @@ from p2p_collective._frames._framing import (
 from p2p_collective._frames._plain import load_object
 from p2p_collective._frames._recvpool import POOL_MIN_BYTES
 
-_NO_OBJECT: Any = object()
+_NO_OBJECT = object()
 
 
 @dataclass
@@ -359,7 +359,7 @@ def rebuild(
     *,
     object_policy: str = "pickle",
     object_allowlist: tuple[str, ...] = (),
-) -> Any:
+) -> object:
     """Rebuild the sent object from a fully received frame.
 
     The object part (if any) is unpickled under ``object_policy`` (see
@@ -385,7 +385,10 @@ def rebuild(
         else None
     )
     if kind == Kind.DICT:
-        keys: list[Any] = names if names is not None else list(obj or ())
+        # the object part of a dict with other keys is the pickled list of its keys
+        keys: Sequence[object] = (
+            names if names is not None else list(cast("list[object]", obj or ()))
+        )
         pairs = zip(keys, tensors, strict=True)
         return OrderedDict(pairs) if flags & Flag.ORDERED else dict(pairs)
     if kind == Kind.DATACLASS:

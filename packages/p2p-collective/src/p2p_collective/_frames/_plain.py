@@ -20,7 +20,7 @@ import functools
 import importlib
 import io
 import pickle
-from typing import Any
+from typing import NoReturn
 
 import torch
 
@@ -34,8 +34,8 @@ PLAIN_TYPES = (
 """What ``object_policy: plain`` accepts in an object part, besides allowlisted dataclasses."""
 
 
-def _safe_globals() -> dict[tuple[str, str], Any]:
-    table: dict[tuple[str, str], Any] = {
+def _safe_globals() -> dict[tuple[str, str], object]:
+    table: dict[tuple[str, str], object] = {
         ("builtins", "complex"): complex,
         ("builtins", "set"): set,  # sets of protocols < 4
         ("builtins", "frozenset"): frozenset,
@@ -72,25 +72,25 @@ def parse_allowlist_entry(entry: str) -> tuple[str, str]:
 class _Refused:
     """Stands in for a refused global while a lenient load runs to its end; does nothing."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> _Refused:
+    def __new__(cls, *args: object, **kwargs: object) -> _Refused:
         return object.__new__(cls)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         pass
 
-    def __call__(self, *args: Any, **kwargs: Any) -> _Refused:
+    def __call__(self, *args: object, **kwargs: object) -> _Refused:
         return _Refused()
 
-    def __setstate__(self, state: Any) -> None:
+    def __setstate__(self, state: object) -> None:
         pass
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: object, value: object) -> None:
         pass
 
-    def append(self, item: Any) -> None:
+    def append(self, item: object) -> None:
         """Ignore an appended item."""
 
-    def extend(self, items: Any) -> None:
+    def extend(self, items: object) -> None:
         """Ignore appended items."""
 
 
@@ -98,7 +98,7 @@ class _Refused:
 def _resolve_dataclass(module: str, qualname: str) -> type | str:
     """The allowlisted class, or why it cannot be used (a string)."""
     try:
-        obj: Any = importlib.import_module(module)
+        obj: object = importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
@@ -117,7 +117,7 @@ class _PlainUnpickler(pickle.Unpickler):
         self._lenient = lenient
         self.refused: list[str] = []
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> object:
         found = _SAFE.get((module, name))
         if found is not None:
             return found
@@ -134,7 +134,7 @@ class _PlainUnpickler(pickle.Unpickler):
             return _Refused
         raise ObjectRefusedError(refusal_message([label], why))
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: object) -> NoReturn:
         raise ObjectRefusedError(refusal_message(["<persistent id>"], "it is not plain data"))
 
 
@@ -151,7 +151,7 @@ def refusal_message(labels: list[str], why: str = "it is not plain data") -> str
 
 def load_object(
     data: bytes | memoryview, policy: str, allowlist: tuple[str, ...] | frozenset[str] = ()
-) -> Any:
+) -> object:
     """Unpickle a received object part under ``policy``.
 
     Args:
@@ -175,7 +175,7 @@ def load_object(
 
 def load_object_lenient(
     data: bytes | memoryview, policy: str, allowlist: tuple[str, ...] | frozenset[str] = ()
-) -> tuple[Any, list[str]]:
+) -> tuple[object, list[str]]:
     """Like :func:`load_object`, but run the whole pickle and report what was refused.
 
     Refused globals are replaced by inert stand-ins (nothing of them runs), so a caller

@@ -14,9 +14,14 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    from torch._C._distributed_c10d import Work
 
 try:
     import numpy as _np
@@ -38,7 +43,7 @@ class ReceiveBufferPool:
     def __init__(self, max_idle_bytes: int) -> None:
         self._max_idle = max_idle_bytes if _np is not None else 0
         self._lock = threading.Lock()
-        self._idle: dict[int, deque[Any]] = {}
+        self._idle: dict[int, deque[npt.NDArray[np.uint8]]] = {}
         self._idle_bytes = 0
         self._hits = 0
         self._misses = 0
@@ -64,7 +69,7 @@ class ReceiveBufferPool:
         weakref.finalize(view, self._give_back, base, cap).atexit = False
         return torch.from_numpy(view)
 
-    def _give_back(self, base: Any, cap: int) -> None:
+    def _give_back(self, base: npt.NDArray[np.uint8], cap: int) -> None:
         with self._lock:
             if self._closed or self._idle_bytes + cap > self._max_idle:
                 return  # dropped: freed by the garbage collector
@@ -89,6 +94,6 @@ class PostedRecv:
 
     __slots__ = ("tensor", "work")
 
-    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
-        self.work: Any = work
+    def __init__(self, work: Work | None, tensor: torch.Tensor) -> None:
+        self.work = work  # None: the link's receive completes without a gloo work
         self.tensor = tensor

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from p2p_collective._frames._payload import check_tensor
+
+ArrayT = TypeVar("ArrayT", bound="torch.Tensor | npt.NDArray[np.generic]")
+"""A tensor argument of a collective: a torch tensor or a numpy array, returned as given."""
 
 
 def as_tensor(

@@ -351,7 +351,7 @@ class Collective:
             if self._groups.get(group.name) is group:
                 del self._groups[group.name]
 
-    def compression_stats(self) -> dict[str, Any] | None:
+    def compression_stats(self) -> dict[str, object] | None:
         """Counters of the compression resources this Collective's groups share.
 
         Returns:

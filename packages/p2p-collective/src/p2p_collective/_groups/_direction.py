@@ -21,7 +21,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Generic, Literal, TypeVar, cast, overload
 
 from p2p_asyncwork import AsyncResultWork, WorkTimeoutError
 from p2p_collective._deadline import remaining
@@ -33,6 +33,9 @@ from p2p_collective._errors import (
     PeerError,
     PeerGoneError,
 )
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 _GRACE = 2.0  # seconds a waiting caller allows past the deadline the executor enforces
 
@@ -48,22 +51,24 @@ class DirectionStats:
     busy_seconds: float = 0.0  # time spent executing operations
     failures: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, int | float]:
         """A plain-dict copy."""
         return asdict(self)
 
 
-class _Op:
+class _Op(Generic[T_co]):
+    # Covariant so that the queue holds operations of any result type (``_Op[object]``);
+    # an operation's handle is only ever completed with the result of its own ``run``.
     __slots__ = ("deadline", "label", "run", "started", "work")
 
-    def __init__(self, run: Callable[[float | None], Any], label: str, deadline: float | None):
+    def __init__(self, run: Callable[[float | None], T_co], label: str, deadline: float | None):
         self.run = run
         self.label = label
         self.deadline = deadline
         self.started = False
-        self.work: AsyncResultWork[Any] | None = None  # created by handle()
+        self.work: AsyncResultWork[T_co] | None = None  # created by handle()
 
-    def handle(self) -> AsyncResultWork[Any]:
+    def handle(self) -> AsyncResultWork[T_co]:
         if self.work is None:
             self.work = AsyncResultWork()
         return self.work
@@ -78,12 +83,12 @@ class Direction:
         self.stats = DirectionStats()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # fast paths take the bare lock
-        self._queue: deque[_Op] = deque()
+        self._queue: deque[_Op[object]] = deque()
         self._busy = False
         self._closed = False
         self._broken: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._current: _Op | None = None
+        self._current: _Op[object] | None = None
         self._sleepers = 0  # threads in self._cond.wait(): only they need a notify
         # Of those, the ones waiting for the running operation to end (not for new work):
         # an operation that ends wakes the idle executor only when something waits.
@@ -91,15 +96,46 @@ class Direction:
 
     # -- submission ---------------------------------------------------------------------
 
+    @overload
     def submit(
         self,
-        run: Callable[[float | None], Any],
+        run: Callable[[float | None], T],
+        *,
+        label: str,
+        deadline: float | None,
+        async_op: Literal[False],
+        eager: bool = False,
+    ) -> T: ...
+    @overload
+    def submit(
+        self,
+        run: Callable[[float | None], T],
+        *,
+        label: str,
+        deadline: float | None,
+        async_op: Literal[True],
+        eager: bool = False,
+    ) -> AsyncResultWork[T]: ...
+    @overload
+    def submit(
+        self,
+        run: Callable[[float | None], T],
         *,
         label: str,
         deadline: float | None,
         async_op: bool,
         eager: bool = False,
-    ) -> Any:
+    ) -> T | AsyncResultWork[T]: ...
+
+    def submit(
+        self,
+        run: Callable[[float | None], T],
+        *,
+        label: str,
+        deadline: float | None,
+        async_op: bool,
+        eager: bool = False,
+    ) -> T | AsyncResultWork[T]:
         """Queue ``run(deadline)``; return its handle (async) or its result (sync).
 
         With ``eager`` an asynchronous operation submitted while the direction is idle
@@ -121,15 +157,15 @@ class Direction:
             if inline:  # fast path: idle, run it right here in the caller's thread
                 result, error = self._perform(run, label, deadline, None)
                 if async_op:
-                    done: AsyncResultWork[Any] = AsyncResultWork()
+                    done: AsyncResultWork[T] = AsyncResultWork()
                     if error is not None:
                         done.set_exception(error)
                     else:
-                        done.set_result(result)
+                        done.set_result(cast("T", result))  # no error: run returned it
                     return done
                 if error is not None:
                     raise error
-                return result
+                return cast("T", result)  # no error: run returned it
         op = _Op(run, label, deadline)
         work = op.handle()
         with self._cond:
@@ -151,7 +187,7 @@ class Direction:
             return work.wait()
         return self._wait_sync(op)
 
-    def run_if_idle(self, run: Callable[[float | None], Any], label: str) -> tuple[bool, Any]:
+    def run_if_idle(self, run: Callable[[float | None], T], label: str) -> tuple[bool, T | None]:
         """Run ``run(None)`` here and now if the direction is idle; never wait.
 
         Returns:
@@ -192,7 +228,7 @@ class Direction:
             return err
         return None
 
-    def _wait_sync(self, op: _Op) -> Any:
+    def _wait_sync(self, op: _Op[T]) -> T:
         work = op.handle()
         left = remaining(op.deadline)
         try:
@@ -203,7 +239,7 @@ class Direction:
             f"{self.name}: {op.label} did not complete before its deadline"
             + (" (it was still running; the direction is now broken)" if op.started else "")
         )
-        failed: list[tuple[_Op, BaseException]] = []
+        failed: list[tuple[_Op[object], BaseException]] = []
         with self._cond:
             if op.started and not work.done():
                 failed = self._break_locked(err)
@@ -239,7 +275,7 @@ class Direction:
         finally:
             self._sleepers -= 1
 
-    def _drain_until(self, target: _Op) -> None:
+    def _drain_until(self, target: _Op[object]) -> None:
         while not target.handle().done():
             with self._cond:
                 while self._busy:
@@ -254,28 +290,28 @@ class Direction:
                 self._busy = True
             self._execute(op)
 
-    def _execute(self, op: _Op) -> None:
+    def _execute(self, op: _Op[T]) -> None:
         """Run one popped, queued operation and complete its handle."""
         result, error = self._perform(op.run, op.label, op.deadline, op)
         work = op.handle()
         if error is not None:
             work.set_exception(error)
-        else:
-            work.set_result(result)
+        else:  # run returned it, or the op was abandoned (its handle is done already)
+            work.set_result(cast("T", result))
 
     def _perform(
         self,
-        run: Callable[[float | None], Any],
+        run: Callable[[float | None], T],
         label: str,
         deadline: float | None,
-        op: _Op | None,
-    ) -> tuple[Any, BaseException | None]:
+        op: _Op[object] | None,
+    ) -> tuple[T | None, BaseException | None]:
         """Run one operation (``_busy`` is set by the caller); return (result, error).
 
         ``op`` is the queued operation, or None for one run inline (nobody else waits
         on it).
         """
-        result: Any = None
+        result: T | None = None
         error: BaseException | None = None
         started = False
         t0 = time.perf_counter()
@@ -333,12 +369,12 @@ class Direction:
         if current is not None and current.work is not None:
             current.work.set_exception(exc)
 
-    def _break_locked(self, exc: BaseException) -> list[tuple[_Op, BaseException]]:
+    def _break_locked(self, exc: BaseException) -> list[tuple[_Op[object], BaseException]]:
         """Mark broken; return the queued ops and their errors, to fail outside the lock."""
         if self._broken is not None:
             return []
         self._broken = exc
-        failed: list[tuple[_Op, BaseException]] = []
+        failed: list[tuple[_Op[object], BaseException]] = []
         while self._queue:
             pending = self._queue.popleft()
             err = self._unusable_error(pending.label)
@@ -353,7 +389,7 @@ class Direction:
         """The error that broke this direction, or None."""
         return self._broken
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, int | float]:
         """Stats as a plain dict, plus the direction's state."""
         with self._cond:
             out = self.stats.as_dict()
@@ -430,6 +466,6 @@ def _scrub(exc: BaseException) -> None:
         stack += [err.__cause__, err.__context__]
 
 
-def _fail_all(failed: list[tuple[_Op, BaseException]]) -> None:
+def _fail_all(failed: list[tuple[_Op[object], BaseException]]) -> None:
     for op, err in failed:
         op.handle().set_exception(err)

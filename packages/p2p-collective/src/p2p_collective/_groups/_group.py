@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Literal, TypeVar, overload
 
 import torch
 
@@ -20,7 +20,6 @@ from p2p_collective._config import CollectiveConfig
 from p2p_collective._deadline import deadline_after
 from p2p_collective._errors import (
     CollectiveError,
-    PeerError,
 )
 from p2p_collective._frames._framing import (
     HEADER_MAX,
@@ -35,19 +34,21 @@ from p2p_collective._frames._payload import (
     flat_bytes,
 )
 from p2p_collective._groups._group_ops import GroupOps, Unready
+from p2p_collective._groups._group_peer import GroupPeer
 from p2p_collective._groups._side import Side
 from p2p_collective._links._emulation import LinkPacer
 from p2p_collective._links._transport import LinkFactory, StoreLike
 from p2p_collective._peers._auth import JobAuth
 from p2p_collective._peers._peer import Life, Peer, dead_error, new_instance
-from p2p_collective._peers._rendezvous import claim_incarnation
 from p2p_compress import CompressionError
+
+T = TypeVar("T")
 
 _BUFFERED_TRANSPORTS = frozenset({"shm"})
 """Links whose small send completes without the peer (``send(eager=True)`` runs inline)."""
 
 
-class CollectiveGroup(GroupOps):
+class CollectiveGroup(GroupPeer, GroupOps):
     """Ordered, asynchronous point-to-point channel between this process and one peer.
 
     Create it with :meth:`Collective.create_collective_group`. Each direction (this side
@@ -140,87 +141,29 @@ class CollectiveGroup(GroupOps):
         """Whether :meth:`close` was called."""
         return self._closed
 
-    # -- the peer's fate ------------------------------------------------------------------
-
-    @property
-    def life(self) -> Life | None:
-        """The life of the peer this group is bound to (None before the first meeting)."""
-        return self._life
-
-    @property
-    def peer_gone(self) -> bool:
-        """Whether the peer this group is bound to is gone (every operation fails)."""
-        life = self._life
-        return life is not None and life.gone is not None
-
-    def bind(self, life: Life, what: str) -> None:
-        """Bind the group to ``life`` (the first one met); a later, other one is refused.
-
-        Raises:
-            PeerError: ``life`` has ended, or the group belongs to an earlier life of the
-                peer (it restarted: create the group again).
-        """
-        with self._close_lock:
-            if self._life is None:
-                self._life = life
-                self._life_token = life.subscribe(self._peer_died)
-            elif self._life is not life:
-                raise PeerError(
-                    f"{what}: peer {self.peer_name!r} restarted (a new incarnation) since this"
-                    " group met it; create the group again"
-                )
-        life.check(what)
-
-    def check_peer(self, store: StoreLike, what: str) -> None:
-        """Raise :class:`PeerError` when the peer is known dead (see :class:`Peer`)."""
-        life = self._life
-        if life is not None:
-            life.check(what)
-            self.peer.ask_oracle(what)
-        else:
-            self.peer.check_unbound(store, what)
-
-    def stopped(self, store: StoreLike, what: str) -> bool:
-        """The ``cancelled`` check of rendezvous waits: closed (True) or peer dead (raises)."""
-        self.check_peer(store, what)
-        return self._closed
-
-    def _peer_died(self, exc: PeerError) -> None:
-        for side in (self._send, self._recv):
-            side.direction.abort(exc)
+    # -- the peer's fate: see GroupPeer --------------------------------------------------
 
     def _submit(
         self,
         side: Side,
-        run: Callable[[float | None], Any],
+        run: Callable[[float | None], T],
         label: str,
         deadline: float | None,
         async_op: bool,
         eager: bool = False,
-    ) -> Any:
+    ) -> T | AsyncResultWork[T]:
         life = self._life
         gone = None if life is None else life.gone
         if gone is not None:  # the peer is gone: fail at once, never queue
             err = dead_error(self.peer_name, f"p2p[{self.name}]: {label}", gone)
             if not async_op:
                 raise err
-            work: AsyncResultWork[Any] = AsyncResultWork()
+            work: AsyncResultWork[T] = AsyncResultWork()
             work.set_exception(err)
             return work
         return side.direction.submit(
             run, label=label, deadline=deadline, async_op=async_op, eager=eager
         )
-
-    def incarnation(self, store: StoreLike) -> int:
-        """This group's incarnation number, claimed at the first use of either direction.
-
-        Raises:
-            CollectiveError: The store failed.
-        """
-        with self._close_lock:
-            if self._incarnation is None:
-                self._incarnation = claim_incarnation(store, self.name, self.rank)
-            return self._incarnation
 
     def _deadline(self, timeout: float | None) -> float | None:
         seconds = check_timeout(timeout, none=CONFIGURED)
@@ -228,14 +171,37 @@ class CollectiveGroup(GroupOps):
 
     # -- send / recv of any payload -----------------------------------------------------
 
+    @overload
     def send(
         self,
-        obj: Any,
+        obj: object,
+        async_op: Literal[False] = ...,
+        *,
+        timeout: float | None = ...,
+        eager: bool = ...,
+    ) -> None: ...
+    @overload
+    def send(
+        self,
+        obj: object,
+        async_op: Literal[True],
+        *,
+        timeout: float | None = ...,
+        eager: bool = ...,
+    ) -> AsyncResultWork[None]: ...
+    @overload
+    def send(
+        self, obj: object, async_op: bool, *, timeout: float | None = ..., eager: bool = ...
+    ) -> AsyncResultWork[None] | None: ...
+
+    def send(
+        self,
+        obj: object,
         async_op: bool = False,
         *,
         timeout: float | None = None,
         eager: bool = False,
-    ) -> Any:
+    ) -> AsyncResultWork[None] | None:
         """Send ``obj`` to the peer, in order after everything sent before.
 
         ``obj`` is a tensor, a list/tuple of tensors, a dict whose values are all tensors,
@@ -321,7 +287,16 @@ class CollectiveGroup(GroupOps):
             async_op,
         )
 
-    def recv(self, async_op: bool = False, *, timeout: float | None = None) -> Any:
+    @overload
+    def recv(self, async_op: Literal[False] = ..., *, timeout: float | None = ...) -> object: ...
+    @overload
+    def recv(
+        self, async_op: Literal[True], *, timeout: float | None = ...
+    ) -> AsyncResultWork[object]: ...
+    @overload
+    def recv(self, async_op: bool, *, timeout: float | None = ...) -> object: ...
+
+    def recv(self, async_op: bool = False, *, timeout: float | None = None) -> object:
         """Receive the next object the peer sent with :meth:`send`.
 
         Tensors arrive in freshly allocated CPU tensors of the sent dtype and shape;
@@ -365,7 +340,7 @@ class CollectiveGroup(GroupOps):
         link = self._recv.link
         return None if link is None or self._closed else link.fileno()
 
-    def recv_nowait(self) -> Any:
+    def recv_nowait(self) -> object:
         """The next object if it has arrived whole as one message; never waits.
 
         Meant for the reader of :meth:`recv_fileno`. Only a plain object that travels in
@@ -405,9 +380,22 @@ class CollectiveGroup(GroupOps):
 
     # -- send_tensor / recv_tensor --------------------------------------------------------
 
+    @overload
+    def send_tensor(
+        self, tensor: torch.Tensor, async_op: Literal[False] = ..., *, timeout: float | None = ...
+    ) -> None: ...
+    @overload
+    def send_tensor(
+        self, tensor: torch.Tensor, async_op: Literal[True], *, timeout: float | None = ...
+    ) -> AsyncResultWork[None]: ...
+    @overload
+    def send_tensor(
+        self, tensor: torch.Tensor, async_op: bool, *, timeout: float | None = ...
+    ) -> AsyncResultWork[None] | None: ...
+
     def send_tensor(
         self, tensor: torch.Tensor, async_op: bool = False, *, timeout: float | None = None
-    ) -> Any:
+    ) -> AsyncResultWork[None] | None:
         """Send one tensor's bytes, with a 56-byte header (the size) and no metadata.
 
         Up to 128 KiB minus the header, the bytes ride in the header message (one gloo
@@ -446,9 +434,22 @@ class CollectiveGroup(GroupOps):
             async_op,
         )
 
+    @overload
+    def recv_tensor(
+        self, tensor: torch.Tensor, async_op: Literal[False] = ..., *, timeout: float | None = ...
+    ) -> torch.Tensor: ...
+    @overload
+    def recv_tensor(
+        self, tensor: torch.Tensor, async_op: Literal[True], *, timeout: float | None = ...
+    ) -> AsyncResultWork[torch.Tensor]: ...
+    @overload
+    def recv_tensor(
+        self, tensor: torch.Tensor, async_op: bool, *, timeout: float | None = ...
+    ) -> AsyncResultWork[torch.Tensor] | torch.Tensor: ...
+
     def recv_tensor(
         self, tensor: torch.Tensor, async_op: bool = False, *, timeout: float | None = None
-    ) -> Any:
+    ) -> AsyncResultWork[torch.Tensor] | torch.Tensor:
         """Receive one :meth:`send_tensor` message into ``tensor`` (in place).
 
         Args:
@@ -495,7 +496,7 @@ class CollectiveGroup(GroupOps):
 
     # -- state ----------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, dict[str, Any]]:
+    def stats(self) -> dict[str, dict[str, object]]:
         """Per-direction counters.
 
         Returns:

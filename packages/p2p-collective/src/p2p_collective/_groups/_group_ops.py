@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any
 
 import torch
 
@@ -70,7 +69,7 @@ class GroupOps:
 
     # -- operations (run by the direction, one at a time, in order) -----------------------
 
-    def _do_recv_nowait(self, deadline: float | None) -> Any:
+    def _do_recv_nowait(self, deadline: float | None) -> object:
         side = self._recv
         link = side.link
         assert link is not None  # recv_nowait checked the link and made the buffer
@@ -131,7 +130,7 @@ class GroupOps:
         else:
             st.payload_bytes += n - FIXED.size
 
-    def _do_recv(self, deadline: float | None) -> Any:
+    def _do_recv(self, deadline: float | None) -> object:
         side = self._recv
         link = side.ensure_link(deadline)
         expected = side.seq
@@ -141,7 +140,7 @@ class GroupOps:
 
     def _rebuild_frame(
         self, link: Link, buf: torch.Tensor, view: memoryview, expected: int, deadline: float | None
-    ) -> Any:
+    ) -> object:
         """The rest of a frame whose header message is in ``buf``: receive, rebuild."""
         side = self._recv
         got = read_frame(

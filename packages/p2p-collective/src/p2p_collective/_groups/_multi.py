@@ -2,40 +2,41 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from p2p_asyncwork import AsyncResultWork
-from p2p_asyncwork.internal import CONFIGURED, check_timeout
-from p2p_collective._deadline import deadline_after
+from p2p_collective._config import CollectiveConfig
 from p2p_collective._errors import (
     CleanFailure,
     CollectiveError,
     ObjectRefusedError,
     PeerError,
-    PeerGoneError,
 )
-from p2p_collective._groups._arrays import as_tensor
+from p2p_collective._groups._arrays import ArrayT, as_tensor
 from p2p_collective._groups._direction import Direction
-from p2p_collective._groups._multi_connect import MultiConnection
 from p2p_collective._groups._multi_frames import OBJ_HEADER, Incoming, encode_object, read_head
-from p2p_collective._groups._multi_ops import check_reducible, like, reduce_op
-from p2p_collective._groups._ring import ring_op, ring_reduce_scatter
-from p2p_collective._links._transport import StoreLike
+from p2p_collective._groups._multi_ops import like
+from p2p_collective._groups._multi_reduce import MultiReductions
+from p2p_collective._links._transport import LinkFactory, StoreLike
 from p2p_collective._links._waiter import Waiter
 from p2p_collective._peers._auth import JobAuth
 from p2p_collective._peers._peer import Life, Peer, new_instance
 
+if TYPE_CHECKING:
+    from p2p_collective._links._torch_gloo import GlooGroup, GlooReduceOp, OpOptions
+
 _P2P_TAG = 1 << 28  # far from the tags gloo numbers its collectives with (0, 1, ...)
-RING_MIN_BYTES = 256 << 10
-"""``reduce_scatter`` outputs from this size on run as a ring (see :mod:`._ring`)."""
 
 
-class MultiCollectiveGroup(MultiConnection):
+class MultiCollectiveGroup(MultiReductions):
     """A group of N >= 2 members running collectives over one gloo process group of N ranks.
 
     Create it with ``Collective.create_collective_group`` given more than two addresses
@@ -70,11 +71,11 @@ class MultiCollectiveGroup(MultiConnection):
         rank: int,
         member_names: Sequence[str],
         store: StoreLike,
-        links: Any,
-        config: Any,
+        links: LinkFactory,
+        config: CollectiveConfig,
         init_timeout: float | None,
         owner: object = None,
-        on_close: Callable[[Any], None] | None = None,
+        on_close: Callable[[MultiCollectiveGroup], None] | None = None,
         auth: JobAuth | None = None,
         peers: Sequence[Peer | None] | None = None,
         instance: str | None = None,
@@ -94,15 +95,15 @@ class MultiCollectiveGroup(MultiConnection):
         self.init_timeout = init_timeout
         self._closed = False
         self._lock = threading.Lock()
-        self._pg: Any = None
-        self._socks: dict[int, Any] = {}
+        self._pg: GlooGroup | None = None
+        self._socks: dict[int, socket.socket] = {}
         self._gone: PeerError | None = None
         self._joined = False
         self._prefix: str | None = None
         self._private: StoreLike | None = None
         self._direction = Direction(f"coll[{name}]")
         self._waiter = Waiter("p2p-coll-wait")  # send_tensor / recv_tensor works
-        self._options: dict[tuple[Any, ...], Any] = {}  # see _opts
+        self._options: dict[tuple[str, GlooReduceOp | None, int], OpOptions] = {}  # see _opts
         self._spare: torch.Tensor | None = None  # see _scratch
         self._object_seq = 0  # object broadcasts so far: every member counts alike
         # The members' fate (see _peers/_peer.py): one Peer per other member, bound to its life.
@@ -127,57 +128,50 @@ class MultiCollectiveGroup(MultiConnection):
 
     # -- the members' fate, connection and waiting: see MultiConnection -----------------
 
-    def _scratch(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        """A flat buffer of ``numel`` items of ``dtype``, kept for the next operation.
-
-        For the inputs gloo overwrites on members whose result is not kept (``reduce``
-        away from ``dst``): a fresh buffer per call costs page faults on every call
-        (measured on loopback: receiving into fresh memory runs at under half the rate
-        of a reused buffer). Only the executing operation uses it.
-        """
-        buf = self._spare
-        if buf is None or buf.dtype != dtype or buf.numel() < numel:
-            buf = self._spare = torch.empty(numel, dtype=dtype)
-        return buf[:numel]
-
-    def _submit(
-        self,
-        label: str,
-        run: Callable[[Any, float | None], Any],
-        timeout: float | None,
-        async_op: bool,
-    ) -> Any:
-        seconds = check_timeout(timeout, none=CONFIGURED)
-        deadline = deadline_after(self.config.op_timeout if seconds is None else seconds)
-        gone = self._gone
-        if gone is not None:  # a member is gone: fail at once, never queue
-            err = PeerGoneError(f"coll[{self.name}]: {label} refused: {gone}")
-            err.__cause__ = gone
-            if not async_op:
-                raise err
-            work: AsyncResultWork[Any] = AsyncResultWork()
-            work.set_exception(err)
-            return work
-        return self._direction.submit(
-            lambda dl: run(self._connect(dl), dl), label=label, deadline=deadline, async_op=async_op
-        )
-
     def _next_object_seq(self) -> int:
         """The sequence number of this object broadcast (run in order by the executor)."""
         seq = self._object_seq
         self._object_seq += 1
         return seq
 
-    def _check_rank(self, rank: object, arg: str) -> int:
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
-            raise ValueError(f"{arg}: got {rank!r}; allowed: a rank in 0..{self.world_size - 1}")
-        return rank
-
     # -- collectives ---------------------------------------------------------------------
 
+    @overload
     def broadcast(
-        self, obj: Any = None, src: int = 0, async_op: bool = False, *, timeout: float | None = None
-    ) -> Any:
+        self,
+        obj: object = ...,
+        src: int = ...,
+        async_op: Literal[False] = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> object: ...
+    @overload
+    def broadcast(
+        self,
+        obj: object = ...,
+        src: int = ...,
+        *,
+        async_op: Literal[True],
+        timeout: float | None = ...,
+    ) -> AsyncResultWork[object]: ...
+    @overload
+    def broadcast(
+        self,
+        obj: object = ...,
+        src: int = ...,
+        async_op: bool = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> object | AsyncResultWork[object]: ...
+
+    def broadcast(
+        self,
+        obj: object = None,
+        src: int = 0,
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> object | AsyncResultWork[object]:
         """Send ``obj`` from member ``src`` to every member; return it on every member.
 
         Like ``send``/``recv``: tensors, lists/tuples/dicts of tensors travel as raw bytes
@@ -204,14 +198,14 @@ class MultiCollectiveGroup(MultiConnection):
         if self.rank == src:
             encoded = encode_object(obj, "broadcast(obj)")
 
-            def run(pg: Any, dl: float | None) -> Any:
+            def run(pg: GlooGroup, dl: float | None) -> object:
                 msgs = encoded.messages(self._next_object_seq())
                 self._bcast(pg, msgs, src, dl, "broadcast(obj)")
                 return obj
 
         else:
 
-            def run(pg: Any, dl: float | None) -> Any:
+            def run(pg: GlooGroup, dl: float | None) -> object:
                 seq = self._next_object_seq()
                 head = torch.empty(OBJ_HEADER, dtype=torch.uint8)
                 self._bcast(pg, [head], src, dl, "broadcast(obj) header")
@@ -242,14 +236,47 @@ class MultiCollectiveGroup(MultiConnection):
         return self._submit(f"broadcast(src={src})", run, timeout, async_op)
 
     def _bcast(
-        self, pg: Any, tensors: list[torch.Tensor], src: int, dl: float | None, what: str
+        self, pg: GlooGroup, tensors: list[torch.Tensor], src: int, dl: float | None, what: str
     ) -> None:
         works = [pg.broadcast([t], self._opts("BroadcastOptions", dl, root=src)) for t in tensors]
         self._wait(works, what, dl)
 
+    @overload
     def broadcast_tensor(
-        self, tensor: Any, src: int = 0, async_op: bool = False, *, timeout: float | None = None
-    ) -> Any:
+        self,
+        tensor: ArrayT,
+        src: int = ...,
+        async_op: Literal[False] = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> ArrayT: ...
+    @overload
+    def broadcast_tensor(
+        self,
+        tensor: ArrayT,
+        src: int = ...,
+        *,
+        async_op: Literal[True],
+        timeout: float | None = ...,
+    ) -> AsyncResultWork[ArrayT]: ...
+    @overload
+    def broadcast_tensor(
+        self,
+        tensor: ArrayT,
+        src: int = ...,
+        async_op: bool = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> ArrayT | AsyncResultWork[ArrayT]: ...
+
+    def broadcast_tensor(
+        self,
+        tensor: ArrayT,
+        src: int = 0,
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> ArrayT | AsyncResultWork[ArrayT]:
         """Broadcast ``tensor`` of ``src`` into ``tensor`` of every member (in place).
 
         Args:
@@ -267,87 +294,48 @@ class MultiCollectiveGroup(MultiConnection):
         src = self._check_rank(src, "src")
         t = as_tensor(tensor, "tensor", "broadcast_tensor", writable=self.rank != src)
 
-        def run(pg: Any, dl: float | None) -> Any:
+        def run(pg: GlooGroup, dl: float | None) -> ArrayT:
             self._bcast(pg, [t], src, dl, "broadcast_tensor")
             return tensor
 
         return self._submit(f"broadcast_tensor(src={src})", run, timeout, async_op)
 
-    def allreduce(
-        self, tensor: Any, op: Any = "sum", async_op: bool = False, *, timeout: float | None = None
-    ) -> Any:
-        """Reduce ``tensor`` over all members with ``op``; every member gets the result in place.
-
-        Args:
-            tensor: CPU tensor or numpy array, same shape and dtype on every member.
-            op: ``"sum"``, ``"product"``, ``"min"`` or ``"max"``.
-            async_op: Return an AsyncWork (result: ``tensor``) instead of waiting.
-            timeout: Seconds until done (None: the configured ``op_timeout``).
-
-        Returns:
-            ``tensor`` (holding the result), or an AsyncWork.
-
-        Raises:
-            TypeError, ValueError: Bad arguments. CollectiveError: As for :meth:`broadcast`.
-
-        Example:
-            >>> group.allreduce(grad, op="sum")  # doctest: +SKIP
-        """
-        red = reduce_op(op)
-        t = as_tensor(tensor, "tensor", "allreduce", writable=True)
-        check_reducible(t, "tensor", "allreduce")
-
-        def run(pg: Any, dl: float | None) -> Any:
-            self._wait(
-                [pg.allreduce([t], self._opts("AllreduceOptions", dl, red))],
-                "allreduce",
-                dl,
-            )
-            return tensor
-
-        return self._submit("allreduce", run, timeout, async_op)
-
-    def reduce(
+    @overload
+    def allgather(
         self,
-        tensor: Any,
-        dst: int = 0,
-        op: Any = "sum",
-        async_op: bool = False,
+        tensor: ArrayT,
+        output: list[ArrayT] | None = ...,
+        async_op: Literal[False] = ...,
         *,
-        timeout: float | None = None,
-    ) -> Any:
-        """Reduce ``tensor`` over all members into ``tensor`` of member ``dst`` (in place).
-
-        The other members' tensors are left unchanged.
-
-        Returns:
-            ``tensor``, or an AsyncWork. Raises as :meth:`allreduce`.
-        """
-        dst = self._check_rank(dst, "dst")
-        red = reduce_op(op)
-        t = as_tensor(tensor, "tensor", "reduce", writable=self.rank == dst)
-        check_reducible(t, "tensor", "reduce")
-
-        def run(pg: Any, dl: float | None) -> Any:
-            if self.rank == dst:
-                buf = t
-            else:  # gloo overwrites a non-root input: reduce a copy in a kept buffer
-                buf = self._scratch(t.dtype, t.numel()).view(t.shape)
-                buf.copy_(t)
-            opts = self._opts("ReduceOptions", dl, red, dst)
-            self._wait([pg.reduce([buf], opts)], "reduce", dl)
-            return tensor
-
-        return self._submit(f"reduce(dst={dst})", run, timeout, async_op)
+        timeout: float | None = ...,
+    ) -> list[ArrayT]: ...
+    @overload
+    def allgather(
+        self,
+        tensor: ArrayT,
+        output: list[ArrayT] | None = ...,
+        *,
+        async_op: Literal[True],
+        timeout: float | None = ...,
+    ) -> AsyncResultWork[list[ArrayT]]: ...
+    @overload
+    def allgather(
+        self,
+        tensor: ArrayT,
+        output: list[ArrayT] | None = ...,
+        async_op: bool = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> list[ArrayT] | AsyncResultWork[list[ArrayT]]: ...
 
     def allgather(
         self,
-        tensor: Any,
-        output: list[Any] | None = None,
+        tensor: ArrayT,
+        output: list[ArrayT] | None = None,
         async_op: bool = False,
         *,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> list[ArrayT] | AsyncResultWork[list[ArrayT]]:
         """Gather ``tensor`` of every member; return the list, by rank, on every member.
 
         Args:
@@ -366,7 +354,7 @@ class MultiCollectiveGroup(MultiConnection):
         t = as_tensor(tensor, "tensor", "allgather")
         if output is None:
             outs = [torch.empty_like(t) for _ in range(self.world_size)]
-            result: list[Any] = [like(tensor, o) for o in outs]
+            result: list[ArrayT] = [like(tensor, o) for o in outs]
         else:
             if not isinstance(output, list) or len(output) != self.world_size:
                 raise ValueError(
@@ -378,7 +366,7 @@ class MultiCollectiveGroup(MultiConnection):
             ]
             result = output
 
-        def run(pg: Any, dl: float | None) -> Any:
+        def run(pg: GlooGroup, dl: float | None) -> list[ArrayT]:
             self._wait(
                 [pg.allgather([outs], [t], self._opts("AllgatherOptions", dl))], "allgather", dl
             )
@@ -386,84 +374,67 @@ class MultiCollectiveGroup(MultiConnection):
 
         return self._submit("allgather", run, timeout, async_op)
 
-    def reduce_scatter(
-        self,
-        output: Any,
-        inputs: Sequence[Any],
-        op: Any = "sum",
-        async_op: bool = False,
-        *,
-        timeout: float | None = None,
-    ) -> Any:
-        """Reduce ``inputs[r]`` over all members into ``output`` of member ``r``.
+    @overload
+    def barrier(self, async_op: Literal[False] = ..., *, timeout: float | None = ...) -> None: ...
+    @overload
+    def barrier(
+        self, async_op: Literal[True], *, timeout: float | None = ...
+    ) -> AsyncResultWork[None]: ...
+    @overload
+    def barrier(
+        self, async_op: bool = ..., *, timeout: float | None = ...
+    ) -> AsyncResultWork[None] | None: ...
 
-        Args:
-            output: This member's result tensor/array (written in place).
-            inputs: ``world_size`` tensors/arrays shaped like ``output``.
-            op: ``"sum"``, ``"product"``, ``"min"`` or ``"max"``.
-            async_op: Return an AsyncWork (result: ``output``) instead of waiting.
-            timeout: Seconds until done (None: the configured ``op_timeout``).
-
-        Returns:
-            ``output``, or an AsyncWork.
-
-        Raises:
-            TypeError, ValueError: Bad arguments. CollectiveError: As for :meth:`broadcast`.
-        """
-        red = reduce_op(op)
-        out = as_tensor(output, "output", "reduce_scatter", writable=True)
-        check_reducible(out, "output", "reduce_scatter")
-        if isinstance(inputs, (str, bytes)) or len(inputs) != self.world_size:
-            raise ValueError(f"inputs: expected {self.world_size} tensors, got {len(inputs)}")
-        ins = [as_tensor(x, f"inputs[{i}]", "reduce_scatter") for i, x in enumerate(inputs)]
-        for i, x in enumerate(ins):
-            if x.shape != out.shape or x.dtype != out.dtype:
-                raise ValueError(
-                    f"reduce_scatter: inputs[{i}] is {x.dtype}{tuple(x.shape)}, output is"
-                    f" {out.dtype}{tuple(out.shape)}; they must match"
-                )
-
-        def run(pg: Any, dl: float | None) -> Any:
-            # gloo's own reduce_scatter hangs on torch 2.13 (measured). Large: a ring over
-            # point-to-point messages (half the bytes of an allreduce); small: one
-            # allreduce of the inputs laid end to end (one gloo operation, lowest latency).
-            n = out.numel()
-            if n * out.element_size() >= RING_MIN_BYTES and ring_op(red):
-                ring_reduce_scatter(
-                    pg,
-                    self.rank,
-                    self.world_size,
-                    out,
-                    ins,
-                    red,
-                    self._scratch(out.dtype, 2 * n),
-                    lambda works: self._wait(works, "reduce_scatter", dl, p2p=True),
-                )
-                return output
-            flat = self._scratch(out.dtype, n * self.world_size)
-            torch.cat([x.reshape(-1) for x in ins], out=flat)
-            opts = self._opts("AllreduceOptions", dl, red)
-            self._wait([pg.allreduce([flat], opts)], "reduce_scatter", dl)
-            out.copy_(flat[self.rank * n : (self.rank + 1) * n].view(out.shape))
-            return output
-
-        return self._submit("reduce_scatter", run, timeout, async_op)
-
-    def barrier(self, async_op: bool = False, *, timeout: float | None = None) -> Any:
+    def barrier(
+        self, async_op: bool = False, *, timeout: float | None = None
+    ) -> AsyncResultWork[None] | None:
         """Wait until every member reached its barrier (and finished earlier operations).
 
         Returns:
             None, or an AsyncWork. Raises as :meth:`broadcast`.
         """
 
-        def run(pg: Any, dl: float | None) -> None:
+        def run(pg: GlooGroup, dl: float | None) -> None:
             self._wait([pg.barrier(self._opts("BarrierOptions", dl))], "barrier", dl)
 
         return self._submit("barrier", run, timeout, async_op)
 
+    @overload
     def send_tensor(
-        self, tensor: Any, dst: int, async_op: bool = False, *, timeout: float | None = None
-    ) -> Any:
+        self,
+        tensor: torch.Tensor | npt.NDArray[np.generic],
+        dst: int,
+        async_op: Literal[False] = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> None: ...
+    @overload
+    def send_tensor(
+        self,
+        tensor: torch.Tensor | npt.NDArray[np.generic],
+        dst: int,
+        *,
+        async_op: Literal[True],
+        timeout: float | None = ...,
+    ) -> AsyncResultWork[None]: ...
+    @overload
+    def send_tensor(
+        self,
+        tensor: torch.Tensor | npt.NDArray[np.generic],
+        dst: int,
+        async_op: bool = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> AsyncResultWork[None] | None: ...
+
+    def send_tensor(
+        self,
+        tensor: torch.Tensor | npt.NDArray[np.generic],
+        dst: int,
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> AsyncResultWork[None] | None:
         """Send ``tensor``'s bytes to member ``dst``, which calls :meth:`recv_tensor`.
 
         Returns:
@@ -477,7 +448,7 @@ class MultiCollectiveGroup(MultiConnection):
             raise ValueError(f"dst: got {dst}, this member's own rank")
         t = as_tensor(tensor, "tensor", "send_tensor")
 
-        def run(pg: Any, dl: float | None) -> None:
+        def run(pg: GlooGroup, dl: float | None) -> None:
             self._wait(
                 [pg.send([t.reshape(-1).view(torch.uint8)], dst, _P2P_TAG)],
                 "send_tensor",
@@ -487,9 +458,42 @@ class MultiCollectiveGroup(MultiConnection):
 
         return self._submit(f"send_tensor(dst={dst})", run, timeout, async_op)
 
+    @overload
     def recv_tensor(
-        self, tensor: Any, src: int, async_op: bool = False, *, timeout: float | None = None
-    ) -> Any:
+        self,
+        tensor: ArrayT,
+        src: int,
+        async_op: Literal[False] = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> ArrayT: ...
+    @overload
+    def recv_tensor(
+        self,
+        tensor: ArrayT,
+        src: int,
+        *,
+        async_op: Literal[True],
+        timeout: float | None = ...,
+    ) -> AsyncResultWork[ArrayT]: ...
+    @overload
+    def recv_tensor(
+        self,
+        tensor: ArrayT,
+        src: int,
+        async_op: bool = ...,
+        *,
+        timeout: float | None = ...,
+    ) -> ArrayT | AsyncResultWork[ArrayT]: ...
+
+    def recv_tensor(
+        self,
+        tensor: ArrayT,
+        src: int,
+        async_op: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> ArrayT | AsyncResultWork[ArrayT]:
         """Receive a :meth:`send_tensor` of member ``src`` into ``tensor`` (same size).
 
         Returns:
@@ -500,7 +504,7 @@ class MultiCollectiveGroup(MultiConnection):
             raise ValueError(f"src: got {src}, this member's own rank")
         t = as_tensor(tensor, "tensor", "recv_tensor", writable=True)
 
-        def run(pg: Any, dl: float | None) -> Any:
+        def run(pg: GlooGroup, dl: float | None) -> ArrayT:
             self._wait(
                 [pg.recv([t.reshape(-1).view(torch.uint8)], src, _P2P_TAG)],
                 "recv_tensor",

@@ -19,18 +19,21 @@ import socket
 import urllib.parse
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import rendezvous
 
+from p2p_asyncwork import AsyncWork
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
 from p2p_collective._groups._collective import Collective
 from p2p_collective._groups._group import CollectiveGroup
 from p2p_collective._groups._multi import MultiCollectiveGroup
 
 _KEY = "p2p-mcpg"
+
+T = TypeVar("T")
 
 
 class MultiChannelProcessGroup:
@@ -203,7 +206,7 @@ class MultiChannelProcessGroup:
         async_op: bool = False,
         *,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> AsyncWork[None] | None:
         """Send ``tensor`` to the other member on ``channel_id``; it calls :meth:`recv`.
 
         Args:
@@ -233,7 +236,7 @@ class MultiChannelProcessGroup:
         async_op: bool = False,
         *,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> AsyncWork[torch.Tensor] | None:
         """Receive the other member's :meth:`send` on ``channel_id`` into ``tensor``.
 
         Args:
@@ -253,7 +256,7 @@ class MultiChannelProcessGroup:
         pair = self._pair(channel_id, device, "recv")
         buf, finish = _landing(tensor, "recv")
         return self._run(
-            lambda: _then(pair.recv_tensor(buf, async_op, timeout=timeout), finish, async_op),
+            lambda: _then(pair.recv_tensor(buf, async_op, timeout=timeout), finish),
             "recv",
         )
 
@@ -266,7 +269,7 @@ class MultiChannelProcessGroup:
         async_op: bool = False,
         *,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> AsyncWork[torch.Tensor] | None:
         """Broadcast ``tensor`` of member ``src`` into ``tensor`` of every member.
 
         Args:
@@ -300,9 +303,7 @@ class MultiChannelProcessGroup:
             buf, finish = _landing(tensor, "broadcast")
         ready = group
         return self._run(
-            lambda: _then(
-                ready.broadcast_tensor(buf, src, async_op, timeout=timeout), finish, async_op
-            ),
+            lambda: _then(ready.broadcast_tensor(buf, src, async_op, timeout=timeout), finish),
             "broadcast",
         )
 
@@ -367,7 +368,7 @@ class MultiChannelProcessGroup:
             )
         return self._pairs[channel_id]
 
-    def _run(self, op: Callable[[], Any], what: str) -> Any:
+    def _run(self, op: Callable[[], T], what: str) -> T:
         try:
             result = op()
         except (TypeError, ValueError):
@@ -422,26 +423,31 @@ def _to_host(tensor: object, what: str) -> torch.Tensor:
     return host
 
 
-def _landing(tensor: object, what: str) -> tuple[torch.Tensor, Callable[[Any], Any] | None]:
+def _landing(
+    tensor: object, what: str
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None]:
     """Where received bytes land, and what copies them into ``tensor`` afterwards."""
     t = _check_tensor(tensor, what)
     if t.device.type == "cpu" and t.is_contiguous():
         return t, None
     buf = _host_buffer(t)
 
-    def finish(_: Any) -> torch.Tensor:
+    def finish(_: torch.Tensor) -> torch.Tensor:
         t.copy_(buf)
         return t
 
     return buf, finish
 
 
-def _then(result: Any, finish: Callable[[Any], Any] | None, async_op: bool) -> Any:
-    if finish is None:
-        return result if async_op else None
-    if async_op:
-        return result.then(finish)
-    finish(result)
+def _then(
+    result: AsyncWork[torch.Tensor] | torch.Tensor,
+    finish: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> AsyncWork[torch.Tensor] | None:
+    """The work (``finish`` chained on), or None once ``finish`` ran (a synchronous call)."""
+    if isinstance(result, AsyncWork):  # the group returns a work exactly when async_op
+        return result if finish is None else result.then(finish)
+    if finish is not None:
+        finish(result)
     return None
 
 

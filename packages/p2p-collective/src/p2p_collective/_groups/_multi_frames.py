@@ -15,8 +15,6 @@ broadcasts, so a member whose calls are out of step gets a :class:`FramingError`
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from p2p_collective._errors import FramingError
@@ -62,7 +60,7 @@ class Encoded:
         return msgs + self.payloads
 
 
-def encode_object(obj: Any, op: str) -> Encoded:
+def encode_object(obj: object, op: str) -> Encoded:
     """Classify, check and encode ``obj`` (nothing is sent; tensors are not copied).
 
     Raises:
@@ -119,7 +117,7 @@ class Incoming:
         self.tensors = [torch.empty(m.shape, dtype=m.dtype) for m in metas]
         self.views = [t.view(-1).view(torch.uint8) for t in self.tensors if t.numel()]
 
-    def rebuild(self, object_policy: str, object_allowlist: tuple[str, ...]) -> Any:
+    def rebuild(self, object_policy: str, object_allowlist: tuple[str, ...]) -> object:
         """The broadcast object (raises ``ObjectRefusedError`` as a pair ``recv`` does)."""
         return rebuild(
             self.hdr.kind,

@@ -5,17 +5,24 @@ Everything here is package-internal; :mod:`p2p_collective._groups._multi` builds
 
 from __future__ import annotations
 
+import enum
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from p2p_collective._groups._arrays import as_tensor
+from p2p_collective._groups._arrays import ArrayT, as_tensor
 from p2p_collective._links._liveness import open_watch_socket
 from p2p_collective._links._transport import StoreLike
+
+if TYPE_CHECKING:
+    from p2p_collective._links._torch_gloo import GlooReduceOp
+
+    ReduceOpLike: TypeAlias = str | enum.Enum | GlooReduceOp
+    """A reduction as users name it: ``"sum"``, an enum with such a ``name``, a ReduceOp."""
 
 __all__ = [
     "REDUCE_OPS",
@@ -26,7 +33,14 @@ __all__ = [
     "reduce_op",
 ]
 
-_REDUCE_OP: Any = dist.ReduceOp
+_REDUCE_OP = dist.ReduceOp
+_BY_NAME: dict[str, GlooReduceOp] = {
+    "sum": _REDUCE_OP.SUM,
+    "min": _REDUCE_OP.MIN,
+    "max": _REDUCE_OP.MAX,
+    "prod": _REDUCE_OP.PRODUCT,
+    "product": _REDUCE_OP.PRODUCT,
+}
 
 REDUCE_OPS = ("sum", "product", "min", "max")
 _GLOO_DTYPES = frozenset(
@@ -43,7 +57,7 @@ _GLOO_DTYPES = frozenset(
 )
 
 
-def reduce_op(op: object, arg: str = "op") -> Any:
+def reduce_op(op: object, arg: str = "op") -> GlooReduceOp:
     """Map a reduction name (``"sum"``, ``"product"``, ``"min"``, ``"max"``) to a ReduceOp.
 
     Any case is accepted, as are enums with such a ``name`` and torch ReduceOps.
@@ -55,11 +69,9 @@ def reduce_op(op: object, arg: str = "op") -> Any:
         return op
     text = op if isinstance(op, str) else getattr(op, "name", None)
     if isinstance(text, str):
-        key = text.lower()
-        if key in ("prod", "product"):
-            return _REDUCE_OP.PRODUCT
-        if key in ("sum", "min", "max"):
-            return getattr(_REDUCE_OP, key.upper())
+        found = _BY_NAME.get(text.lower())
+        if found is not None:
+            return found
     raise ValueError(f"{arg}: got {op!r}; allowed: one of {', '.join(REDUCE_OPS)}")
 
 
@@ -80,9 +92,10 @@ def check_reducible(tensor: torch.Tensor, where: str, op: str) -> None:
         raise ValueError(f"{op}: {where} has dtype {tensor.dtype}; allowed: {allowed}")
 
 
-def like(template: object, tensor: torch.Tensor) -> object:
+def like(template: ArrayT, tensor: torch.Tensor) -> ArrayT:
     """``tensor`` as the same kind of object as ``template`` (numpy array or tensor)."""
-    return tensor.numpy() if isinstance(template, np.ndarray) else tensor
+    # the kind is chosen at run time from the template: the checker cannot follow it
+    return cast("ArrayT", tensor.numpy() if isinstance(template, np.ndarray) else tensor)
 
 
 # -- transport ---------------------------------------------------------------------------

@@ -13,18 +13,23 @@ over every member.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Work
+
+    from p2p_collective._links._torch_gloo import GlooGroup, GlooReduceOp
+
 RING_TAG = (1 << 28) + 1
 """gloo tag of the ring's messages (apart from send_tensor's and the collectives')."""
 
-_REDUCE: Any = dist.ReduceOp
+_REDUCE = dist.ReduceOp
 
 
-_COMBINE: dict[Any, Callable[..., torch.Tensor]] = {
+_COMBINE: dict[GlooReduceOp, Callable[..., torch.Tensor]] = {
     _REDUCE.SUM: torch.add,
     _REDUCE.PRODUCT: torch.mul,
     _REDUCE.MIN: torch.minimum,
@@ -33,14 +38,14 @@ _COMBINE: dict[Any, Callable[..., torch.Tensor]] = {
 
 
 def ring_reduce_scatter(
-    pg: Any,
+    pg: GlooGroup,
     rank: int,
     size: int,
     out: torch.Tensor,
     inputs: Sequence[torch.Tensor],
-    op: Any,
+    op: GlooReduceOp,
     spare: torch.Tensor,
-    wait: Callable[[list[Any]], None],
+    wait: Callable[[list[Work]], None],
 ) -> None:
     """Reduce ``inputs[r]`` of every member into ``out`` of member ``r`` (in place).
 
@@ -72,7 +77,7 @@ def ring_reduce_scatter(
         send = into
 
 
-def ring_op(op: Any) -> bool:
+def ring_op(op: GlooReduceOp) -> bool:
     """Whether :func:`ring_reduce_scatter` can reduce with ``op``."""
     try:
         return op in _COMBINE

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from p2p_asyncwork import AsyncResultWork
 from p2p_collective._deadline import remaining
 from p2p_collective._errors import GroupBrokenError, PeerError, PeerGoneError
 from p2p_collective._groups._group import CollectiveGroup
@@ -261,7 +262,7 @@ class RingCollectives:
         """``t`` of ``src`` is copied into ``t`` of every member, along a chain."""
         pos = (self.rank - src) % self.size
         flat = _flat(t)
-        sends: list[Any] = []
+        sends: list[AsyncResultWork[None]] = []
         try:
             for lo, hi in _pieces(flat.numel(), t.element_size(), self.chain_bytes):
                 piece = flat[lo:hi]
@@ -283,7 +284,7 @@ class RingCollectives:
         flat = _flat(t)
         last = self.size - 1
         acc = flat if pos == last else self._scratch(flat.numel(), t.dtype)
-        sends: list[Any] = []
+        sends: list[AsyncResultWork[None]] = []
         try:
             for lo, hi in _pieces(flat.numel(), t.element_size(), self.chain_bytes):
                 if pos == 0:
@@ -303,7 +304,11 @@ class RingCollectives:
                 s.wait(timeout=remaining(deadline))
 
     def _forward(
-        self, piece: torch.Tensor, last: bool, sends: list[Any], deadline: float | None
+        self,
+        piece: torch.Tensor,
+        last: bool,
+        sends: list[AsyncResultWork[None]],
+        deadline: float | None,
     ) -> None:
         """Send a chain's piece to the right: the last one in this thread, others queued.
 

@@ -115,7 +115,7 @@ class LinkEmulation:
         """Whether the link from ``src`` to ``dst`` is one of these links."""
         return fnmatch.fnmatchcase(src, self.src) and fnmatch.fnmatchcase(dst, self.dst)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The override as a plain dict, as written under ``links``."""
         return {
             "src": self.src,
@@ -167,9 +167,9 @@ class NetEmulationConfig:
                 return link
         return LinkEmulation("*", "*", self.bandwidth_mbps, self.delay_ms)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The section as a plain dict that :func:`parse_net_emulation` accepts."""
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "enabled": True,
             "bandwidth_mbps": self.bandwidth_mbps,
             "delay_ms": self.delay_ms,
@@ -182,7 +182,7 @@ class NetEmulationConfig:
 
 
 def parse_net_emulation(
-    section: Mapping[str, Any] | None, path: str = "cluster.net_emulation"
+    section: Mapping[str, object] | None, path: str = "cluster.net_emulation"
 ) -> NetEmulationConfig | None:
     """Parse the ``net_emulation`` section.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,7 +19,11 @@ from p2p_collective._deadline import remaining
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError, PeerError
 from p2p_collective._frames._recvpool import PostedRecv
 from p2p_collective._links._liveness import Watcher, send_record
+from p2p_collective._links._torch_gloo import GlooGroup
 from p2p_collective._links._waiter import Waiter, first_line, gloo_failure, wait_direct
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Work
 
 PAYLOAD_TAG = 0
 HEADER_TAG = 1
@@ -46,9 +50,9 @@ class GlooLink:
     transport = "gloo"
 
     def __init__(
-        self, pg: Any, rank: int, peer: str, watch: socket.socket, watcher: Watcher
+        self, pg: GlooGroup, rank: int, peer: str, watch: socket.socket, watcher: Watcher
     ) -> None:
-        self._pg: Any = pg
+        self._pg: GlooGroup | None = pg
         self._peer_rank = 1 - rank
         self.peer = peer
         self._watch = watch
@@ -106,7 +110,7 @@ class GlooLink:
         work = self._post(what, tensor, send, tag)
         self._finish(what, work, tensor.numel(), deadline)
 
-    def _post(self, what: str, tensor: torch.Tensor, send: bool, tag: int) -> Any:
+    def _post(self, what: str, tensor: torch.Tensor, send: bool, tag: int) -> Work:
         """Hand one send or receive to gloo (never blocks); return its work."""
         pg = self._pg
         if pg is None:
@@ -120,7 +124,7 @@ class GlooLink:
         except Exception as exc:
             raise PeerError(f"{what} with peer {self.peer!r} failed: {first_line(exc)}") from exc
 
-    def _finish(self, what: str, work: Any, nbytes: int, deadline: float | None) -> None:
+    def _finish(self, what: str, work: Work, nbytes: int, deadline: float | None) -> None:
         """Wait for a posted operation; map gloo's failures to ours."""
         left = remaining(deadline)
         try:

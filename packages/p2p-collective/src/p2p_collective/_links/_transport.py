@@ -25,7 +25,7 @@ from p2p_collective._links._liveness import Watcher, open_watch_socket
 from p2p_collective._links._shm import join as _shm_join
 from p2p_collective._links._shm import offer as _shm_offer
 from p2p_collective._links._shm_link import ShmLink
-from p2p_collective._links._torch_gloo import make_device, new_gloo_group
+from p2p_collective._links._torch_gloo import GlooDevice, GlooGroup, make_device, new_gloo_group
 
 __all__ = [
     "Link",
@@ -61,9 +61,9 @@ class LinkFactory:
         self.watcher = Watcher(name)
         self.recv_pool = ReceiveBufferPool(recv_cache_bytes)
         self._lock = threading.Lock()
-        self._device: Any = None
+        self._device: GlooDevice | None = None
 
-    def device(self) -> Any:
+    def device(self) -> GlooDevice:
         """The gloo device bound to ``host``, created at the first connection."""
         with self._lock:
             if self._device is None:
@@ -80,7 +80,7 @@ class LinkFactory:
         who: str,
         *,
         threads: int = 2,
-    ) -> Any:
+    ) -> GlooGroup:
         """Connect a gloo process group of ``size`` ranks under ``prefix`` on our device.
 
         The one constructor of process groups for pair links and N-member groups.

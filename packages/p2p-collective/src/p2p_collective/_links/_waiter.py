@@ -21,10 +21,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from p2p_collective._deadline import is_timeout, remaining, to_timedelta
 from p2p_collective._errors import CollectiveTimeoutError, PeerError
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Work
 
 GRACE = 2.0
 """Seconds past the deadline a wait may run before it gives up on gloo's own timeout."""
@@ -56,7 +59,7 @@ def gloo_failure(exc: BaseException, what: str, timed_out: str) -> Exception:
     return PeerError(f"{what} failed: {first_line(exc)}")
 
 
-def wait_direct(work: Any, deadline: float | None) -> None:
+def wait_direct(work: Work, deadline: float | None) -> None:
     """Block on ``work`` in this thread until done or the deadline (gloo raises then).
 
     Raises:
@@ -69,7 +72,7 @@ def wait_direct(work: Any, deadline: float | None) -> None:
     work.wait(to_timedelta(left))
 
 
-def wait_sliced(work: Any, deadline: float | None, gone: Gone, what: str) -> None:
+def wait_sliced(work: Work, deadline: float | None, gone: Gone, what: str) -> None:
     """Block on a collective's ``work`` in slices, checking ``gone()`` and the deadline.
 
     A blocking ``wait`` wakes the moment gloo completes the work; polling
@@ -105,7 +108,7 @@ def wait_sliced(work: Any, deadline: float | None, gone: Gone, what: str) -> Non
 class _Wait:
     __slots__ = ("deadline", "done", "error", "finished", "work")
 
-    def __init__(self, work: Any, deadline: float | None) -> None:
+    def __init__(self, work: Work | list[Work], deadline: float | None) -> None:
         self.work = work
         self.deadline = deadline
         self.done = threading.Event()
@@ -129,7 +132,9 @@ class Waiter:
         self._thread: threading.Thread | None = None
         self._inflight: _Wait | None = None
 
-    def wait(self, work: Any, deadline: float | None, gone: Gone, poll: float = 0.5) -> None:
+    def wait(
+        self, work: Work | list[Work], deadline: float | None, gone: Gone, poll: float = 0.5
+    ) -> None:
         """Hand ``work`` to the thread; return when it is done, or raise.
 
         Args:
@@ -194,6 +199,6 @@ def _loop(waits: queue.SimpleQueue[_Wait | None]) -> None:
         except BaseException as exc:
             wait.error = exc
         finally:
-            wait.work = None  # drop the gloo work (and its process group) at once
+            wait.work = []  # drop the gloo work (and its process group) at once
             wait.done.set()
         del wait

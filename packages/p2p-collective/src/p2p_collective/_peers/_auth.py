@@ -23,7 +23,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import NoReturn
 
 from p2p_collective._deadline import deadline_after, remaining
 from p2p_collective._errors import AuthenticationError, CollectiveError, CollectiveTimeoutError
@@ -90,7 +90,7 @@ class JobAuth:
     def __repr__(self) -> str:
         return f"<JobAuth {'token set' if self._key is not None else 'no token'}>"
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("a JobAuth holds the job token and is never pickled")
 
     @property

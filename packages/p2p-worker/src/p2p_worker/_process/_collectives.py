@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any, Literal, overload
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, overload
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
@@ -11,10 +12,17 @@ from p2p_asyncwork import AsyncWork
 from p2p_collective import Collective, MultiCollectiveGroup, create_multi_group
 from p2p_worker._address import WorkerAddress, member_address, parse_group_name
 from p2p_worker._errors import WorkerError
-from p2p_worker._process._options import check_options
+from p2p_worker._process._options import CollectiveGroupOptions, check_options
 
 if TYPE_CHECKING:
     from p2p_worker._runtime._state import WorkerRuntime
+
+Ranks: TypeAlias = "int | tuple[int, ...] | list[int] | list[tuple[int, ...]]"
+"""RLinf's ranks of one group: one worker (an int or a rank path) or a list of them."""
+Member: TypeAlias = "str | WorkerAddress | tuple[str, Ranks]"
+"""A whole group by name, a ``(group_name, ranks)`` pair, or one worker's address."""
+Members: TypeAlias = "Member | Sequence[Member]"
+"""The members of a collective: one :data:`Member` or a list of them."""
 
 SIZE_KEY = "p2p/worker-group-size/{}"
 SIZE_TIMEOUT = 60.0
@@ -28,7 +36,10 @@ def _members(
     timeout: float | None,
 ) -> list[WorkerAddress]:
     """Resolve a members spec into addresses (sizes of other groups come from the store)."""
-    items: list[Any] = [spec] if isinstance(spec, (str, WorkerAddress, tuple)) else list(spec)  # type: ignore[call-overload]
+    # spec is checked item by item at run time: anything else raises TypeError below
+    items: list[object] = (
+        [spec] if isinstance(spec, (str, WorkerAddress, tuple)) else list(spec)  # type: ignore[call-overload]
+    )
     if not items:
         raise ValueError(
             "members: got an empty list; allowed: group names, (name, ranks), addresses"
@@ -97,7 +108,7 @@ class CollectivesMixin:
         def _p2p_worker_runtime(self) -> WorkerRuntime: ...
 
     def create_collective(
-        self, members: Any, name: str | None = None, *, timeout: float | None = None
+        self, members: Members, name: str | None = None, *, timeout: float | None = None
     ) -> MultiCollectiveGroup:
         """The collective group (``p2p_collective.MultiCollectiveGroup``) of ``members``.
 
@@ -136,13 +147,13 @@ class CollectivesMixin:
     @overload
     def broadcast(
         self,
-        object: Any = ...,
-        groups: Any = ...,
+        object: object = ...,
+        groups: Members | None = ...,
         src: tuple[str, int | tuple[int, ...]] | None = ...,
         async_op: Literal[False] = ...,
-        options: Any = ...,
+        options: CollectiveGroupOptions | None = ...,
         *,
-        members: Any = ...,
+        members: Members | None = ...,
         src_group_name: str | None = ...,
         src_rank: int | None = ...,
         timeout: float | None = ...,
@@ -150,13 +161,13 @@ class CollectivesMixin:
     @overload
     def broadcast(
         self,
-        object: Any,
-        groups: Any,
+        object: object,
+        groups: Members | None,
         src: tuple[str, int | tuple[int, ...]] | None,
         async_op: Literal[True],
-        options: Any = ...,
+        options: CollectiveGroupOptions | None = ...,
         *,
-        members: Any = ...,
+        members: Members | None = ...,
         src_group_name: str | None = ...,
         src_rank: int | None = ...,
         timeout: float | None = ...,
@@ -164,13 +175,13 @@ class CollectivesMixin:
     @overload
     def broadcast(
         self,
-        object: Any = ...,
-        groups: Any = ...,
+        object: object = ...,
+        groups: Members | None = ...,
         src: tuple[str, int | tuple[int, ...]] | None = ...,
         *,
         async_op: Literal[True],
-        options: Any = ...,
-        members: Any = ...,
+        options: CollectiveGroupOptions | None = ...,
+        members: Members | None = ...,
         src_group_name: str | None = ...,
         src_rank: int | None = ...,
         timeout: float | None = ...,
@@ -178,13 +189,13 @@ class CollectivesMixin:
     @overload
     def broadcast(
         self,
-        object: Any,
-        groups: Any,
-        src: tuple[str, int | tuple[int, ...]] | None,
-        async_op: bool,
-        options: Any = ...,
+        object: object = ...,
+        groups: Members | None = ...,
+        src: tuple[str, int | tuple[int, ...]] | None = ...,
+        async_op: bool = ...,
+        options: CollectiveGroupOptions | None = ...,
         *,
-        members: Any = ...,
+        members: Members | None = ...,
         src_group_name: str | None = ...,
         src_rank: int | None = ...,
         timeout: float | None = ...,
@@ -192,13 +203,13 @@ class CollectivesMixin:
 
     def broadcast(
         self,
-        object: Any = None,
-        groups: Any = None,
+        object: object = None,
+        groups: Members | None = None,
         src: tuple[str, int | tuple[int, ...]] | None = None,
         async_op: bool = False,
-        options: Any = None,
+        options: CollectiveGroupOptions | None = None,
         *,
-        members: Any = None,
+        members: Members | None = None,
         src_group_name: str | None = None,
         src_rank: int | None = None,
         timeout: float | None = None,
@@ -285,6 +296,7 @@ class CollectivesMixin:
             )
         else:
             src_addr = _members(groups, self.worker_address, self._world_size, None, None)[0]
+        assert members is not None  # exactly one of groups and members was given
         group = self.create_collective(members)
         if src_addr.get_name() not in group.member_names:
             raise ValueError(f"src: {src_addr} is not among the members {group.member_names}")
@@ -296,7 +308,7 @@ class CollectivesMixin:
         )
 
 
-def _rlinf_groups(groups: Any) -> bool:
+def _rlinf_groups(groups: object) -> bool:
     """Whether ``groups`` has RLinf's shape: a list of ``(group_name, ranks)`` tuples."""
     return isinstance(groups, list) and all(
         isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)
