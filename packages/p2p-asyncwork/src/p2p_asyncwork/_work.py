@@ -13,6 +13,9 @@ from p2p_asyncwork._cuda import record_event_if_cuda, stream_wait
 from p2p_asyncwork._errors import WorkTimeoutError
 
 T = TypeVar("T")
+# A handle only hands its result out (wait, await, callbacks), so AsyncWork[int] is an
+# AsyncWork[object]; AsyncResultWork, whose producer sets the result, stays invariant.
+T_co = TypeVar("T_co", covariant=True)
 _MISSING: Any = object()
 _log = logging.getLogger("p2p_asyncwork")
 
@@ -25,7 +28,7 @@ def _run_callback(fn: Callable[[Any], None], work: AsyncWork[Any]) -> None:
         _log.exception("done-callback %r of %r raised; ignored", fn, work)
 
 
-class AsyncWork(Generic[T]):
+class AsyncWork(Generic[T_co]):
     """A handle on an operation that completes later, possibly on another thread.
 
     The vocabulary follows :class:`concurrent.futures.Future` and ``torch.futures``:
@@ -57,7 +60,7 @@ class AsyncWork(Generic[T]):
         self._waiters: list[threading.Lock] | None = None
         self._result: Any = _MISSING
         self._exception: BaseException | None = None
-        self._callbacks: list[Callable[[AsyncWork[T]], None]] = []
+        self._callbacks: list[Callable[[AsyncWork[T_co]], None]] = []
         self._cuda_event: Any = None
         self._next: AsyncWork[Any] | None = None
 
@@ -82,7 +85,7 @@ class AsyncWork(Generic[T]):
             _run_callback(cb, self)
         return True
 
-    def add_done_callback(self, fn: Callable[[AsyncWork[T]], None]) -> None:
+    def add_done_callback(self, fn: Callable[[AsyncWork[T_co]], None]) -> None:
         """Call ``fn(work)`` once the work completes, successfully or not.
 
         ``fn`` runs in the thread that completes the work (a transport thread, for the
@@ -135,7 +138,7 @@ class AsyncWork(Generic[T]):
         """Return True when the work has completed, successfully or not. Never blocks."""
         return self._done
 
-    def wait(self, timeout: float | None = None) -> T:
+    def wait(self, timeout: float | None = None) -> T_co:
         """Block until the work completes and return its result.
 
         Args:
@@ -163,7 +166,7 @@ class AsyncWork(Generic[T]):
             raise WorkTimeoutError(f"{type(self).__name__} did not complete within {timeout} s")
         return self._exception
 
-    async def async_wait(self) -> T:
+    async def async_wait(self) -> T_co:
         """Suspend the running coroutine until the work completes; return its result.
 
         No thread is parked per waiter: the completing thread resolves an asyncio future
@@ -176,7 +179,7 @@ class AsyncWork(Generic[T]):
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[None] = loop.create_future()
 
-            def wake(_: AsyncWork[T]) -> None:
+            def wake(_: AsyncWork[T_co]) -> None:
                 # RuntimeError: the loop was closed meanwhile; nobody is waiting any more.
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(_resolve, fut)
@@ -185,10 +188,10 @@ class AsyncWork(Generic[T]):
             await fut
         return self._outcome()
 
-    def __await__(self) -> Generator[Any, None, T]:
+    def __await__(self) -> Generator[Any, None, T_co]:
         return self.async_wait().__await__()
 
-    def _outcome(self) -> T:
+    def _outcome(self) -> T_co:
         if self._exception is not None:
             raise self._exception
         if self._cuda_event is not None:

@@ -65,10 +65,17 @@ class BenchEndpoint(Worker):
         me = self.worker_address
         group = self.collective.create_collective_group([me, WorkerAddress(peer, 0)])
         send = group.stats()["send"]
+
+        def counter(name: str) -> int:
+            value = send[name]
+            if not isinstance(value, int):
+                raise TypeError(f"stats()['send'][{name!r}]: got {value!r}, not an int counter")
+            return value
+
         return {
-            "messages": int(send["messages"]),
-            "wire_bytes": int(send["wire_bytes"]),
-            "payload_bytes": int(send["payload_bytes"]),
+            "messages": counter("messages"),
+            "wire_bytes": counter("wire_bytes"),
+            "payload_bytes": counter("payload_bytes"),
         }
 
     def _run_sender(self, peer: str, payload: Payload, reps: int) -> tuple[list[float], int, int]:

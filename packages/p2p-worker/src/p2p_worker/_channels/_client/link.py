@@ -353,6 +353,7 @@ class ChannelLink(LinkAnswers):
                 self._put_done(op, gen, False, exc)
                 return op.work.wait(0)
         if async_op:
+            assert send is not None  # async_op=True: a handle
             ChannelWork._follow(send, lambda w: self._put_done(op, gen, False, w.exception(0)))
         return op.work
 
@@ -379,6 +380,7 @@ class ChannelLink(LinkAnswers):
                 self._ask_reset(gen)
                 return
             if not wait:
+                assert send is not None  # sent with async_op=True: a handle
                 ChannelWork._follow(
                     send, lambda w: self._ask_reset(gen) if w.exception(0) else None
                 )
@@ -469,6 +471,7 @@ class ChannelLink(LinkAnswers):
         if inline:
             self._put_done(op, gen, abandoned, None)
         else:
+            assert send is not None  # sent with async_op=True: a handle
             ChannelWork._follow(send, lambda w: self._put_done(op, gen, abandoned, w.exception(0)))
 
     def _put_done(self, op: Op, gen: int, abandoned: bool, exc: BaseException | None) -> None:

@@ -104,7 +104,11 @@ class LoopReader:
     def _post_large(self) -> None:
         loop = self._loop
         work = self._group.recv(async_op=True, timeout=self._timeout)
-        work.add_done_callback(lambda w: loop.call_soon_threadsafe(self._large_in, w))
+
+        def arrived(w: AsyncWork[object]) -> None:
+            loop.call_soon_threadsafe(self._large_in, w)
+
+        work.add_done_callback(arrived)
 
     def _large_in(self, work: AsyncWork[object]) -> None:
         self._paused = False
