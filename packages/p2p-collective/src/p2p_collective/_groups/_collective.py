@@ -7,7 +7,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from p2p_asyncwork.internal import NO_LIMIT, check_timeout
 from p2p_collective._compression import WireCodec
@@ -20,8 +20,11 @@ from p2p_collective._links._transport import LinkFactory
 from p2p_collective._peers._address import address_name
 from p2p_collective._peers._auth import FROM_ENV, FromEnv, JobAuth, token_key
 from p2p_collective._peers._peer import LivenessOracle, Peers, new_instance
-from p2p_collective._peers._rendezvous import as_torch_store
+from p2p_collective._peers._rendezvous import Store, as_torch_store
 from p2p_compress import probe_codec_library
+
+if TYPE_CHECKING:  # torch.distributed re-exports Store only at run time
+    from torch._C._distributed_c10d import Store as TorchStore
 
 
 class _Default(enum.Enum):
@@ -114,7 +117,7 @@ class Collective:
     def __init__(
         self,
         address: object,
-        store: Any,
+        store: TorchStore | Store,
         *,
         host: str = "127.0.0.1",
         config: CollectiveConfig | None = None,

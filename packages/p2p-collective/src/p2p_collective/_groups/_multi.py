@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -517,7 +517,7 @@ class MultiCollectiveGroup(MultiReductions):
 
     # -- state ---------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, int | float]:
         """Counters of the group's executor (operations, failures, queue, broken)."""
         return self._direction.snapshot()
 

@@ -17,7 +17,7 @@ import datetime
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch.distributed as dist
 
@@ -25,6 +25,9 @@ from p2p_collective._deadline import to_timedelta
 from p2p_collective._errors import CollectiveError, CollectiveTimeoutError
 from p2p_collective._links._transport import StoreLike
 from p2p_collective._peers._auth import JobAuth
+
+if TYPE_CHECKING:  # torch.distributed re-exports Store only at run time
+    from torch._C._distributed_c10d import Store as TorchStore
 
 _TorchStore: Any = dist.Store  # type: ignore[attr-defined]
 _TCPStore: Any = dist.TCPStore  # type: ignore[attr-defined]
@@ -84,7 +87,7 @@ class _StoreAdapter(_TorchStore):  # type: ignore[misc]
         raise NotImplementedError("a wrapped store is shared, not cloned")
 
 
-def as_torch_store(store: Any) -> StoreLike:
+def as_torch_store(store: TorchStore | Store) -> StoreLike:
     """Return ``store`` as a ``torch.distributed.Store`` (wrapping it when needed).
 
     Raises:

@@ -24,6 +24,7 @@ from typing import TypedDict
 
 import torch
 
+from p2p_collective import CollectiveGroup
 from p2p_worker import Cluster, NodePlacementStrategy, Worker, WorkerAddress, WorkerGroup
 from p2p_worker.bench._jobconfig import JobConfig, job_config
 from p2p_worker.bench._payloads import Payload, payload_nbytes
@@ -64,6 +65,8 @@ class BenchEndpoint(Worker):
     def _send_stats(self, peer: str) -> SendCounters:
         me = self.worker_address
         group = self.collective.create_collective_group([me, WorkerAddress(peer, 0)])
+        if not isinstance(group, CollectiveGroup):  # two members make a pair
+            raise TypeError(f"expected the pair's CollectiveGroup, got {type(group).__name__}")
         send = group.stats()["send"]
 
         def counter(name: str) -> int:
