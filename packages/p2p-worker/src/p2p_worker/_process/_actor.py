@@ -18,7 +18,7 @@ import socket
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeAlias, TypeVar, cast
+from typing import Protocol, TypeAlias, cast
 
 import ray
 import ray.cloudpickle
@@ -27,6 +27,7 @@ from p2p_worker._address import WorkerAddress
 from p2p_worker._info import WorkerInfo
 from p2p_worker._job._cluster import NAMESPACE_ENV, Cluster
 from p2p_worker._process._timer import collect_durations
+from p2p_worker._remote import RemoteMethod
 from p2p_worker._runtime._state import JobContext, WorkerRuntime, probe_codec, set_current_runtime
 
 CONTROL_GROUP = "p2p_ctl"
@@ -140,16 +141,6 @@ Reply: TypeAlias = tuple[bool, object, dict[str, float]]
 Packed: TypeAlias = tuple[tuple[object, ...], dict[str, object]]
 """A call's ``(args, kwargs)``, put in the object store once for a whole group."""
 
-R = TypeVar("R")
-
-
-class RemoteMethod(Protocol, Generic[R]):
-    """A method of a Ray actor handle: ``.remote(...)`` submits a call."""
-
-    def remote(self, *args: object, **kwargs: object) -> ray.ObjectRef[R]: ...
-
-    def options(self, **options: object) -> RemoteMethod[R]: ...
-
 
 class WorkerActor(Protocol):
     """The Ray actor handle of a worker (see :func:`make_actor_class`).
@@ -159,19 +150,19 @@ class WorkerActor(Protocol):
     """
 
     @property
-    def _p2p_probe(self) -> RemoteMethod[Reply]: ...
+    def _p2p_probe(self) -> RemoteMethod[..., Reply]: ...
     @property
-    def _p2p_setup(self) -> RemoteMethod[Reply]: ...
+    def _p2p_setup(self) -> RemoteMethod[..., Reply]: ...
     @property
-    def _p2p_call(self) -> RemoteMethod[Reply]: ...
+    def _p2p_call(self) -> RemoteMethod[..., Reply]: ...
     @property
-    def _p2p_acall(self) -> RemoteMethod[Reply]: ...
+    def _p2p_acall(self) -> RemoteMethod[..., Reply]: ...
     @property
-    def _p2p_shutdown(self) -> RemoteMethod[None]: ...
+    def _p2p_shutdown(self) -> RemoteMethod[..., None]: ...
     @property
-    def _p2p_ping(self) -> RemoteMethod[int]: ...
+    def _p2p_ping(self) -> RemoteMethod[..., int]: ...
 
-    def __getattr__(self, name: str) -> RemoteMethod[object]: ...
+    def __getattr__(self, name: str) -> RemoteMethod[..., object]: ...
 
 
 class _ActorCreator(Protocol):

@@ -21,10 +21,11 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from typing import Generic, Literal, Protocol, TypeAlias, TypeVar, cast, overload
+from typing import Literal, Protocol, TypeAlias, TypeVar, cast, overload
 
 import ray
 
+from p2p_worker._remote import RemoteMethod
 from p2p_worker._runtime._store import RendezvousStore
 
 SERVICE_NAMESPACE = "p2p-collective"
@@ -38,21 +39,17 @@ Declaration: TypeAlias = tuple[list[str], int, list[int], str, "float | None"]
 R = TypeVar("R")
 
 
-class _RemoteMethod(Protocol, Generic[R]):
-    def remote(self, *args: object) -> ray.ObjectRef[R]: ...
-
-
 class ServiceHandle(Protocol):
     """The rendezvous actor's handle, as this package calls it."""
 
     @property
-    def store_address(self) -> _RemoteMethod[tuple[str, int, str]]: ...
+    def store_address(self) -> RemoteMethod[..., tuple[str, int, str]]: ...
     @property
-    def declare(self) -> _RemoteMethod[bool]: ...
+    def declare(self) -> RemoteMethod[..., bool]: ...
     @property
-    def lookup(self) -> _RemoteMethod[Declaration | None]: ...
+    def lookup(self) -> RemoteMethod[..., Declaration | None]: ...
     @property
-    def forget(self) -> _RemoteMethod[None]: ...
+    def forget(self) -> RemoteMethod[..., None]: ...
 
 
 def service_name(namespace: str, job_id: str) -> str:

@@ -13,16 +13,14 @@ from typing import Protocol, cast
 
 import ray
 
-
-class _ReadyMethod(Protocol):
-    def remote(self) -> ray.ObjectRef[bool]: ...
+from p2p_worker._remote import RemoteMethod
 
 
 class _Pingable(Protocol):
     """An actor handle, as far as the liveness probe calls it."""
 
     @property
-    def __ray_ready__(self) -> _ReadyMethod: ...
+    def __ray_ready__(self) -> RemoteMethod[[], bool]: ...
 
 
 _READY_WAIT = 0.2  # seconds to wait for the actor's ready probe before answering "alive"

@@ -24,13 +24,14 @@ import os
 import socket
 import struct
 from datetime import timedelta
-from typing import Generic, ParamSpec, Protocol, TypeVar, cast
+from typing import Protocol, cast
 
 import ray
 import torch
 import torch.distributed as dist
 from ray.actor import ActorHandle
 
+from p2p_worker._remote import RemoteMethod
 from p2p_worker.bench._payloads import Payload, payload_nbytes, payload_tensors, payloads_equal
 from p2p_worker.bench._results import Sample, samples_from_timings
 from p2p_worker.bench._spec import Cell
@@ -44,18 +45,6 @@ from p2p_worker.bench._timing import (
 _LOOPBACK = ("127.0.0.1", "localhost")
 RAYCOLL_GROUP = "p2p-bench"
 """The name of the ``ray.util.collective`` group of the two baseline actors."""
-
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-class RemoteMethod(Protocol, Generic[_P, _R]):
-    """A method of a Ray actor handle: ``handle.method.remote(...)`` -> an ``ObjectRef``."""
-
-    def remote(self, *args: _P.args, **kwargs: _P.kwargs) -> ray.ObjectRef[_R]:
-        """Call the method on the actor; the reference of its return value."""
-        ...
 
 
 def owned(payload: object) -> object:

@@ -42,7 +42,7 @@ import ray
 import torch
 
 from p2p_worker import Cluster, PlacementError
-from p2p_worker.bench._baselines import RemoteMethod
+from p2p_worker._remote import RemoteMethod
 from p2p_worker.bench._jobconfig import ClusterSection, JobConfig
 from p2p_worker.bench._model import SHAPES
 from p2p_worker.bench._rl_placement import InOrder, layout, pinned

@@ -20,7 +20,7 @@ from p2p_worker._channels._client.endpoint import forget_handle
 from p2p_worker._channels._client.inline import PutRequest
 from p2p_worker._channels._client.link import NO_CREDIT, ChannelLink
 from p2p_worker._channels._client.work import ChannelWork, Granted, refuse_waiting_in_callback
-from p2p_worker._channels._protocol.actor import ChannelActor, RemoteMethod
+from p2p_worker._channels._protocol.actor import ChannelActor
 from p2p_worker._channels._protocol.errors import ChannelClosedError, ChannelError
 from p2p_worker._channels._protocol.keys import DEFAULT_KEY, check_key, check_weight, wrap
 from p2p_worker._channels._protocol.proto import (
@@ -31,6 +31,7 @@ from p2p_worker._channels._protocol.proto import (
     ChannelStats,
     check_channel_name,
 )
+from p2p_worker._remote import RemoteMethod
 
 if TYPE_CHECKING:
     from p2p_worker._channels._protocol.proto import Served
@@ -402,7 +403,7 @@ class ChannelOperations:
 
     def _query(
         self,
-        method: Callable[[ChannelActor], RemoteMethod[R]],
+        method: Callable[[ChannelActor], RemoteMethod[..., R]],
         timeout: float | None,
         *args: object,
     ) -> R:
