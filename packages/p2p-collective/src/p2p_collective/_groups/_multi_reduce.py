@@ -97,11 +97,9 @@ class MultiReductions(MultiConnection):
         check_reducible(t, "tensor", "allreduce")
 
         def run(pg: GlooGroup, dl: float | None) -> ArrayT:
-            self._wait(
-                [pg.allreduce([t], self._opts("AllreduceOptions", dl, red))],
-                "allreduce",
-                dl,
-            )
+            if not self._shm.allreduce(t, red, dl):
+                opts = self._opts("AllreduceOptions", dl, red)
+                self._wait([pg.allreduce([t], opts)], "allreduce", dl)
             return tensor
 
         return self._submit("allreduce", run, timeout, async_op)
@@ -159,6 +157,8 @@ class MultiReductions(MultiConnection):
         check_reducible(t, "tensor", "reduce")
 
         def run(pg: GlooGroup, dl: float | None) -> ArrayT:
+            if self._shm.reduce(t, dst, red, dl):
+                return tensor
             if self.rank == dst:
                 buf = t
             else:  # gloo overwrites a non-root input: reduce a copy in a kept buffer
@@ -243,6 +243,8 @@ class MultiReductions(MultiConnection):
             # gloo's own reduce_scatter hangs on torch 2.13 (measured). Large: a ring over
             # point-to-point messages (half the bytes of an allreduce); small: one
             # allreduce of the inputs laid end to end (one gloo operation, lowest latency).
+            if self._shm.reduce_scatter(out, ins, red, dl):
+                return output
             n = out.numel()
             if n * out.element_size() >= RING_MIN_BYTES and ring_op(red):
                 ring_reduce_scatter(
