@@ -48,6 +48,11 @@ class MultiCollectiveGroup(MultiReductions):
     every other member (liveness) are set up at the first operation, which waits up to
     ``init_timeout`` for all members.
 
+    On one node, a group created by address runs its tensor collectives over shared
+    memory instead (its own pair, or a ring of pairs; decided at its first tensor
+    collective, see :mod:`._multi_shm` and :attr:`collectives_transport`;
+    ``P2P_COLLECTIVE_RING=0`` in any member keeps all on gloo).
+
     Timeouts, errors and breaking follow the two-party rules: every call takes
     ``timeout`` (None: the configured ``op_timeout``); bad arguments raise
     ``ValueError``/``TypeError`` before anything is queued; a failure after the group

@@ -2,7 +2,8 @@
 
 Each checks its arguments in the calling thread, then queues one operation that reduces
 over the group's gloo process group (``reduce_scatter`` of large tensors runs as a ring of
-point-to-point messages, see :mod:`._ring`). The group, its other collectives and its life
+point-to-point messages, see :mod:`._ring`), or over its shared-memory pairs when all
+members are on one node (see :mod:`._multi_shm`). The group, its other collectives and its life
 are in ``_multi.py``; connecting and queueing in ``_multi_connect.py``.
 
 ``async_op=True`` given as a keyword types the result as the work handle; given

@@ -127,7 +127,6 @@ class SharedMemoryRoute:
     def _decide(self, deadline: float | None) -> PairCollectives | RingCollectives | None:
         if self._decided:
             return self._shm
-        self._decided = True  # a failure below breaks the group: never try again
         wanted = os.environ.get(RING_ENV, "1") != "0"
         r, n = self._rank, len(self._names)
 
@@ -158,6 +157,8 @@ class SharedMemoryRoute:
         except BaseException:
             self._close_pairs()
             raise
+        finally:
+            self._decided = True  # a failure above breaks the group: never try again
         if not on:
             self._close_pairs()  # gloo it is: the pairs are not needed
         return self._shm
