@@ -183,6 +183,26 @@ def test_bad_arguments_raise_as_before_and_leave_the_group_usable() -> None:
     assert got == [(r, "shm", [*errors, str([9.0] * 4)]) for r in range(n)]
 
 
+def _recreate_body(coll: Any, rank: int, key: str, n: int) -> tuple[list[Any]]:
+    """Close the group and create it again (its pairs are new too): it meets again."""
+    out = []
+    for i in range(3):
+        g = create_multi_group(coll, _names(key, n))
+        x = torch.full((4,), float(i + 1))
+        g.allreduce(x, timeout=60)
+        out.append((g.collectives_transport, x.tolist()))
+        g.barrier(timeout=60)  # no member closes while another still finishes
+        g.close()
+    return (out,)
+
+
+def test_a_closed_group_created_again_meets_again_on_shared_memory() -> None:
+    n = 3
+    got = run_members(_recreate_body, "mrec", (True,) * n, args=((n,),) * n)
+    want = [("shm", [float(n * (i + 1))] * 4) for i in range(3)]
+    assert got == [(r, want) for r in range(n)]
+
+
 def _dies_body(coll: Any, rank: int, key: str, n: int, victim: int) -> tuple[dict[str, Any]]:
     g = create_multi_group(coll, _names(key, n))
     g.allreduce(torch.ones(4), timeout=60)
