@@ -45,6 +45,7 @@ def run_members(
     shm: tuple[bool, ...],
     args: tuple[tuple[Any, ...], ...] | None = None,
     timeout: float = 90.0,
+    results: int | None = None,
 ) -> list[Any]:
     """Run ``body`` in ``len(shm)`` spawned members; their results sorted by rank.
 
@@ -54,6 +55,8 @@ def run_members(
         shm: Per member, whether its Collective may use shared memory.
         args: Per member, more arguments for ``body`` (default: none).
         timeout: Seconds to wait for each member's result.
+        results: How many results to wait for (default: one per member; fewer when a
+            member is meant to die without one).
     """
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
@@ -66,7 +69,9 @@ def run_members(
     for p in procs:
         p.start()
     try:
-        return sorted(out.get(timeout=timeout) for _ in procs)
+        return sorted(
+            out.get(timeout=timeout) for _ in range(len(procs) if results is None else results)
+        )
     finally:
         for p in procs:
             p.join(30)

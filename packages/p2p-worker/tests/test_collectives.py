@@ -34,6 +34,7 @@ class CollWorker(Worker):
             "allreduce": x.tolist(),
             "bcast": (got["w"].tolist(), got["tag"]),
             "allgather": [int(a[0]) for a in gathered],
+            "transport": g.collectives_transport,
         }
 
     def ray_style(self, world_size: int) -> dict[str, Any]:
@@ -88,6 +89,7 @@ def test_collectives_over_two_worker_groups(cluster: Cluster) -> None:
         assert o["allreduce"] == [10.0] * 3
         assert o["bcast"] == ([0.0, 1.0, 2.0, 3.0], "v1")
         assert o["allgather"] == [0, 1, 2, 3]
+        assert o["transport"] == "shm"  # four workers on one node: the ring of pairs
 
 
 def test_ray_style_compat_layer(cluster: Cluster) -> None:

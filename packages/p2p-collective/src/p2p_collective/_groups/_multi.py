@@ -25,6 +25,7 @@ from p2p_collective._groups._direction import Direction
 from p2p_collective._groups._multi_frames import OBJ_HEADER, Incoming, encode_object, read_head
 from p2p_collective._groups._multi_ops import like
 from p2p_collective._groups._multi_reduce import MultiReductions
+from p2p_collective._groups._multi_shm import PairMaker, SharedMemoryRoute
 from p2p_collective._links._transport import LinkFactory, StoreLike
 from p2p_collective._links._waiter import Waiter
 from p2p_collective._peers._auth import JobAuth
@@ -46,6 +47,11 @@ class MultiCollectiveGroup(MultiReductions):
     one executor thread per group). The process group and an idle TCP connection to
     every other member (liveness) are set up at the first operation, which waits up to
     ``init_timeout`` for all members.
+
+    On one node, a group created by address runs its tensor collectives over shared
+    memory instead (its own pair, or a ring of pairs; decided at its first tensor
+    collective, see :mod:`._multi_shm` and :attr:`collectives_transport`;
+    ``P2P_COLLECTIVE_RING=0`` in any member keeps all on gloo).
 
     Timeouts, errors and breaking follow the two-party rules: every call takes
     ``timeout`` (None: the configured ``op_timeout``); bad arguments raise
@@ -116,6 +122,10 @@ class MultiCollectiveGroup(MultiReductions):
         self._lives: dict[int, tuple[Life, int]] = {}  # rank -> (life, listener token)
         # the name the other members know this one by (a ranked group's is "name[rank]")
         self._announce_as = announce_as if announce_as is not None else self.self_name
+        # tensor collectives over shared memory (groups by address only: ranked groups'
+        # member names are aliases, the owner cannot pair them)
+        maker = owner if announce_as is None and isinstance(owner, PairMaker) else None
+        self._shm = SharedMemoryRoute(name, rank, self.member_names, maker, self._gone_now)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -295,7 +305,8 @@ class MultiCollectiveGroup(MultiReductions):
         t = as_tensor(tensor, "tensor", "broadcast_tensor", writable=self.rank != src)
 
         def run(pg: GlooGroup, dl: float | None) -> ArrayT:
-            self._bcast(pg, [t], src, dl, "broadcast_tensor")
+            if not self._shm.broadcast(t, src, dl):
+                self._bcast(pg, [t], src, dl, "broadcast_tensor")
             return tensor
 
         return self._submit(f"broadcast_tensor(src={src})", run, timeout, async_op)
@@ -367,9 +378,9 @@ class MultiCollectiveGroup(MultiReductions):
             result = output
 
         def run(pg: GlooGroup, dl: float | None) -> list[ArrayT]:
-            self._wait(
-                [pg.allgather([outs], [t], self._opts("AllgatherOptions", dl))], "allgather", dl
-            )
+            if not self._shm.allgather(outs, t, dl):
+                opts = self._opts("AllgatherOptions", dl)
+                self._wait([pg.allgather([outs], [t], opts)], "allgather", dl)
             return result
 
         return self._submit("allgather", run, timeout, async_op)
@@ -395,7 +406,8 @@ class MultiCollectiveGroup(MultiReductions):
         """
 
         def run(pg: GlooGroup, dl: float | None) -> None:
-            self._wait([pg.barrier(self._opts("BarrierOptions", dl))], "barrier", dl)
+            if not self._shm.barrier(dl):
+                self._wait([pg.barrier(self._opts("BarrierOptions", dl))], "barrier", dl)
 
         return self._submit("barrier", run, timeout, async_op)
 
@@ -542,6 +554,7 @@ class MultiCollectiveGroup(MultiReductions):
         for life, token in lives.values():
             life.unsubscribe(token)
         self._direction.begin_close()
+        self._shm.close()  # the shared-memory pairs, if any (never blocks)
         for sock in socks.values():
             self.links.watcher.forget(sock)
         if self._on_close is not None:

@@ -34,6 +34,7 @@ from p2p_collective._errors import (
 )
 from p2p_collective._groups._direction import Direction
 from p2p_collective._groups._multi_ops import liveness_mesh
+from p2p_collective._groups._multi_shm import SharedMemoryRoute
 from p2p_collective._links._torch_gloo import GlooGroup, op_options
 from p2p_collective._links._transport import LinkFactory, StoreLike
 from p2p_collective._links._waiter import Waiter, gloo_failure, wait_sliced
@@ -81,6 +82,19 @@ class MultiConnection:
     _peers: list[Peer | None]
     _lives: dict[int, tuple[Life, int]]
     _announce_as: str
+    _shm: SharedMemoryRoute
+
+    @property
+    def collectives_transport(self) -> str | None:
+        """How this group's tensor collectives travel: ``"shm"`` or ``"gloo"``.
+
+        ``"shm"`` for a group created by address whose members are all on one node (its
+        own pairs or ring of pairs, see :mod:`p2p_collective._groups._multi_shm`;
+        ``P2P_COLLECTIVE_RING=0`` in any member keeps all on gloo), ``"gloo"`` otherwise
+        (always for groups joined by rank); None before the group's first tensor
+        collective decided it.
+        """
+        return self._shm.transport
 
     # -- the members' fate ----------------------------------------------------------------
 
@@ -257,6 +271,7 @@ class MultiConnection:
         self._gone = exc
         self._direction.abort(exc)
         self._waiter.wake()
+        self._shm.close()  # an operation blocked on a shared-memory pair fails at once
 
     def _gone_now(self) -> PeerError | None:
         return self._gone

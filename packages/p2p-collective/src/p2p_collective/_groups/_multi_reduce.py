@@ -2,7 +2,8 @@
 
 Each checks its arguments in the calling thread, then queues one operation that reduces
 over the group's gloo process group (``reduce_scatter`` of large tensors runs as a ring of
-point-to-point messages, see :mod:`._ring`). The group, its other collectives and its life
+point-to-point messages, see :mod:`._ring`), or over its shared-memory pairs when all
+members are on one node (see :mod:`._multi_shm`). The group, its other collectives and its life
 are in ``_multi.py``; connecting and queueing in ``_multi_connect.py``.
 
 ``async_op=True`` given as a keyword types the result as the work handle; given
@@ -97,11 +98,9 @@ class MultiReductions(MultiConnection):
         check_reducible(t, "tensor", "allreduce")
 
         def run(pg: GlooGroup, dl: float | None) -> ArrayT:
-            self._wait(
-                [pg.allreduce([t], self._opts("AllreduceOptions", dl, red))],
-                "allreduce",
-                dl,
-            )
+            if not self._shm.allreduce(t, red, dl):
+                opts = self._opts("AllreduceOptions", dl, red)
+                self._wait([pg.allreduce([t], opts)], "allreduce", dl)
             return tensor
 
         return self._submit("allreduce", run, timeout, async_op)
@@ -159,6 +158,8 @@ class MultiReductions(MultiConnection):
         check_reducible(t, "tensor", "reduce")
 
         def run(pg: GlooGroup, dl: float | None) -> ArrayT:
+            if self._shm.reduce(t, dst, red, dl):
+                return tensor
             if self.rank == dst:
                 buf = t
             else:  # gloo overwrites a non-root input: reduce a copy in a kept buffer
@@ -243,6 +244,8 @@ class MultiReductions(MultiConnection):
             # gloo's own reduce_scatter hangs on torch 2.13 (measured). Large: a ring over
             # point-to-point messages (half the bytes of an allreduce); small: one
             # allreduce of the inputs laid end to end (one gloo operation, lowest latency).
+            if self._shm.reduce_scatter(out, ins, red, dl):
+                return output
             n = out.numel()
             if n * out.element_size() >= RING_MIN_BYTES and ring_op(red):
                 ring_reduce_scatter(

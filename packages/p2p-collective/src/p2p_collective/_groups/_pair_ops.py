@@ -80,8 +80,16 @@ class PairCollectives:
         self.peer = 1 - rank
         self._spare: torch.Tensor | None = None
 
-    def connect(self, timeout: float | None) -> bool:
+    def connect(self, timeout: float | None, wanted: bool = True) -> bool:
         """Connect both directions with a one-byte exchange; True when both are on shm.
+
+        The byte carries the members' votes: rank 0 sends its own, rank 1 answers with
+        the lower of both, so both members decide alike.
+
+        Args:
+            timeout: Seconds for the whole exchange (None: no limit).
+            wanted: This member's vote for shared memory (False: it asks both members to
+                stay on gloo).
 
         Raises:
             CollectiveError: As the pair's ``send_tensor`` / ``recv_tensor``.
@@ -89,15 +97,18 @@ class PairCollectives:
         # A direction connects at its first use, which the other member's opposite
         # direction must join: rank 0 sends first, rank 1 receives first.
         deadline = None if timeout is None else time.monotonic() + timeout
-        probe = torch.zeros(_PROBE, dtype=torch.uint8)
+        vote = torch.full((_PROBE,), 1 if wanted else 0, dtype=torch.uint8)
+        got = torch.zeros(_PROBE, dtype=torch.uint8)
         if self.rank == 0:
-            self.pair.send_tensor(probe, timeout=timeout)
-            self.pair.recv_tensor(probe, timeout=remaining(deadline))
+            self.pair.send_tensor(vote, timeout=timeout)
+            self.pair.recv_tensor(got, timeout=remaining(deadline))
         else:
-            self.pair.recv_tensor(probe, timeout=timeout)
-            self.pair.send_tensor(probe, timeout=remaining(deadline))
+            self.pair.recv_tensor(got, timeout=timeout)
+            torch.minimum(got, vote, out=got)
+            self.pair.send_tensor(got, timeout=remaining(deadline))
         stats = self.pair.stats()
-        return all(stats[side].get("transport") == "shm" for side in ("send", "recv"))
+        on_shm = all(stats[side].get("transport") == "shm" for side in ("send", "recv"))
+        return on_shm and bool(got.item())
 
     def _scratch(self, like: torch.Tensor) -> torch.Tensor:
         """A kept buffer shaped like ``like`` (reused: fresh memory costs page faults)."""
