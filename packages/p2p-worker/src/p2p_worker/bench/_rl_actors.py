@@ -56,6 +56,7 @@ from p2p_worker.bench._rl_policy import (
     pin_threads,
     policy_state,
     sample,
+    settle_heap,
     warmup_item,
 )
 from p2p_worker.bench._rl_records import (
@@ -116,6 +117,7 @@ class RLRollout(Worker):
             key = trainer_key(self.spec.trainer_of(self.slot))
             item = warmup_item(self.spec, self.slot)
             self.channel.put(item, weight=1, key=key, timeout=self.spec.timeout)
+        settle_heap()
         return os.getpid()
 
     def join(self) -> VersionResult:
@@ -220,6 +222,7 @@ class RLTrainer(Worker):
         self.group = group
         warm = torch.zeros(self.learner.numel)
         group.allreduce(warm, op="sum", timeout=spec.timeout)
+        settle_heap()
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

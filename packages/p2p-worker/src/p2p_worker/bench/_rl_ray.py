@@ -40,6 +40,7 @@ from p2p_worker.bench._rl_policy import (
     pin_threads,
     policy_state,
     sample,
+    settle_heap,
     warmup_item,
 )
 from p2p_worker.bench._rl_records import (
@@ -87,6 +88,7 @@ class RayRollout:
     def prepare(self) -> None:
         """Put one warm-up item."""
         self.queue.put(warmup_item(self.spec, self.rank), block=True, timeout=self.spec.timeout)
+        settle_heap()
 
     def step(self, step: int, refs: WeightRefs | None = None) -> RolloutResult:
         """Sample this worker's sequences of ``spec.sampled_in(step)``, put them in the queue.
@@ -153,6 +155,7 @@ class RayTrainer:
         # Ray annotates backend as its Backend class; its values are strings such as this.
         col.init_collective_group(spec.trainers, self.rank, "gloo", self.group_name)  # type: ignore[arg-type]
         col.allreduce(torch.zeros(self.learner.numel), group_name=self.group_name)
+        settle_heap()
 
     def _take(self, step: int) -> list[RolloutItem]:
         """This trainer's items of ``step``, one ``Queue.get`` each (later ones kept)."""
