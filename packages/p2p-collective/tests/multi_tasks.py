@@ -211,10 +211,19 @@ def t_dies(ctx: Ctx, gname: str, victim: int) -> dict[str, Any]:
     if ctx.rank == victim:
         time.sleep(0.5)
         os._exit(3)
+    return after_a_death(g, lambda: g.allreduce(torch.ones(1 << 16), timeout=120))
+
+
+def after_a_death(g: MultiCollectiveGroup, first: Callable[[], object]) -> dict[str, Any]:
+    """What a survivor sees: ``first()`` (during which a member dies), then a barrier.
+
+    ``first`` / ``first_msg``: the error of ``first()`` (or ``"no error"``); ``seconds``:
+    how long it took; ``second`` / ``second_cause``: the barrier's error and its cause.
+    """
     t0 = time.monotonic()
     out: dict[str, Any] = {}
     try:
-        g.allreduce(torch.ones(1 << 16), timeout=120)
+        first()
         out["first"] = "no error"
     except Exception as exc:
         out["first"] = type(exc).__name__

@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_store
+from multi_tasks import after_a_death
 from pair_spawn import run_members
 
 from p2p_collective import Collective, create_multi_group, join_ranked_group
-from p2p_collective._groups._multi_shm import RING_ENV, op_name
+from p2p_collective._groups._multi_ops import reduce_op_name as op_name
+from p2p_collective._groups._multi_shm import RING_ENV
 
 pytestmark = pytest.mark.timeout(240)
 if os.environ.get("P2P_TEST_TRANSPORT", "shm") == "gloo":
@@ -210,21 +212,12 @@ def _dies_body(coll: Any, rank: int, key: str, n: int, victim: int) -> tuple[dic
     if rank == victim:
         time.sleep(0.5)
         os._exit(3)
-    t0 = time.monotonic()
-    try:
+
+    def allreduces() -> None:
         for _ in range(1000):  # the victim dies during one of these
             g.allreduce(torch.ones(1 << 18), timeout=120)
-        out["first"] = "no error"
-    except Exception as exc:
-        out["first"] = type(exc).__name__
-    out["seconds"] = time.monotonic() - t0
-    try:
-        g.barrier(timeout=5)
-        out["second"] = "no error"
-    except Exception as exc:
-        out["second"] = type(exc).__name__
-        out["second_cause"] = type(exc.__cause__).__name__
-    return (out,)
+
+    return ({**out, **after_a_death(g, allreduces)},)
 
 
 def test_member_dying_mid_run_fails_the_others_with_peer_error_within_seconds() -> None:

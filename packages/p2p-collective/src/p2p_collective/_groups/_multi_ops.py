@@ -31,6 +31,7 @@ __all__ = [
     "like",
     "liveness_mesh",
     "reduce_op",
+    "reduce_op_name",
 ]
 
 _REDUCE_OP = dist.ReduceOp
@@ -73,6 +74,18 @@ def reduce_op(op: object, arg: str = "op") -> GlooReduceOp:
         if found is not None:
             return found
     raise ValueError(f"{arg}: got {op!r}; allowed: one of {', '.join(REDUCE_OPS)}")
+
+
+def reduce_op_name(op: object) -> str | None:
+    """The name in :data:`REDUCE_OPS` of a ReduceOp (as :func:`reduce_op` returns it).
+
+    None for the reductions outside that set (``BAND`` and the like: gloo only).
+    """
+    name = getattr(op, "name", None)
+    if not isinstance(name, str):
+        return None
+    name = name.lower()
+    return name if name in REDUCE_OPS else None
 
 
 def check_reducible(tensor: torch.Tensor, where: str, op: str) -> None:

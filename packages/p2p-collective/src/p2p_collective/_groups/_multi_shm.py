@@ -40,8 +40,10 @@ import torch
 from p2p_collective._deadline import remaining
 from p2p_collective._errors import CollectiveTimeoutError, PeerError
 from p2p_collective._groups._group import CollectiveGroup
+from p2p_collective._groups._multi_ops import reduce_op_name
 from p2p_collective._groups._pair_ops import PairCollectives
 from p2p_collective._groups._ring_ops import RingCollectives
+from p2p_collective._links._waiter import Gone
 
 RING_ENV = "P2P_COLLECTIVE_RING"
 """Set to ``"0"`` in a member's environment to keep its N-member groups on gloo.
@@ -49,10 +51,6 @@ RING_ENV = "P2P_COLLECTIVE_RING"
 A vote: one member that sets it keeps every member of the group on gloo (the others
 still take part in the decision, so members that differ never deadlock).
 """
-
-_OP_NAMES = {"SUM": "sum", "PRODUCT": "product", "MIN": "min", "MAX": "max"}
-
-Gone = Callable[[], PeerError | None]
 
 
 @runtime_checkable
@@ -62,12 +60,6 @@ class PairMaker(Protocol):
     def create_pair_group(
         self, worker_addresses: Sequence[object], group_name: str | None = None
     ) -> CollectiveGroup: ...
-
-
-def op_name(op: object) -> str | None:
-    """The name the pair and ring collectives take for a ReduceOp (None: gloo only)."""
-    name = getattr(op, "name", None)
-    return _OP_NAMES.get(name) if isinstance(name, str) else None
 
 
 class SharedMemoryRoute:
@@ -188,7 +180,7 @@ class SharedMemoryRoute:
 
     def allreduce(self, t: torch.Tensor, op: object, deadline: float | None) -> bool:
         """``t`` becomes the reduction of every member's ``t``."""
-        shm, name = self._take("allreduce", t, deadline), op_name(op)
+        shm, name = self._take("allreduce", t, deadline), reduce_op_name(op)
         if shm is None or name is None:
             return False
         self._call("allreduce", lambda: shm.allreduce(t, name, remaining(deadline)))
@@ -204,7 +196,7 @@ class SharedMemoryRoute:
 
     def reduce(self, t: torch.Tensor, dst: int, op: object, deadline: float | None) -> bool:
         """``t`` of ``dst`` becomes the reduction; the others' ``t`` is unchanged."""
-        shm, name = self._take("reduce", t, deadline), op_name(op)
+        shm, name = self._take("reduce", t, deadline), reduce_op_name(op)
         if shm is None or name is None:
             return False
         self._call("reduce", lambda: shm.reduce(t, dst, name, remaining(deadline)))
@@ -222,7 +214,7 @@ class SharedMemoryRoute:
         self, out: torch.Tensor, ins: list[torch.Tensor], op: object, deadline: float | None
     ) -> bool:
         """``out`` becomes the reduction of every member's ``ins[rank]``."""
-        shm, name = self._take("reducescatter", out, deadline), op_name(op)
+        shm, name = self._take("reducescatter", out, deadline), reduce_op_name(op)
         if shm is None or name is None:
             return False
         self._call("reduce_scatter", lambda: shm.reducescatter(out, ins, name, remaining(deadline)))

@@ -43,6 +43,7 @@ from p2p_worker import (
     WorkerGroup,
     create_channel,
 )
+from p2p_worker._runtime._heap import settle_heap
 from p2p_worker._weights._api import TargetItem
 from p2p_worker.bench._rl_ledger import Inbox, take_batch, trainer_key
 from p2p_worker.bench._rl_phases import SpanLog
@@ -56,7 +57,6 @@ from p2p_worker.bench._rl_policy import (
     pin_threads,
     policy_state,
     sample,
-    settle_heap,
     warmup_item,
 )
 from p2p_worker.bench._rl_records import (

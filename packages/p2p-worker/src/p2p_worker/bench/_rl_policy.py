@@ -30,7 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TypedDict, cast
@@ -203,22 +202,6 @@ class RLSpec:
 def pin_threads() -> None:
     """One torch thread in this process: the same arithmetic in every run (and 2 cores)."""
     torch.set_num_threads(1)
-
-
-def settle_heap() -> None:
-    """Collect once, then keep what this worker holds now out of later full collections.
-
-    Every worker of both stacks calls this at the end of its ``prepare()``. A Ray actor
-    with torch loaded holds a large heap (modules, Ray's state, the policy), and each of
-    Python's full (generation 2) collections walks all of it: measured here, 100-240 ms
-    per collection in the loop's workers, two or three times in a 16-step ``--quick``
-    run, each landing in whichever phase was running (steps 10 and 12 of the weight
-    phase, 0.11-0.14 s against 0.006-0.009 s). ``gc.freeze()`` moves what exists now to
-    the permanent generation, so later collections walk only what the loop allocated
-    since; objects that die later are still freed by reference counting.
-    """
-    gc.collect()
-    gc.freeze()
 
 
 def new_policy(spec: RLSpec) -> Decoder:

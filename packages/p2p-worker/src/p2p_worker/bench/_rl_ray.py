@@ -27,6 +27,7 @@ import ray
 import torch
 
 from p2p_worker import Cluster
+from p2p_worker._runtime._heap import settle_heap
 from p2p_worker.bench._rl_ledger import Inbox, RolloutItem
 from p2p_worker.bench._rl_phases import SpanLog
 from p2p_worker.bench._rl_placement import layout, pinned
@@ -40,7 +41,6 @@ from p2p_worker.bench._rl_policy import (
     pin_threads,
     policy_state,
     sample,
-    settle_heap,
     warmup_item,
 )
 from p2p_worker.bench._rl_records import (

@@ -43,7 +43,6 @@ whether the channel lives, and says hello again on its next operation.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import threading
@@ -79,6 +78,7 @@ from p2p_worker._groups._group import WorkerGroup
 from p2p_worker._info import WorkerInfo
 from p2p_worker._process._untraced import untraced_internals
 from p2p_worker._process._worker_base import WorkerBase
+from p2p_worker._runtime._heap import settle_heap
 from p2p_worker._runtime._state import WorkerRuntime
 
 logger = logging.getLogger(__name__)
@@ -154,13 +154,8 @@ class ChannelWorker(ChannelRequests, ChannelPuts, ChannelViews, WorkerBase):
         threading.Thread(
             target=watch_store, args=(spec.job, self._stop), name="p2p-channel-watch", daemon=True
         ).start()
-        # What exists now (the interpreter, Ray, torch, this worker) stays for the actor's
-        # life: keep it out of later full collections, which otherwise walk all of it
-        # (100-240 ms each in a Ray actor with torch loaded, measured in p2p-bench rl,
-        # where one landed in a step's rollout phase: 0.12 s against 0.005 s). Objects
-        # made later (items, requests) are collected as before.
-        gc.collect()
-        gc.freeze()
+        # what exists now stays for the actor's life: out of later full collections
+        settle_heap()
 
     @classmethod
     def create_group(cls, maxsize: int = 0) -> WorkerGroup[ChannelWorker]:
