@@ -1,13 +1,14 @@
-"""Weight sync's pure parts: buckets, tied tensors, the relay tree, messages, errors."""
+"""Weight sync's pure parts: buckets, tied tensors, the relay tree, messages, errors, slots."""
 
 from __future__ import annotations
 
 import pickle
+import time
 
 import pytest
 import torch
 
-from p2p_collective import FramingError
+from p2p_collective import CollectiveTimeoutError, FramingError
 from p2p_worker import WeightSyncError
 from p2p_worker._weights import _messages as m
 from p2p_worker._weights._layout import (
@@ -19,6 +20,7 @@ from p2p_worker._weights._layout import (
     scatter,
     target_entries,
 )
+from p2p_worker._weights._pipeline import BucketPools, Slots
 from p2p_worker._weights._topology import build_tree
 
 
@@ -141,3 +143,54 @@ def test_weight_sync_error_pickles_with_its_fields() -> None:
     assert (again.version, again.failed, again.torn) == (4, {"r:1": "checksum"}, True)
     assert isinstance(again, RuntimeError)
     assert str(again.__cause__) == "cause"
+
+
+def test_bucket_buffers_come_back_with_their_slot_and_are_reused() -> None:
+    layout = Layout.build([Entry("w", (3000,), "torch.bfloat16")], 2048, set())
+    pools = BucketPools(2)
+    pool = pools.get(layout)
+    assert pools.get(layout) is pool  # kept from one sync to the next
+    assert pool.max_bytes == 2 * 2048
+    slots = Slots(2, pool)
+    first = slots.take(2, None, "bucket 0")  # two users: the applier and one child
+    buf = first.buffer(1024, torch.bfloat16)
+    assert buf.dtype == torch.bfloat16
+    assert buf.numel() == 1024
+    buf.fill_(1.5)
+    first()
+    assert pool.stats()["active_bytes"] == 2048  # one user still holds it
+    first()
+    assert pool.stats()["active_bytes"] == 0
+    assert pool.stats()["cached_bytes"] == 2048
+    second = slots.take(1, None, "bucket 1")
+    again = second.buffer(1024, torch.bfloat16)
+    assert again.data_ptr() == buf.data_ptr()  # the same pages, no new allocation
+    assert pool.stats()["hits"] == 1
+    # a third buffer is over the pool's budget: a tensor of its own, still usable
+    other = slots.take(1, None, "bucket 2")
+    a = other.buffer(1024, torch.bfloat16)
+    b = other.buffer(1024, torch.float32)
+    assert b.dtype == torch.float32
+    assert b.numel() == 1024
+    assert pool.stats()["active_bytes"] == 4096
+    assert a.data_ptr() != again.data_ptr()
+    second()
+    other()
+    assert pool.stats()["active_bytes"] == 0
+    # a slot taken by nobody is free at once and lends nothing it could not give back
+    idle = slots.take(0, None, "bucket 3")
+    idle.buffer(1024, torch.bfloat16)
+    assert pool.stats()["active_bytes"] == 0
+    # bigger buckets (a new bucket size) get a new pool
+    bigger = Layout.build([Entry("w", (3000,), "torch.bfloat16")], 4096, set())
+    assert pools.get(bigger) is not pool
+    assert pools.get(bigger).max_bytes == 2 * 4096
+
+
+def test_a_slot_waits_for_a_free_one_until_the_deadline() -> None:
+    slots = Slots(1, None)
+    held = slots.take(1, None, "bucket 0")
+    with pytest.raises(CollectiveTimeoutError, match="bucket 1: no bucket slot freed up"):
+        slots.take(1, time.monotonic() + 0.05, "bucket 1")
+    held()
+    slots.take(1, time.monotonic() + 0.05, "bucket 1")()  # usable after the timeout

@@ -37,7 +37,7 @@ from p2p_worker._weights._layout import (
     gather,
     named_tensors,
 )
-from p2p_worker._weights._pipeline import Slots, run_async
+from p2p_worker._weights._pipeline import BucketPools, Slots, run_async
 from p2p_worker._weights._report import PushReport
 from p2p_worker._weights._target import new_generation
 from p2p_worker._weights._topology import Tree, build_tree, check_fanout
@@ -108,6 +108,7 @@ class WeightSender:
         self._base_gen: str | None = None
         self._base_digest: str | None = None
         self._waiting: dict[str, _Waiting] = {}  # target -> its hello's receive, still waiting
+        self._pools = BucketPools(INFLIGHT)
 
     def configure(
         self,
@@ -343,7 +344,7 @@ class WeightSender:
         if first is not None and first not in report.failed:
             box = Outbox(self._edges.group(first), first, deadline, self._lost)
         first_stale = set(stale.get(first, ())) if first is not None else set()
-        slots = Slots(INFLIGHT)
+        slots = Slots(INFLIGHT, self._pools.get(layout))
         self._base_gen, held_gen = None, self._base_gen  # partial bases are never used
         for bucket in layout.buckets:
             i = bucket.index
@@ -353,10 +354,15 @@ class WeightSender:
             if bucket.frozen and base is not None and held:
                 head, payload = m.Header(i, m.SAME, self._crcs[i], None, 0), None
             else:
-                new = gather(bucket, src, torch.empty(bucket.numel, dtype=bucket.dtype))
+                new = gather(bucket, src, release.buffer(bucket.numel, bucket.dtype))
                 crc = checksum(new)
                 head, payload = self._encode(i, new, base, crc, held, bucket.nbytes)
-                self._base[i] = new if self.delta else None
+                if not self.delta:
+                    self._base[i] = None
+                elif base is None:
+                    self._base[i] = new.clone()  # the slot's buffer goes back to the pool
+                elif head.mode != m.SAME:
+                    base.copy_(new)  # a copy costs less than faulting in a new buffer
                 self._crcs[i] = crc
             report.modes[head.mode] = report.modes.get(head.mode, 0) + 1
             if box is not None:

@@ -39,7 +39,7 @@ from p2p_worker._weights._layout import (
     scatter,
     target_entries,
 )
-from p2p_worker._weights._pipeline import Slots, run_async
+from p2p_worker._weights._pipeline import BucketPools, Slot, Slots, run_async
 from p2p_worker._weights._topology import Tree
 
 DEFAULT_PULL_TIMEOUT = 600.0
@@ -90,6 +90,7 @@ class WeightReceiver:
         """The keys the source filled in the last pull (all, unless it is one shard)."""
         self.progress = (0, 0)
         """Buckets checked and applied by the running (or last) pull, and its bucket count."""
+        self._pools = BucketPools(INFLIGHT)
 
     @property
     def version(self) -> int | None:
@@ -236,7 +237,7 @@ class _Run:
         children = self.tree.children(me)
         stale = {c: set(plan.stale.get(c, ())) for c in children}
         boxes = [Outbox(rx._edges.group(c), c, self.deadline, self._fail) for c in children]
-        slots = Slots(INFLIGHT)
+        slots = Slots(INFLIGHT, rx._pools.get(self.layout))
         applier = ThreadPoolExecutor(1, thread_name_prefix=f"p2p-weights-apply-{rx.sync}")
         pgroup = rx._edges.group(parent)
         try:
@@ -250,7 +251,7 @@ class _Run:
                     self._abort_children(boxes, exc)
                     break
                 try:
-                    head, payload = self._receive(pgroup, parent, index)
+                    head, payload = self._receive(pgroup, parent, index, release)
                 except PeerError as exc:
                     if parent == rx.source or not self._resume(index, exc):
                         _release_all(release, users)
@@ -258,7 +259,7 @@ class _Run:
                         break
                     parent, pgroup = rx.source, rx._edges.group(rx.source)
                     try:
-                        head, payload = self._receive(pgroup, parent, index)
+                        head, payload = self._receive(pgroup, parent, index, release)
                     except Exception as again:
                         _release_all(release, users)
                         self._abort_children(boxes, again)
@@ -267,7 +268,7 @@ class _Run:
                     _release_all(release, users)
                     self._abort_children(boxes, exc)
                     break
-                applied = applier.submit(self._apply, index, head, payload)
+                applied = applier.submit(self._apply, index, head, payload, release)
                 applied.add_done_callback(_releaser(release))
                 for box in boxes:
                     self._forward(box, head, payload, applied, index in stale[box.child], release)
@@ -280,7 +281,7 @@ class _Run:
         return self.errors
 
     def _receive(
-        self, group: CollectiveGroup, parent: str, index: int
+        self, group: CollectiveGroup, parent: str, index: int, slot: Slot
     ) -> tuple[m.Header, torch.Tensor | None]:
         """Bucket ``index``'s header and payload from ``parent``.
 
@@ -301,7 +302,7 @@ class _Run:
                     self.cause = err
                     self.errors.append(str(err))
                     raise err
-                payload = torch.empty(bucket.numel, dtype=bucket.dtype)
+                payload = slot.buffer(bucket.numel, bucket.dtype)
             else:
                 payload = torch.empty(head.nbytes, dtype=torch.uint8)
             try:
@@ -399,7 +400,9 @@ class _Run:
 
         box.put(m.to_wire(full), own_copy, release)
 
-    def _apply(self, index: int, head: m.Header, payload: torch.Tensor | None) -> torch.Tensor:
+    def _apply(
+        self, index: int, head: m.Header, payload: torch.Tensor | None, slot: Slot
+    ) -> torch.Tensor:
         """Apply one bucket to the own tensors, check it; return the bucket's new bits.
 
         Raises:
@@ -407,14 +410,14 @@ class _Run:
                 corrupt or misfit patch leaves the bucket's old values).
         """
         try:
-            return self._apply_checked(index, head, payload)
+            return self._apply_checked(index, head, payload, slot)
         except Exception as exc:
             self.cause = exc
             self.errors.append(f"bucket {index} ({head.mode}) could not be applied: {exc}")
             raise
 
     def _apply_checked(
-        self, index: int, head: m.Header, payload: torch.Tensor | None
+        self, index: int, head: m.Header, payload: torch.Tensor | None, slot: Slot
     ) -> torch.Tensor:
         bucket = self.layout.buckets[index]
         gens = self.rx._gens
@@ -422,7 +425,7 @@ class _Run:
             assert payload is not None
             work = payload
         else:
-            work = gather(bucket, self.own, torch.empty(bucket.numel, dtype=bucket.dtype))
+            work = gather(bucket, self.own, slot.buffer(bucket.numel, bucket.dtype))
             if head.mode == m.DELTA:
                 assert payload is not None
                 assert head.meta is not None
