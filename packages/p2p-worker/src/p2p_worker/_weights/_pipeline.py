@@ -45,7 +45,7 @@ class Slot:
 
     def buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A 1-D tensor of ``numel`` elements of ``dtype`` that lives as long as the slot."""
-        nbytes = numel * _itemsize(dtype)
+        nbytes = numel * dtype.itemsize
         with self._lock:  # a freed slot would never give a lease back: none for it
             lease = None if self._pool is None or not self._left else self._pool.acquire(nbytes)
             if lease is not None:
@@ -112,10 +112,6 @@ class BucketPools:
             self._pool = TensorBufferPool(max(1, self._count * largest))
             self._bucket = largest
         return self._pool
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def run_async(fn: Callable[[], T], name: str) -> AsyncWork[T]:
