@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 
 import numpy as np
@@ -357,3 +358,58 @@ def test_changes_crowded_in_a_later_chunk_switch_to_a_dense_kind() -> None:
     target = base.clone()
     apply_delta(patch, target)
     assert bits(target) == bits(spread)
+
+
+def _split(t: torch.Tensor, cuts: list[int]) -> list[torch.Tensor]:
+    """Copies of ``t``'s runs between the cuts (each its own tensor, as a bucket's pieces)."""
+    edges = [0, *cuts, t.numel()]
+    return [t[a:b].clone() for a, b in itertools.pairwise(edges)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.uint8])
+@pytest.mark.parametrize("frac", [0.0, 0.02, 0.4, 0.95])
+def test_a_patch_applies_to_pieces_as_to_their_concatenation(
+    dtype: torch.dtype, frac: float
+) -> None:
+    """Pieces in several tensors (odd cuts, an empty piece) end up as one target would,
+    for every kind and codec; nothing outside the pieces is written."""
+    gen = torch.Generator().manual_seed(21)
+    n = 70_001
+    base = random_bits(dtype, n, gen)
+    new = changed_copy(base, frac, True, gen)
+    cuts = [1, 3, 3, 20_000, 65_537]
+    kinds = set()
+    for codec in DELTA_CODECS:
+        for prefer in DELTA_PREFERENCES:
+            patch = encode_delta(new, base, codec=codec, prefer=prefer)
+            kinds.add(patch.kind)
+            pieces = _split(base, cuts)
+            apply_delta(patch, pieces)
+            assert bits(torch.cat(pieces)) == bits(new), (codec, prefer, patch.kind)
+            assert tensor_checksum(pieces) == tensor_checksum(new)
+            assert [p.numel() for p in pieces] == [1, 2, 0, 19_997, 45_537, 4_464]
+    assert "full" in kinds
+    assert frac > 0.5 or "sparse" in kinds
+
+
+def test_checksum_of_pieces_equals_the_checksum_of_their_bytes_end_to_end() -> None:
+    """Cuts inside words, at and across chunk edges, mixed dtypes, empty pieces."""
+    gen = torch.Generator().manual_seed(22)
+    chunk = 8 * (1 << 15)
+    data = torch.randint(0, 256, (3 * chunk + 13,), dtype=torch.uint8, generator=gen)
+    whole = tensor_checksum(data)
+    for cuts in (
+        [],
+        [5],
+        [chunk],
+        [chunk - 3, chunk + 5],
+        [7, 7, 2 * chunk + 1],
+        list(range(1000, 3 * chunk, 40_001)),
+    ):
+        assert tensor_checksum(_split(data, cuts)) == whole, cuts
+        assert tensor_checksum(tuple(_split(data, cuts))) == whole, cuts
+    mixed = [data[:8].view(torch.float64).clone(), data[8:14].view(torch.bfloat16).clone()]
+    mixed.append(data[14:].clone())
+    assert tensor_checksum(mixed) == whole
+    assert tensor_checksum([]) == tensor_checksum(torch.empty(0))
+    assert tensor_checksum(_split(data, [100])) != tensor_checksum(_split(data[1:], [99]))

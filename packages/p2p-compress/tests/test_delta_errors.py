@@ -68,6 +68,25 @@ def test_apply_refuses_a_mismatch_before_touching_the_target() -> None:
         assert torch.equal(target.view(torch.uint8), before.view(torch.uint8))
     with pytest.raises(TypeError, match=r"target must be a torch.Tensor"):
         apply_delta(patch, None)  # type: ignore[arg-type]
+    # pieces: checked together before any is written; the message names the bad one
+    half = base.numel() // 2
+    for pieces, message in (
+        ([base[:half].clone(), base[half:-1].clone()], r"pieces together .*numel"),
+        ([base[:half].clone(), base[half:].float()], r"target\[1\] has dtype torch.float32"),
+        (
+            [base[:half].clone(), base.new_zeros(2 * (base.numel() - half))[::2]],
+            r"target\[1\].*contiguous",
+        ),
+    ):
+        before = [p.clone() for p in pieces]
+        with pytest.raises(ValueError, match=message):
+            apply_delta(patch, pieces)
+        assert all(torch.equal(p, b) for p, b in zip(pieces, before, strict=True))
+    with pytest.raises(TypeError, match=r"target\[0\] must be a torch.Tensor"):
+        apply_delta(patch, [b"x"])  # type: ignore[list-item]
+    pieces = [base[:half].clone(), base[half:].clone()]
+    apply_delta(patch, pieces)  # still usable: the right pieces take it
+    assert torch.equal(torch.cat(pieces).view(torch.int16), new.view(torch.int16))
 
 
 # -- metadata ----------------------------------------------------------------------------
@@ -308,6 +327,10 @@ def test_checksum_refuses_what_it_cannot_read() -> None:
         tensor_checksum(b"bytes")
     with pytest.raises(ValueError, match=r"must be contiguous"):
         tensor_checksum(torch.zeros(10, 10).t())
+    with pytest.raises(ValueError, match=r"t\[1\] .*must be contiguous"):
+        tensor_checksum([torch.zeros(3), torch.zeros(10, 10).t()])
+    with pytest.raises(TypeError, match=r"t\[0\] must be a torch.Tensor"):
+        tensor_checksum([b"bytes"])
 
 
 def test_checksum_separates_random_versions() -> None:

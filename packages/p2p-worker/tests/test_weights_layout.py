@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from p2p_collective import CollectiveTimeoutError, FramingError
+from p2p_compress import apply_delta, encode_delta, tensor_checksum
 from p2p_worker import WeightSyncError
 from p2p_worker._weights import _messages as m
 from p2p_worker._weights._layout import (
@@ -17,6 +18,7 @@ from p2p_worker._weights._layout import (
     auto_bucket_bytes,
     gather,
     named_tensors,
+    pieces,
     scatter,
     target_entries,
 )
@@ -81,6 +83,35 @@ def test_gather_casts_and_scatter_writes_in_place() -> None:
     assert dst["w"].data_ptr() == ptr
     assert torch.equal(dst["w"], src["w"].to(torch.bfloat16))
     assert torch.equal(dst["v"], src["v"].to(torch.bfloat16))
+
+
+def test_a_delta_applies_in_place_through_a_buckets_pieces() -> None:
+    """A bucket spanning tensors: its pieces are views of them, patched and checked in
+    place, the same bits and checksum as the gathered bucket, nothing else written."""
+    gen = torch.Generator().manual_seed(3)
+    old = {
+        k: torch.randn(n, generator=gen).to(torch.bfloat16) for k, n in [("a", 1301), ("b", 777)]
+    }
+    new = {k: v.clone() for k, v in old.items()}
+    new["a"][5::17] += 1
+    new["b"][::3] = 0.5
+    entries, keys = target_entries(old, "model")
+    layout = Layout.build(entries, 1024)  # 512 values a bucket: one spans both tensors
+    spanning = [b for b in layout.buckets if len({s.entry for s in b.segments}) > 1]
+    assert spanning
+    own = {k: v.clone() for k, v in old.items()}
+    mine = [own[k] for k in keys]
+    ptrs = [t.data_ptr() for t in mine]
+    for b in layout.buckets:
+        parts = pieces(b, mine)
+        assert [p.numel() for p in parts] == [s.count for s in b.segments]
+        want = gather(b, [new[k] for k in keys], torch.empty(b.numel, dtype=b.dtype))
+        base = gather(b, [old[k] for k in keys], torch.empty(b.numel, dtype=b.dtype))
+        apply_delta(encode_delta(want, base), parts)
+        assert tensor_checksum(parts) == tensor_checksum(want)
+    assert [t.data_ptr() for t in mine] == ptrs
+    for k in keys:
+        assert torch.equal(own[k].view(torch.int16), new[k].view(torch.int16))
 
 
 def test_tied_tensors_travel_once_and_frozen_parameters_are_named() -> None:

@@ -49,8 +49,9 @@ from p2p_compress._config import (
     parse_tensor_buffer_pool,
     parse_tensor_compression,
 )
+from p2p_compress._delta._apply import apply_delta
 from p2p_compress._delta._checksum import tensor_checksum
-from p2p_compress._delta._encode import DELTA_PREFERENCES, apply_delta, encode_delta
+from p2p_compress._delta._encode import DELTA_PREFERENCES, encode_delta
 from p2p_compress._delta._patch import DELTA_CODECS, DELTA_ITEMSIZES, DELTA_KINDS, DeltaPatch
 from p2p_compress._errors import CompressionError, CompressionTimeoutError
 from p2p_compress._plan import (

@@ -51,46 +51,115 @@ def _fmix64(h: int) -> int:
     return h ^ (h >> 33)
 
 
+def _pieces(t: object) -> list[np.ndarray]:
+    """The bytes to read, as flat uint8 arrays, each piece checked (and named) first."""
+    if isinstance(t, torch.Tensor):
+        items: list[tuple[object, str]] = [(t, "t")]
+    elif isinstance(t, (list, tuple)):
+        items = [(p, f"t[{i}]") for i, p in enumerate(t)]
+    else:
+        raise TypeError(f"t must be a torch.Tensor or a list of them, got {type(t).__name__}")
+    out = []
+    for piece, name in items:
+        if tensor_bytes(piece, name):
+            assert isinstance(piece, torch.Tensor)
+            out.append(piece.reshape(-1).view(torch.uint8).numpy())
+    return out
+
+
+class _Folder:
+    """The running state of one checksum over pieces: chunk sums folded in order.
+
+    A piece boundary needs no copy: a chunk's sum is the sum of partial dot products
+    (each with the keys of its words' places), and only a word split between two pieces
+    is put together from its bytes.
+    """
+
+    def __init__(self) -> None:
+        self.h = 0x243F6A8885A308D3
+        self.chunks = 0
+        self.total = 0
+        self.sum = 0  # of the running chunk
+        self.words = 0  # words of the running chunk summed so far
+        self.partial = b""  # bytes of a word split between pieces
+
+    def _add(self, part: np.ndarray) -> None:
+        """Add whole words to the running chunk (at most those it still lacks)."""
+        k = _KEYS[self.words : self.words + part.size]
+        self.sum = (self.sum + int(np.dot(part, k))) & _MASK
+        self.words += int(part.size)
+        if self.words == CHUNK_WORDS:
+            self._fold()
+
+    def _fold(self) -> None:
+        self.chunks += 1
+        self.h = _fmix64(self.h ^ _fmix64((self.sum + self.chunks * _GOLDEN) & _MASK))
+        self.sum = 0
+        self.words = 0
+
+    def feed(self, data: np.ndarray) -> None:
+        """Read the next ``data.size`` bytes of the stream."""
+        size = int(data.size)
+        self.total += size
+        pos = 0
+        if self.partial:  # finish the word an earlier piece began
+            pos = min(8 - len(self.partial), size)
+            self.partial += bytes(data[:pos])
+            if len(self.partial) < 8:
+                return
+            self._add(np.frombuffer(self.partial, dtype=_WORD))
+            self.partial = b""
+        while size - pos >= 8:
+            n = min((size - pos) // 8, CHUNK_WORDS - self.words)
+            self._add(data[pos : pos + 8 * n].view(_WORD))
+            pos += 8 * n
+        self.partial = bytes(data[pos:])
+
+    def value(self) -> int:
+        """The checksum of everything fed: the last, partial chunk and the tail, then the length."""
+        if self.words:
+            self._fold()
+        tail = self.partial
+        if tail:
+            self.h = _fmix64(self.h ^ int.from_bytes(tail, "little") ^ (len(tail) << 56))
+        return _fmix64(self.h ^ self.total)
+
+
 def tensor_checksum(t: object) -> int:
-    """A 64-bit checksum of a contiguous CPU tensor's raw bytes.
+    """A 64-bit checksum of a contiguous CPU tensor's raw bytes, or of several end to end.
 
     Equal bytes give the equal value on every machine, whatever the dtype or shape that
-    holds them (the value depends on the bytes only). Meant to catch accidental
-    corruption, not tampering: see the module notes for what it detects. Reads at
-    roughly memory speed (several GB/s per core; ``benchmarks/bench_delta.py``
-    compares it with ``zlib.crc32``).
+    holds them (the value depends on the bytes only), and however they are split into
+    pieces: ``tensor_checksum([a, b])`` is the checksum of ``a``'s bytes followed by
+    ``b``'s, the value ``tensor_checksum(torch.cat(...))`` gives for their concatenation
+    when they share a dtype, without making it. Meant to catch accidental corruption, not
+    tampering: see the module notes for what it detects. Reads at roughly memory speed
+    (several GB/s per core; ``benchmarks/bench_delta.py`` compares it with ``zlib.crc32``).
 
     Args:
-        t: a contiguous dense CPU tensor of any dtype and shape.
+        t: a contiguous dense CPU tensor of any dtype and shape, or a list or tuple of
+            them (of any dtypes).
 
     Returns:
         An integer in ``[0, 2**64)``.
 
     Raises:
-        TypeError: ``t`` is not a tensor.
-        ValueError: ``t`` is not a contiguous dense CPU tensor.
+        TypeError: ``t`` (or a piece of it) is not a tensor.
+        ValueError: ``t`` (or a piece, named by its index) is not a contiguous dense CPU
+            tensor.
 
     Example:
         >>> a = torch.arange(1000, dtype=torch.float32)
         >>> tensor_checksum(a) == tensor_checksum(a.clone().view(torch.int32))
+        True
+        >>> tensor_checksum(a) == tensor_checksum([a[:333], a[333:]])
         True
         >>> b = a.clone()
         >>> b[500] = -b[500]
         >>> tensor_checksum(a) == tensor_checksum(b)
         False
     """
-    nbytes = tensor_bytes(t, "t")
-    h = 0x243F6A8885A308D3
-    if nbytes:
-        assert isinstance(t, torch.Tensor)
-        data = t.reshape(-1).view(torch.uint8).numpy()
-        words = nbytes // 8
-        w = data[: words * 8].view(_WORD)
-        for j, start in enumerate(range(0, words, CHUNK_WORDS)):
-            part = w[start : start + CHUNK_WORDS]
-            s = int(np.dot(part, _KEYS[: part.size]))
-            h = _fmix64(h ^ _fmix64((s + (j + 1) * _GOLDEN) & _MASK))
-        tail = bytes(data[words * 8 :])
-        if tail:
-            h = _fmix64(h ^ int.from_bytes(tail, "little") ^ (len(tail) << 56))
-    return _fmix64(h ^ nbytes)
+    folder = _Folder()
+    for data in _pieces(t):
+        folder.feed(data)
+    return folder.value()

@@ -1,4 +1,4 @@
-"""encode_delta and apply_delta: choose a patch's kind, build it, apply it in place."""
+"""encode_delta: choose a patch's kind and build it (``_apply`` applies it)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,8 @@ from p2p_compress._delta._patch import (
     KIND_XOR,
     DeltaPatch,
     check_itemsize,
-    read_header,
 )
-from p2p_compress._delta._streams import as_numpy, open_body, scratch, seal
-from p2p_compress._errors import CompressionError
+from p2p_compress._delta._streams import as_numpy, scratch, seal
 from p2p_compress._pool import TensorBufferPool
 
 DELTA_PREFERENCES: Final = ("smallest", "fast", "full")
@@ -219,78 +217,3 @@ def _no_larger(patch: DeltaPatch, enc: _Encoder, changed: int) -> DeltaPatch:
         return patch
     enc.codec = "raw"
     return enc.full(changed)
-
-
-def apply_delta(
-    patch: DeltaPatch, target: torch.Tensor, *, pool: TensorBufferPool | None = None
-) -> None:
-    """Apply ``patch`` to ``target`` in place: it holds the base on entry, the new bits on exit.
-
-    Args:
-        patch: a patch from :func:`encode_delta` (or :meth:`DeltaPatch.from_meta`).
-        target: a contiguous CPU tensor of the patch's dtype and numel (any shape),
-            holding the base the patch was made against (anything, for a full patch).
-        pool: where the scratch buffer for a compressed body comes from; None allocates.
-
-    Raises:
-        TypeError: ``patch`` is not a :class:`DeltaPatch` or ``target`` not a tensor.
-        ValueError: ``target`` is not a contiguous dense CPU tensor, or its dtype or
-            numel differs from the patch's (the message names both); checked before
-            ``target`` is touched.
-        CompressionError: the payload is corrupt, truncated, or belongs to other
-            metadata. A ``sparse`` or ``xor`` patch is checked and decoded completely
-            before ``target`` is written, so it is unchanged then; a ``full`` patch
-            with a raw body is also checked first, but a compressed ``full`` body
-            that fails while decoding may leave ``target`` partly written. A patch
-            applied to the wrong base is not detected here: compare
-            :func:`tensor_checksum` values for that.
-
-    Example:
-        >>> base = torch.tensor([1.0, -0.0, float("nan")])
-        >>> new = torch.tensor([1.0, 0.0, float("nan")])
-        >>> target = base.clone()
-        >>> apply_delta(encode_delta(new, base), target)
-        >>> target.view(torch.int32).tolist() == new.view(torch.int32).tolist()
-        True
-    """
-    if not isinstance(patch, DeltaPatch):
-        raise TypeError(f"patch must be a DeltaPatch, got {type(patch).__name__}")
-    tensor_bytes(target, "target")
-    if target.dtype != patch.dtype or target.numel() != patch.numel:
-        raise ValueError(
-            f"target (dtype {target.dtype}, numel {target.numel()}) does not match the patch "
-            f"(dtype {patch.dtype}, numel {patch.numel})"
-        )
-    flags, body_len = read_header(patch)
-    itemsize = int(patch.dtype.itemsize)
-    view = as_numpy(target, itemsize)
-    if patch.kind == KIND_SPARSE:
-        _check_body(patch, body_len, None)
-        with scratch(pool, body_len) as body:
-            open_body(patch.payload, patch.codec, body_len, body)
-            _sparse.apply_body(body, patch.changed, view)
-        return
-    _check_body(patch, body_len, patch.numel * itemsize)
-    planes = bool(flags & FLAG_PLANES)
-    if patch.kind == KIND_FULL and not planes:
-        open_body(patch.payload, patch.codec, body_len, target.reshape(-1).view(torch.uint8))
-        return
-    with scratch(pool, body_len) as body:
-        open_body(patch.payload, patch.codec, body_len, body)
-        if patch.kind == KIND_XOR:
-            _dense.apply_xor(body, view, planes)
-        else:
-            _dense.apply_full(body, view, planes)
-
-
-def _check_body(patch: DeltaPatch, body_len: int, dense: int | None) -> None:
-    if dense is not None and body_len != dense:
-        raise CompressionError(
-            f"corrupt delta payload: a {patch.kind} body of {body_len} bytes for "
-            f"{patch.numel} elements of {patch.dtype.itemsize} bytes"
-        )
-    most = (patch.dtype.itemsize + 1 + _sparse.big_width(patch.numel)) * patch.changed
-    if dense is None and body_len > most:
-        raise CompressionError(
-            f"corrupt delta payload: a sparse body of {body_len} bytes for {patch.changed} changes"
-        )

@@ -120,22 +120,27 @@ def write_body(diff: np.ndarray, gaps: np.ndarray, body: torch.Tensor) -> None:
         out[(s + 1) * c :].view(np.uint32 if width == 4 else np.uint64)[...] = big
 
 
-def apply_body(body: torch.Tensor, changed: int, target: np.ndarray) -> None:
-    """Check the body completely, then add the changes into ``target`` (flat unsigned view).
+def read_body(
+    body: torch.Tensor, changed: int, numel: int, itemsize: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Check a sparse body completely and decode it: (positions as int64, changes).
+
+    The changes are unsigned ``itemsize``-byte integers to add (wrapping) at the positions.
 
     Raises:
         CompressionError: the body is inconsistent (its length, its escapes, a position
-            past the end); ``target`` is not touched then.
+            past ``numel``).
     """
     c = changed
+    u = U_TYPES[itemsize]
     if c == 0:
         if body.numel():
             raise CompressionError(
                 f"corrupt delta payload: {body.numel()} body bytes for no changed element"
             )
-        return
-    n = int(target.size)
-    s = target.itemsize
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=u)
+    n = numel
+    s = itemsize
     data = body.numpy()
     width = big_width(n)
     rest = int(data.size) - (s + 1) * c
@@ -164,7 +169,6 @@ def apply_body(body: torch.Tensor, changed: int, target: np.ndarray) -> None:
         raise CompressionError(
             f"corrupt delta payload: a change at element {int(pos[-1])} of a tensor of {n}"
         )
-    u = U_TYPES[s]
     if s == 1:
         code = data[:c].copy()
     else:
@@ -172,6 +176,12 @@ def apply_body(body: torch.Tensor, changed: int, target: np.ndarray) -> None:
         code.view(np.uint8).reshape(c, s)[...] = data[: s * c].reshape(s, c).T
     diff = code >> 1
     diff ^= np.negative(code & 1)  # zigzag back: unsigned wrap
-    vals = target[pos]
-    vals += diff
-    target[pos] = vals
+    return pos, diff
+
+
+def add_changes(target: np.ndarray, pos: np.ndarray, diff: np.ndarray) -> None:
+    """``target[pos] += diff`` (flat unsigned view; the addition wraps)."""
+    if pos.size:
+        vals = target[pos]
+        vals += diff
+        target[pos] = vals

@@ -12,8 +12,8 @@ import torch
 import p2p_compress
 
 
-def checksum(buf: torch.Tensor) -> int:
-    """Checksum of a 1-D contiguous CPU tensor's bytes (its bits, whatever its dtype)."""
+def checksum(buf: torch.Tensor | list[torch.Tensor]) -> int:
+    """Checksum of a contiguous CPU tensor's bytes, or of a list of them end to end."""
     return int(p2p_compress.tensor_checksum(buf))
 
 
@@ -25,8 +25,12 @@ def encode_delta(
     return dict(patch.meta()), patch.payload, int(patch.wire_nbytes)
 
 
-def apply_delta(meta: dict[str, int | str], payload: torch.Tensor, target: torch.Tensor) -> None:
+def apply_delta(
+    meta: dict[str, int | str], payload: torch.Tensor, target: torch.Tensor | list[torch.Tensor]
+) -> None:
     """Apply a patch in place: ``target`` holds the base on entry, the new bits on exit.
+
+    ``target`` is one tensor or the bucket's pieces in the own tensors, end to end.
 
     Raises:
         ValueError: The patch's dtype or size does not fit ``target`` (untouched).

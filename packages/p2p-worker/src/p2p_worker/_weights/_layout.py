@@ -253,6 +253,16 @@ def gather(bucket: Bucket, tensors: Sequence[torch.Tensor], out: torch.Tensor) -
     return out
 
 
+def pieces(bucket: Bucket, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The bucket's segments as 1-D views into the target's own (contiguous) tensors, in order.
+
+    A patch applies to them in place and a checksum reads them end to end
+    (``p2p_compress.apply_delta`` / ``tensor_checksum`` take such a list), so a delta
+    bucket is never gathered into a buffer and scattered back.
+    """
+    return [tensors[s.entry].view(-1)[s.start : s.start + s.count] for s in bucket.segments]
+
+
 def scatter(bucket: Bucket, buf: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     """Write the bucket buffer ``buf`` into the target's own tensors, in place."""
     for s in bucket.segments:

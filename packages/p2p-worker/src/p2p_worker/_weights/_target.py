@@ -36,6 +36,7 @@ from p2p_worker._weights._layout import (
     Layout,
     gather,
     named_tensors,
+    pieces,
     scatter,
     target_entries,
 )
@@ -268,7 +269,8 @@ class _Run:
                     _release_all(release, users)
                     self._abort_children(boxes, exc)
                     break
-                applied = applier.submit(self._apply, index, head, payload, release)
+                copy = head.mode != m.FULL and any(index in stale[b.child] for b in boxes)
+                applied = applier.submit(self._apply, index, head, payload, release, copy)
                 applied.add_done_callback(_releaser(release))
                 for box in boxes:
                     self._forward(box, head, payload, applied, index in stale[box.child], release)
@@ -377,7 +379,7 @@ class _Run:
         box: Outbox,
         head: m.Header,
         payload: torch.Tensor | None,
-        applied: Future[torch.Tensor],
+        applied: Future[torch.Tensor | None],
         child_stale: bool,
         release: Callable[[], None],
     ) -> None:
@@ -394,56 +396,72 @@ class _Run:
 
         def own_copy() -> torch.Tensor:
             try:
-                return applied.result(timeout=remaining(self.deadline))
+                bits = applied.result(timeout=remaining(self.deadline))
             except FutureTimeout as exc:
                 raise TimeoutError(f"bucket {head.index} was not applied in time") from exc
+            if bits is None:  # it failed its check: the error is recorded, nothing to send
+                raise RuntimeError(f"bucket {head.index} failed its check here")
+            return bits
 
         box.put(m.to_wire(full), own_copy, release)
 
     def _apply(
-        self, index: int, head: m.Header, payload: torch.Tensor | None, slot: Slot
-    ) -> torch.Tensor:
-        """Apply one bucket to the own tensors, check it; return the bucket's new bits.
+        self, index: int, head: m.Header, payload: torch.Tensor | None, slot: Slot, copy: bool
+    ) -> torch.Tensor | None:
+        """Apply one bucket to the own tensors and check it.
+
+        Returns:
+            The bucket's new bits in one buffer when ``copy`` (a stale child gets them in
+            full) or when it came full; else None.
 
         Raises:
-            Exception: The bucket could not be applied (recorded in ``errors`` first; a
-                corrupt or misfit patch leaves the bucket's old values).
+            Exception: The bucket could not be applied (recorded in ``errors`` first).
         """
         try:
-            return self._apply_checked(index, head, payload, slot)
+            return self._apply_checked(index, head, payload, slot, copy)
         except Exception as exc:
             self.cause = exc
             self.errors.append(f"bucket {index} ({head.mode}) could not be applied: {exc}")
             raise
 
     def _apply_checked(
-        self, index: int, head: m.Header, payload: torch.Tensor | None, slot: Slot
-    ) -> torch.Tensor:
+        self, index: int, head: m.Header, payload: torch.Tensor | None, slot: Slot, copy: bool
+    ) -> torch.Tensor | None:
         bucket = self.layout.buckets[index]
         gens = self.rx._gens
-        if head.mode == m.FULL:
+        if head.mode == m.FULL:  # checked in its buffer, written only when right
             assert payload is not None
-            work = payload
-        else:
-            work = gather(bucket, self.own, slot.buffer(bucket.numel, bucket.dtype))
+            got = checksum(payload)
+            if got != head.crc:
+                self._mismatch(index, head, got, "the bucket keeps its old values")
+                return payload
+            gens[index] = None  # while it is written
+            scatter(bucket, payload, self.own)
+        else:  # a delta is written in place, over the own tensors, then checked there
+            own = pieces(bucket, self.own)
             if head.mode == m.DELTA:
                 assert payload is not None
                 assert head.meta is not None
-                apply_delta(head.meta, payload, work)
-        got = checksum(work)
-        if got != head.crc:
-            self.errors.append(
-                f"bucket {index} ({head.mode}) failed its check: checksum {got:#010x}, the"
-                f" source's {head.crc:#010x}; the bucket keeps its old values"
+                gens[index] = None  # from here until the check passes
+                apply_delta(head.meta, payload, own)
+            got = checksum(own)
+            if got != head.crc:
+                gens[index] = None
+                self._mismatch(index, head, got, "the bucket holds no version it can prove")
+                return None
+            payload = (
+                gather(bucket, self.own, slot.buffer(bucket.numel, bucket.dtype)) if copy else None
             )
-            return work
-        if head.mode != m.SAME:
-            gens[index] = None  # while it is written
-            scatter(bucket, work, self.own)
         gens[index] = self.plan.gen
         done, total = self.rx.progress
         self.rx.progress = (done + 1, total)
-        return work
+        return payload
+
+    def _mismatch(self, index: int, head: m.Header, got: int, then: str) -> None:
+        self.errors.append(
+            f"bucket {index} ({head.mode}) failed its check: checksum {got:#010x}, the"
+            f" source's {head.crc:#010x}; {then}"
+        )
 
 
 def _release_all(release: Callable[[], None], users: int) -> None:
@@ -451,8 +469,8 @@ def _release_all(release: Callable[[], None], users: int) -> None:
         release()
 
 
-def _releaser(release: Callable[[], None]) -> Callable[[Future[torch.Tensor]], None]:
-    def done(_: Future[torch.Tensor]) -> None:
+def _releaser(release: Callable[[], None]) -> Callable[[Future[torch.Tensor | None]], None]:
+    def done(_: Future[torch.Tensor | None]) -> None:
         release()
 
     return done
