@@ -11,7 +11,9 @@ full buckets from its own copy.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -37,7 +39,7 @@ from p2p_worker._weights._layout import (
     gather,
     named_tensors,
 )
-from p2p_worker._weights._pipeline import BucketPools, Slots, run_async
+from p2p_worker._weights._pipeline import BucketPools, Slot, Slots, run_async
 from p2p_worker._weights._report import PushReport
 from p2p_worker._weights._target import new_generation
 from p2p_worker._weights._topology import Tree, build_tree, check_fanout
@@ -45,6 +47,7 @@ from p2p_worker._weights._topology import Tree, build_tree, check_fanout
 DEFAULT_PUSH_TIMEOUT = 600.0
 DEFAULT_JOIN_TIMEOUT = 60.0
 INFLIGHT = 3  # buckets the source prepares ahead of the wire
+PREPARERS = 2  # buckets prepared at once (threads)
 _POLL = 0.01
 _Waiting = tuple[CollectiveGroup, AsyncWork[object]]  # a target's pair group, its hello's receive
 _HELLO_TIMEOUT = 24 * 3600.0  # a hello may come pushes later; a dead target fails it at once
@@ -338,7 +341,12 @@ class WeightSender:
         deadline: float | None,
         report: PushReport,
     ) -> None:
-        """Prepare each bucket while the previous one is on the wire to the first target."""
+        """Prepare buckets on two threads while earlier ones are on the wire, in order.
+
+        Preparing a bucket (cast, checksum, delta against the base) is the source's
+        serial work and, with many targets sharing few cores, the pace of the whole
+        relay; two buckets are prepared at once (the heavy steps release the GIL).
+        """
         first = tree.order[0] if tree.order else None
         box = None
         if first is not None and first not in report.failed:
@@ -346,33 +354,55 @@ class WeightSender:
         first_stale = set(stale.get(first, ())) if first is not None else set()
         slots = Slots(INFLIGHT, self._pools.get(layout))
         self._base_gen, held_gen = None, self._base_gen  # partial bases are never used
-        for bucket in layout.buckets:
-            i = bucket.index
-            base = self._base[i]
-            held = i not in first_stale and held_gen is not None
-            release = slots.take(1 if box is not None else 0, deadline, f"bucket {i}")
-            if bucket.frozen and base is not None and held:
-                head, payload = m.Header(i, m.SAME, self._crcs[i], None, 0), None
-            else:
-                new = gather(bucket, src, release.buffer(bucket.numel, bucket.dtype))
-                crc = checksum(new)
-                head, payload = self._encode(i, new, base, crc, held, bucket.nbytes)
-                if not self.delta:
-                    self._base[i] = None
-                elif base is None:
-                    self._base[i] = new.clone()  # the slot's buffer goes back to the pool
-                elif head.mode != m.SAME:
-                    base.copy_(new)  # a copy costs less than faulting in a new buffer
-                self._crcs[i] = crc
-            report.modes[head.mode] = report.modes.get(head.mode, 0) + 1
-            if box is not None:
-                box.put(m.to_wire(head), ready(payload), release)
+        preparing: deque[tuple[Slot, Future[tuple[m.Header, torch.Tensor | None]]]] = deque()
+        workers = ThreadPoolExecutor(PREPARERS, thread_name_prefix="p2p-weights-prepare")
+
+        def hand_over(keep: int) -> None:
+            while len(preparing) > keep:
+                release, prepared = preparing.popleft()
+                head, payload = prepared.result()
+                report.modes[head.mode] = report.modes.get(head.mode, 0) + 1
+                if box is not None:
+                    box.put(m.to_wire(head), ready(payload), release)
+
+        try:
+            for bucket in layout.buckets:
+                i = bucket.index
+                held = i not in first_stale and held_gen is not None
+                release = slots.take(1 if box is not None else 0, deadline, f"bucket {i}")
+                preparing.append(
+                    (release, workers.submit(self._prepare, bucket, src, release, held))
+                )
+                hand_over(PREPARERS - 1)
+            hand_over(0)
+        finally:
+            workers.shutdown(wait=True)
         self._base_gen = gen if self.delta else None
         if box is not None:
             box.finish()
             report.sent_bytes += box.sent_bytes
             if box.error is not None and first is not None:
                 report.failed.setdefault(first, f"sending to it failed: {box.error}")
+
+    def _prepare(
+        self, bucket: Bucket, src: list[torch.Tensor], slot: Slot, held: bool
+    ) -> tuple[m.Header, torch.Tensor | None]:
+        """Bucket ``bucket``'s header and payload for the first target; updates its base."""
+        i = bucket.index
+        base = self._base[i]
+        if bucket.frozen and base is not None and held:
+            return m.Header(i, m.SAME, self._crcs[i], None, 0), None
+        new = gather(bucket, src, slot.buffer(bucket.numel, bucket.dtype))
+        crc = checksum(new)
+        head, payload = self._encode(i, new, base, crc, held, bucket.nbytes)
+        if not self.delta:
+            self._base[i] = None
+        elif base is None:
+            self._base[i] = new.clone()  # the slot's buffer goes back to the pool
+        elif head.mode != m.SAME:
+            base.copy_(new)  # a copy costs less than faulting in a new buffer
+        self._crcs[i] = crc
+        return head, payload
 
     def _encode(
         self,
@@ -385,12 +415,14 @@ class WeightSender:
     ) -> tuple[m.Header, torch.Tensor | None]:
         """How bucket ``index`` travels to a target that holds (``held``) its base or not."""
         if base is not None and held:
-            if torch.equal(new.view(torch.uint8), base.view(torch.uint8)):
-                return m.Header(index, m.SAME, crc, None, 0), None
-            if self.delta:
+            if self.delta:  # its scan finds "nothing changed" too: no separate compare
                 meta, payload, wire = encode_delta(new, base, self.codec, self.level)
+                if meta["changed"] == 0:
+                    return m.Header(index, m.SAME, crc, None, 0), None
                 if wire < nbytes:
                     return m.Header(index, m.DELTA, crc, meta, payload.numel()), payload
+            elif torch.equal(new.view(torch.uint8), base.view(torch.uint8)):
+                return m.Header(index, m.SAME, crc, None, 0), None
         return m.Header(index, m.FULL, crc, None, nbytes), new
 
     def _lost(self, child: str, exc: BaseException) -> None:
