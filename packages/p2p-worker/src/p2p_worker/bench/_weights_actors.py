@@ -244,33 +244,29 @@ class WeightsTarget(Worker):
         """The checksum of what this worker holds."""
         return state_checksum(self.weights)
 
-    def recv_one(self, src_group: str, timeout: float) -> int:
+    def recv_one(self, src_group: str, timeout: float) -> None:
         """Take one full state dict from the trainer (the N-sends method)."""
         got = self.recv(src_group, 0, timeout=timeout)
         _copy_into(self.weights, got)
-        return self.checksum()
 
-    def pull_p2p(self, src_group: str, sync: str, timeout: float) -> int:
+    def pull_p2p(self, src_group: str, sync: str, timeout: float) -> None:
         """p2p's weight sync: pull the next version into this worker's own tensors."""
         version = self.pull_weights(self.weights, src_group, 0, sync=sync, timeout=timeout)
         assert isinstance(version, int)  # async_op=False
         self.version = version
-        return self.checksum()
 
-    def get_object(self, refs: StateRefs) -> int:
+    def get_object(self, refs: StateRefs) -> None:
         """``ray.get`` the trainer's state dict and copy it in."""
         state: dict[str, torch.Tensor] = ray.get(refs[0])
         _copy_into(self.weights, state)
-        return self.checksum()
 
-    def gloo_broadcast(self, addr: str, port: int, world: int, timeout: float) -> int:
+    def gloo_broadcast(self, addr: str, port: int, world: int, timeout: float) -> None:
         """Receive every tensor of the gloo broadcast into this worker's own tensors."""
         dist = _gloo_group(addr, port, self._rank + 1, world, timeout)
         for key in sorted(self.weights):
             dist.broadcast(self.weights[key], src=0)
-        return self.checksum()
 
-    def ray_collective_broadcast(self, world: int) -> int:
+    def ray_collective_broadcast(self, world: int) -> None:
         """Receive every tensor of the ``ray.util.collective`` broadcast in place."""
         import ray.util.collective as col
 
@@ -280,7 +276,6 @@ class WeightsTarget(Worker):
             col.init_collective_group(world, rank, "gloo", RAY_COLLECTIVE_GROUP)  # type: ignore[arg-type]
         for key in sorted(self.weights):
             col.broadcast(self.weights[key], 0, RAY_COLLECTIVE_GROUP)
-        return self.checksum()
 
 
 @ray.remote(num_cpus=0)
@@ -320,7 +315,10 @@ class RdtTarget:
         """This actor's node address."""
         return node_ip()
 
-    def take(self, state: dict[str, torch.Tensor]) -> int:
-        """Copy the state dict Ray handed over into this actor's tensors; the checksum."""
+    def take(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy the state dict Ray handed over into this actor's tensors."""
         _copy_into(self.weights, state)
+
+    def checksum(self) -> int:
+        """The checksum of what this actor holds."""
         return state_checksum(self.weights)
