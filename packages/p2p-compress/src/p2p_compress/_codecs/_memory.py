@@ -69,6 +69,33 @@ def uint8_buffer_bytes(buffer: object, name: str) -> int:
     return nbytes
 
 
+def tensor_pieces(obj: object, name: str) -> list[tuple[torch.Tensor, str]]:
+    """``obj`` as checked pieces: one tensor, or a list or tuple of them read end to end.
+
+    Each piece is checked with :func:`tensor_bytes` and paired with the name errors give
+    it (``name``, or ``name[i]`` for the ``i``-th of a list).
+
+    Raises:
+        TypeError: ``obj`` is neither a tensor nor a list or tuple, or a piece is not a
+            tensor.
+        ValueError: a piece is not a contiguous dense CPU tensor.
+    """
+    if isinstance(obj, torch.Tensor):
+        items: list[tuple[object, str]] = [(obj, name)]
+    elif isinstance(obj, (list, tuple)):
+        items = [(t, f"{name}[{i}]") for i, t in enumerate(obj)]
+    else:
+        raise TypeError(
+            f"{name} must be a torch.Tensor or a list of them, got {type(obj).__name__}"
+        )
+    out: list[tuple[torch.Tensor, str]] = []
+    for t, label in items:
+        tensor_bytes(t, label)
+        assert isinstance(t, torch.Tensor)
+        out.append((t, label))
+    return out
+
+
 def address(tensor: torch.Tensor, nbytes: int) -> int:
     """Return the tensor's first byte, or a scratch address when it holds no bytes."""
     return tensor.data_ptr() if nbytes else SCRATCH_ADDRESS

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from p2p_compress._codecs._memory import tensor_bytes
+from p2p_compress._codecs._memory import tensor_pieces
 from p2p_compress._delta import _dense, _sparse
 from p2p_compress._delta._patch import (
     FLAG_PLANES,
@@ -24,30 +24,18 @@ from p2p_compress._pool import TensorBufferPool
 
 def _targets(patch: DeltaPatch, target: object) -> list[torch.Tensor]:
     """The tensors to write, checked against the patch before any is touched."""
-    if isinstance(target, torch.Tensor):
-        pieces: list[tuple[object, str]] = [(target, "target")]
-    elif isinstance(target, (list, tuple)):
-        pieces = [(t, f"target[{i}]") for i, t in enumerate(target)]
-    else:
-        raise TypeError(
-            f"target must be a torch.Tensor or a list of them, got {type(target).__name__}"
-        )
-    out: list[torch.Tensor] = []
-    for t, name in pieces:
-        tensor_bytes(t, name)
-        assert isinstance(t, torch.Tensor)
-        out.append(t)
-    numel = sum(int(t.numel()) for t in out)
-    wrong = [(t, name) for t, (_, name) in zip(out, pieces, strict=True) if t.dtype != patch.dtype]
+    pieces = tensor_pieces(target, "target")
+    numel = sum(int(t.numel()) for t, _ in pieces)
+    wrong = [(t, label) for t, label in pieces if t.dtype != patch.dtype]
     if wrong or numel != patch.numel:
         what = "target" if isinstance(target, torch.Tensor) else "target's pieces together"
         dtype = wrong[0][0].dtype if wrong else patch.dtype
         raise ValueError(
             f"{what} (dtype {dtype}, numel {numel}) does not match the patch (dtype "
             f"{patch.dtype}, numel {patch.numel})"
-            + (f": {wrong[0][1]} has dtype {dtype}" if wrong and len(out) > 1 else "")
+            + (f": {wrong[0][1]} has dtype {dtype}" if wrong and len(pieces) > 1 else "")
         )
-    return out
+    return [t for t, _ in pieces]
 
 
 def _check_body(patch: DeltaPatch, body_len: int, dense: int | None) -> None:
@@ -142,14 +130,11 @@ def apply_delta(
 
 def _add_to_pieces(views: list[np.ndarray], pos: np.ndarray, diff: np.ndarray) -> None:
     """Add the decoded changes into the pieces they fall in (positions are sorted)."""
-    if len(views) == 1:
-        _sparse.add_changes(views[0], pos, diff)
-        return
     start = 0
     for view in views:
         lo, hi = np.searchsorted(pos, [start, start + view.size])
-        if hi > lo:
-            _sparse.add_changes(view, pos[lo:hi] - start, diff[lo:hi])
+        at = pos[lo:hi]
+        _sparse.add_changes(view, at - start if start else at, diff[lo:hi])
         start += view.size
 
 

@@ -25,7 +25,7 @@ from typing import Final
 import numpy as np
 import torch
 
-from p2p_compress._codecs._memory import tensor_bytes
+from p2p_compress._codecs._memory import tensor_pieces
 
 CHUNK_WORDS: Final = 1 << 15
 _MASK: Final = (1 << 64) - 1
@@ -49,22 +49,6 @@ def _fmix64(h: int) -> int:
     h ^= h >> 33
     h = (h * 0xC4CEB9FE1A85EC53) & _MASK
     return h ^ (h >> 33)
-
-
-def _pieces(t: object) -> list[np.ndarray]:
-    """The bytes to read, as flat uint8 arrays, each piece checked (and named) first."""
-    if isinstance(t, torch.Tensor):
-        items: list[tuple[object, str]] = [(t, "t")]
-    elif isinstance(t, (list, tuple)):
-        items = [(p, f"t[{i}]") for i, p in enumerate(t)]
-    else:
-        raise TypeError(f"t must be a torch.Tensor or a list of them, got {type(t).__name__}")
-    out = []
-    for piece, name in items:
-        if tensor_bytes(piece, name):
-            assert isinstance(piece, torch.Tensor)
-            out.append(piece.reshape(-1).view(torch.uint8).numpy())
-    return out
 
 
 class _Folder:
@@ -160,6 +144,7 @@ def tensor_checksum(t: object) -> int:
         False
     """
     folder = _Folder()
-    for data in _pieces(t):
-        folder.feed(data)
+    for piece, _ in tensor_pieces(t, "t"):
+        if piece.numel():
+            folder.feed(piece.reshape(-1).view(torch.uint8).numpy())
     return folder.value()
