@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -57,6 +58,8 @@ class Trainer(Worker):
             "modes": report.modes,
             "order": report.order,
             "sent": report.sent_bytes,
+            "shared": report.shared_bytes,
+            "unshared": report.unshared,
             "full": report.full_bytes,
             "base": report.base_bytes,
         }
@@ -123,6 +126,13 @@ class Rollout(Worker):
         except WeightSyncError as exc:
             return {"torn": exc.torn, "text": str(exc), "held": self.weight_version()}
 
+    def lend(self, on: bool) -> None:
+        """Take part in same-node lending or not (``P2P_WEIGHTS_LEND`` in this process)."""
+        if on:
+            os.environ.pop("P2P_WEIGHTS_LEND", None)
+        else:
+            os.environ["P2P_WEIGHTS_LEND"] = "0"
+
     def corrupt(self, key: str) -> None:
         with torch.no_grad():
             self.model.state_dict()[key].view(-1)[0] += 1
@@ -152,14 +162,17 @@ def test_push_to_three_targets_in_place_cast_versioned_and_checked(cluster: Clus
     rollout = Rollout.create_group().launch(
         cluster, PackedPlacementStrategy(3, cpus_per_worker=0), name="wrollout"
     )
-    # version 1: everything new, so every bucket travels in full, down a chain
+    # version 1: everything new, so every bucket travels in full; the targets share the
+    # source's node, so they read each bucket from its shared arena
     pushed, pulled = sync(trainer, rollout, 1, targets="wrollout", bucket_bytes=BUCKET)
     assert [p["version"] for p in pulled] == [1, 1, 1]
     assert all(p["in_place"] and p["held"] == 1 for p in pulled)
     assert pushed["targets"] == {f"wrollout:{r}": 1 for r in range(3)}
     assert set(pushed["modes"]) == {"full"}
     assert pushed["modes"]["full"] > 8
-    assert pushed["sent"] == pushed["full"]  # the source sent every byte once
+    assert pushed["unshared"] == {}
+    assert pushed["sent"] == 0  # nothing went through a socket or a ring
+    assert pushed["shared"] == pushed["full"]  # the source wrote every byte once
     assert pushed["order"] == ("wrollout:0", "wrollout:1", "wrollout:2")
     src = trainer.state().wait(60)[0]
     for dst in rollout.state().wait(60):
@@ -230,12 +243,27 @@ def test_push_to_three_targets_in_place_cast_versioned_and_checked(cluster: Clus
         assert got["held"] == 5  # nothing was touched
     _, pulled = sync(trainer, rollout, 6)
     assert [p["version"] for p in pulled] == [6, 6, 6]
-    # delta=False keeps no base: every bucket travels in full, frozen ones included
+    # delta=False keeps no base: every bucket travels in full, frozen ones included;
+    # a target that will not map the arena gets its copy by value, and the report says why
+    rollout.execute_on(2).lend(False).wait(60)
     pushed, pulled = sync(trainer, rollout, 7, delta=False)
     assert [p["version"] for p in pulled] == [7, 7, 7]
     assert set(pushed["modes"]) == {"full"}
-    assert pushed["sent"] == pushed["full"]
+    assert list(pushed["unshared"]) == ["wrollout:2"]
+    assert "P2P_WEIGHTS_LEND=0" in pushed["unshared"]["wrollout:2"]
+    assert (pushed["sent"], pushed["shared"]) == (pushed["full"], pushed["full"])
     assert pushed["base"] == 0
+    src = trainer.state().wait(60)[0]
+    for dst in rollout.state().wait(60):
+        assert_same(src, dst)
+    rollout.execute_on(2).lend(True).wait(60)
+    trainer.step(8, ["out.weight", "embed.weight"]).wait(60)
+    pushed, pulled = sync(trainer, rollout, 8, delta=False)
+    assert [p["version"] for p in pulled] == [8, 8, 8]
+    assert (pushed["sent"], pushed["unshared"]) == (0, {})
+    src = trainer.state().wait(60)[0]
+    for dst in rollout.state().wait(60):
+        assert_same(src, dst)
 
 
 class ShardTrainer(Worker):

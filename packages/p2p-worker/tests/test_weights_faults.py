@@ -1,11 +1,15 @@
 """Weight sync when a process dies mid-sync: real actors killed with ``ray.kill``.
 
 Links are emulated at 8 Mbit/s so that a 4 MiB version takes seconds on the wire and
-a kill lands in the middle of it.
+a kill lands in the middle of it. Without emulation the targets on the source's node
+read its shared arena; there a target stopped with SIGSTOP holds the push up until it
+is killed.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -176,3 +180,77 @@ def test_target_killed_mid_sync_others_finish_and_a_restarted_one_catches_up(
     for t in targets:
         assert t.finish().wait(60)[0] == {"version": 3}
         assert same(v3, t.state().wait(30)[0])
+
+
+class Stoppable(Target):
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_lent_targets_a_stalled_then_killed_reader_or_a_killed_source_fail_in_seconds(
+    cluster: Cluster,
+) -> None:
+    """Targets on the source's node read its arena; one stops reading (SIGSTOP), then dies.
+
+    The source cannot reuse a region that reader still holds, so the push stalls until
+    the death frees it; the other targets then finish exactly. Later the source itself
+    dies while a stopped reader stalls the push: the others fail fast and keep what
+    they can prove.
+    """
+    src = Source.create_group().launch(cluster, ONE, name="wf_src")
+    targets = [Stoppable.create_group().launch(cluster, ONE, name=f"wf_t{i}") for i in range(3)]
+    names = [(f"wf_t{i}", 0) for i in range(3)]
+    for t in targets:
+        t.start().wait(30)
+    assert src.push(1, names).wait(120)[0]["failed"] == {}
+    for t in targets:
+        assert t.finish().wait(60)[0] == {"version": 1}
+    # version 2: wf_t1 says hello, then stops; the push stalls on it until it is killed
+    src.new_version(2).wait(30)
+    for t in targets:
+        t.start().wait(30)
+    stopped = targets[1].pid().wait(30)[0]
+    os.kill(stopped, signal.SIGSTOP)
+    pushed = src.push(2, names)
+    wait_progress(targets[0], 1)
+    time.sleep(1.0)
+    assert targets[0].progress().wait(30)[0][0] < 16  # stalled: 16 buckets in all
+    os.kill(stopped, signal.SIGKILL)
+    killed = time.monotonic()
+    report = pushed.wait(120)[0]
+    assert time.monotonic() - killed < BOUND
+    assert list(report["failed"]) == ["wf_t1:0"]
+    v2 = src.expected().wait(30)[0]
+    for i in (0, 2):
+        assert targets[i].finish().wait(60)[0] == {"version": 2}
+        assert same(v2, targets[i].state().wait(30)[0])
+    # a new wf_t1 catches up; then it stops, and the source dies mid-push
+    targets[1].shutdown()
+    targets[1] = Stoppable.create_group().launch(cluster, ONE, name="wf_t1")
+    src.new_version(3).wait(30)
+    for t in targets:
+        t.start().wait(30)
+    assert src.push(3, names).wait(120)[0]["failed"] == {}
+    for t in targets:
+        assert t.finish().wait(60)[0] == {"version": 3}
+    v3 = src.expected().wait(30)[0]
+    src.new_version(4).wait(30)
+    for t in targets:
+        t.start().wait(30)
+    stopped = targets[1].pid().wait(30)[0]
+    os.kill(stopped, signal.SIGSTOP)
+    src.push(4, names)
+    wait_progress(targets[0], 1)
+    ray.kill(src.actors[0], no_restart=True)
+    killed = time.monotonic()
+    outcomes = [targets[i].finish().wait(60)[0] for i in (0, 2)]
+    assert time.monotonic() - killed < BOUND
+    os.kill(stopped, signal.SIGKILL)
+    for got, i in zip(outcomes, (0, 2), strict=True):
+        assert got["peer_error"], got
+        assert "version 4" in got["error"]
+        if got["held"] is None:
+            assert got["torn"]
+        else:
+            assert got["held"] == 3
+            assert same(v3, targets[i].state().wait(30)[0])

@@ -155,6 +155,24 @@ def test_relay_is_a_chain_or_tree_ordered_by_node_then_staleness() -> None:
         build_tree("t:0", targets, 0)
 
 
+def test_with_lending_each_node_has_one_relayed_entry_and_the_rest_read_from_it() -> None:
+    targets = [("r:3", 1, 0), ("r:0", 0, 5), ("r:1", 0, 0), ("r:2", 1, 0), ("r:4", 2, 0)]
+    # the source on node 0: its node's targets are its lent leaves; node 1 and 2 relayed
+    tree = build_tree("t:0", targets, 1, lend=True, source_node=0)
+    assert tree.order == ("r:1", "r:0", "r:2", "r:3", "r:4")
+    assert tree.lent == ("r:1", "r:0", "r:3")
+    assert tree.children("t:0") == ["r:1", "r:0", "r:2"]
+    assert tree.children("r:2") == ["r:3", "r:4"]  # its lent leaf, then the next node
+    assert tree.parent["r:4"] == "r:2"
+    # the source elsewhere: node 0's least stale target is the entry the others read from
+    tree = build_tree("t:0", targets, 2, lend=True, source_node=9)
+    assert tree.lent == ("r:0", "r:3")
+    assert tree.children("t:0") == ["r:1"]
+    assert tree.children("r:1") == ["r:0", "r:2", "r:4"]  # fanout 2 counts relayed ones
+    assert tree.children("r:2") == ["r:3"]
+    assert build_tree("t:0", targets, 1, lend=False, source_node=0).lent == ()
+
+
 def test_messages_travel_as_builtin_tuples_and_a_stray_one_is_a_framing_error() -> None:
     head = m.Header(3, m.DELTA, 123, {"kind": "sparse"}, 40)
     wire = m.to_wire(head)

@@ -91,7 +91,8 @@ class WeightSyncMixin:
         Every target calls :meth:`pull_weights` with this worker as its source. The
         targets say what they hold; the source plans a relay (a chain, or a tree with
         ``fanout`` children per target, ordered by node) so that it sends each byte
-        once; buckets of ``bucket_bytes`` are cast to each target's dtype, checksummed
+        once, and targets on one node share it: they read full buckets from the shared
+        memory of the source or of their node's first target; buckets of ``bucket_bytes`` are cast to each target's dtype, checksummed
         and sent as they are ready, unchanged ones not at all, changed ones as a
         bit-level delta where that is smaller (once p2p-compress offers one), in full to
         a target that is new, behind or torn. Do not change ``model`` until the push
@@ -153,7 +154,11 @@ class WeightSyncMixin:
 
             if sender is None:
                 sender = WeightSender(
-                    self.collective, self.worker_address.get_name(), resolve, name
+                    self.collective,
+                    self.worker_address.get_name(),
+                    resolve,
+                    name,
+                    node=self.worker_info.node_id,
                 )
                 syncs[("push", name)] = sender
             else:

@@ -2,8 +2,11 @@
 
 ``hello`` (target -> source): what the target holds. ``plan`` (source -> every
 target): the version, the layout parameters and the relay tree. ``bucket`` headers
-travel down the tree, each followed by its payload unless the bucket is unchanged.
-``result`` (target -> source): what the target holds afterwards.
+travel down the tree, each followed by its payload unless the bucket is unchanged or
+lent (its bits wait in the parent's shared arena). ``lend`` (parent -> a same-node
+child, before the buckets) names that arena; ``borrow`` (the child's answer) says
+whether the child mapped it. ``result`` (target -> source): what the target holds
+afterwards.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import TypeVar, overload
 
 from p2p_collective import FramingError
 
-FULL, DELTA, SAME = "full", "delta", "same"
+FULL, DELTA, SAME, LENT = "full", "delta", "same", "lent"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,27 @@ class Plan:
     parent: dict[str, str]
     stale: dict[str, tuple[int, ...]]  # target -> buckets it does not hold the base of
     keys: tuple[int, ...]  # the targets' entries this source fills (all but for a shard)
+    lent: tuple[str, ...] = ()  # targets whose parent lends them full buckets by reference
+
+
+@dataclass(frozen=True)
+class Lend:
+    """A parent's shared arena (``fd`` of process ``pid``); ``fd`` -1: none, ``why``."""
+
+    pid: int
+    fd: int
+    nbytes: int
+    arena: str
+    line: int
+    why: str | None = None
+
+
+@dataclass(frozen=True)
+class Borrow:
+    """A child's answer to :class:`Lend`: it mapped the arena, or ``why`` not."""
+
+    ok: bool
+    why: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +84,11 @@ class Resume:
 
 @dataclass(frozen=True)
 class Header:
-    """One bucket: how it travels, the checksum of its new bits, the payload's size."""
+    """One bucket: how it travels, the checksum of its new bits, the payload's size.
+
+    ``lent``: no payload follows; ``meta["offset"]`` says where in the parent's arena the
+    bucket's ``nbytes`` lie.
+    """
 
     index: int
     mode: str
@@ -79,7 +107,9 @@ class Result:
     torn: bool
 
 
-_KINDS: dict[str, type] = {c.__name__: c for c in (Hello, Plan, Abort, Resume, Header, Result)}
+_KINDS: dict[str, type] = {
+    c.__name__: c for c in (Hello, Plan, Lend, Borrow, Abort, Resume, Header, Result)
+}
 
 
 def to_wire(msg: object) -> tuple[object, ...]:
@@ -95,6 +125,10 @@ T2 = TypeVar("T2")
 def from_wire(obj: object, kinds: tuple[type[T1]], peer: str, what: str) -> T1: ...
 @overload
 def from_wire(obj: object, kinds: tuple[type[T1], type[T2]], peer: str, what: str) -> T1 | T2: ...
+
+
+@overload
+def from_wire(obj: object, kinds: tuple[type, ...], peer: str, what: str) -> object: ...
 
 
 def from_wire(obj: object, kinds: tuple[type, ...], peer: str, what: str) -> object:

@@ -17,6 +17,7 @@ from p2p_asyncwork import AsyncResultWork, AsyncWork
 from p2p_collective import CollectiveTimeoutError
 from p2p_compress import TensorBufferPool
 from p2p_compress.internal import BufferLease
+from p2p_worker._weights._arena import Arena
 from p2p_worker._weights._edges import remaining
 from p2p_worker._weights._layout import Layout
 
@@ -29,23 +30,34 @@ class Slot:
     Buffers borrowed for the bucket (:meth:`buffer`) go back to the pool with the slot,
     so that the next bucket writes into pages already faulted in: a fresh 32 MiB
     allocation costs 15-40 ms of page faults here, more than sending it over shared
-    memory.
+    memory. With an arena, the slot's first buffer is its arena region instead (what
+    same-node children read by reference).
     """
 
-    __slots__ = ("_leases", "_left", "_lock", "_pool", "_sem")
+    __slots__ = ("_free", "_leases", "_left", "_lock", "_pool", "_region", "_sem")
 
     def __init__(
-        self, sem: threading.BoundedSemaphore, users: int, pool: TensorBufferPool | None
+        self,
+        sem: threading.BoundedSemaphore,
+        users: int,
+        pool: TensorBufferPool | None,
+        region: tuple[Arena, int, Callable[[int], None]] | None = None,
     ) -> None:
         self._sem = sem
         self._pool = pool
         self._left = max(1, users)
         self._lock = threading.Lock()
         self._leases: list[BufferLease] = []
+        self._region = region
+        self._free = region
 
     def buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A 1-D tensor of ``numel`` elements of ``dtype`` that lives as long as the slot."""
         nbytes = numel * dtype.itemsize
+        with self._lock:
+            region, self._region = self._region, None
+        if region is not None and nbytes <= region[0].region_bytes:
+            return region[0].region(region[1], numel, dtype)
         with self._lock:  # a freed slot would never give a lease back: none for it
             lease = None if self._pool is None or not self._left else self._pool.acquire(nbytes)
             if lease is not None:
@@ -62,6 +74,8 @@ class Slot:
         if last:
             for lease in leases:
                 lease.release()
+            if self._free is not None:
+                self._free[2](self._free[1])
             self._sem.release()
 
 
@@ -72,11 +86,22 @@ class Slots:
         count: Buckets in flight at most.
         pool: Where the slots' bucket buffers come from and go back to (None: each
             bucket allocates its own).
+        arena: Shared regions (at least ``count``): each slot's first buffer is one of
+            them, so that same-node children can read it by reference.
     """
 
-    def __init__(self, count: int, pool: TensorBufferPool | None = None) -> None:
+    def __init__(
+        self, count: int, pool: TensorBufferPool | None = None, arena: Arena | None = None
+    ) -> None:
         self._sem = threading.BoundedSemaphore(count)
         self._pool = pool
+        self._arena = arena
+        self._regions = list(range(count)) if arena is not None else []
+        self._regions_lock = threading.Lock()
+
+    def _give_back(self, region: int) -> None:
+        with self._regions_lock:
+            self._regions.append(region)
 
     def take(self, users: int, deadline: float | None, what: str) -> Slot:
         """Wait for a free slot; return it (call it ``users`` times to release it).
@@ -86,7 +111,11 @@ class Slots:
         """
         if not self._sem.acquire(timeout=remaining(deadline)):
             raise CollectiveTimeoutError(f"weight sync: {what}: no bucket slot freed up in time")
-        slot = Slot(self._sem, users, self._pool)
+        region = None
+        if self._arena is not None:
+            with self._regions_lock:
+                region = (self._arena, self._regions.pop(), self._give_back)
+        slot = Slot(self._sem, users, self._pool, region)
         if users == 0:
             slot()
         return slot

@@ -15,8 +15,12 @@ class PushReport:
         failed: Target name -> why it did not confirm ``version``.
         buckets: Number of buckets.
         bucket_bytes: The bucket size used (set, or chosen for the model).
-        modes: How the first target got the buckets: ``{"full": n, "delta": n, "same": n}``.
+        modes: How the source prepared the buckets: ``{"full": n, "delta": n, "same": n}``
+            (a child that lacks a delta's base gets that bucket in full).
         sent_bytes: Payload bytes the source put on the wire (resends to orphans included).
+        shared_bytes: Bytes the source lent to targets on its own node through its shared
+            arena (each bucket once, however many of them read it).
+        unshared: Same-node target -> why it got its buckets by value instead.
         full_bytes: Bytes of one full copy in the targets' dtypes.
         base_bytes: Bytes of the delta base the source keeps (0 without one).
         seconds: Wall time of the push.
@@ -35,6 +39,8 @@ class PushReport:
     bucket_bytes: int = 0
     modes: dict[str, int] = field(default_factory=dict)
     sent_bytes: int = 0
+    shared_bytes: int = 0
+    unshared: dict[str, str] = field(default_factory=dict)
     full_bytes: int = 0
     base_bytes: int = 0
     seconds: float = 0.0

@@ -6,6 +6,9 @@ every target's hello (what it holds), plans the relay, then prepares bucket afte
 is on the wire to the first target, and finally collects every target's result. A
 target whose parent in the relay died asks the source for the rest; the source sends it
 full buckets from its own copy.
+
+Targets on the source's own node are lent leaves (see ``_topology``): the source
+prepares each bucket into its shared arena and they read it there.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from p2p_asyncwork import AsyncWork, wait_any
 from p2p_asyncwork.internal import check_timeout
 from p2p_collective import Collective, CollectiveGroup, PeerError
 from p2p_worker._weights import _messages as m
+from p2p_worker._weights._arena import Arena, Lender, fit_arena, lending_off
 from p2p_worker._weights._codec import checksum, encode_delta
 from p2p_worker._weights._edges import (
     Edges,
@@ -50,6 +54,8 @@ INFLIGHT = 3  # buckets the source prepares ahead of the wire
 PREPARERS = 2  # buckets prepared at once (threads)
 _POLL = 0.01
 _Waiting = tuple[CollectiveGroup, AsyncWork[object]]  # a target's pair group, its hello's receive
+_Prepared = tuple[m.Header, "torch.Tensor | None", "torch.Tensor | None"]
+"""A prepared bucket: its header, its payload, its new bits in full (when gathered)."""
 _HELLO_TIMEOUT = 24 * 3600.0  # a hello may come pushes later; a dead target fails it at once
 
 
@@ -73,6 +79,8 @@ class WeightSender:
         level: The codec's level.
         partial: This source is one shard of a sharded trainer: it fills the targets'
             keys it holds (the other shards fill the rest) instead of requiring all.
+        node: This worker's node index: targets on it read the buckets from the
+            source's shared arena (None: unknown, every target is relayed).
 
     Example:
         >>> self.push_weights(model, 1, targets="rollout")  # doctest: +SKIP
@@ -94,9 +102,13 @@ class WeightSender:
         codec: str = "zstd",
         level: int = 1,
         partial: bool = False,
+        node: int | None = None,
     ) -> None:
         self.sync = sync
         self._me = me
+        self._node = node
+        self._coll = collective
+        self._arena: Arena | None = None
         self._targets = targets
         self._edges = Edges(collective, me, sync, me)
         self.partial = False
@@ -231,7 +243,11 @@ class WeightSender:
             self._base_digest = layout.digest
         stale = {name: self._stale(h, layout) for name, h in hellos.items()}
         tree = build_tree(
-            self._me, [(n, h.node, len(stale[n])) for n, h in hellos.items()], self.fanout
+            self._me,
+            [(n, h.node, len(stale[n])) for n, h in hellos.items()],
+            self.fanout,
+            lend=lending(self._coll),
+            source_node=self._node,
         )
         self._count += 1
         gen = f"{self._life}:{self._count}"
@@ -244,6 +260,7 @@ class WeightSender:
             dict(tree.parent),
             stale,
             fills,
+            tree.lent,
         )
         live = []
         for name in tree.order:
@@ -346,52 +363,94 @@ class WeightSender:
         Preparing a bucket (cast, checksum, delta against the base) is the source's
         serial work and, with many targets sharing few cores, the pace of the whole
         relay; two buckets are prepared at once (the heavy steps release the GIL).
+        Each bucket is prepared once for all the source's children: as a delta where a
+        child holds its base, and in full for a child that does not.
         """
-        first = tree.order[0] if tree.order else None
-        box = None
-        if first is not None and first not in report.failed:
-            box = Outbox(self._edges.group(first), first, deadline, self._lost)
-        first_stale = set(stale.get(first, ())) if first is not None else set()
-        slots = Slots(INFLIGHT, self._pools.get(layout))
-        self._base_gen, held_gen = None, self._base_gen  # partial bases are never used
-        preparing: deque[tuple[Slot, Future[tuple[m.Header, torch.Tensor | None]]]] = deque()
+        children = [c for c in tree.children(self._me) if c not in report.failed]
+        lender = self._lender(layout, tree, children, report)
+        boxes = [
+            Outbox(
+                self._edges.group(c),
+                c,
+                deadline,
+                self._lost,
+                lent=c in tree.lent,
+                lender=lender,
+            )
+            for c in children
+        ]
+        stale_of = {c: set(stale.get(c, ())) for c in children}
+        arena = None if lender is None else lender.arena
+        slots = Slots(INFLIGHT, self._pools.get(layout), arena)
+        held_gen = self._base_gen
+        self._base_gen = None  # partial bases are never used
+        preparing: deque[tuple[Slot, Future[_Prepared]]] = deque()
         workers = ThreadPoolExecutor(PREPARERS, thread_name_prefix="p2p-weights-prepare")
 
         def hand_over(keep: int) -> None:
             while len(preparing) > keep:
                 release, prepared = preparing.popleft()
-                head, payload = prepared.result()
+                head, payload, new = prepared.result()
                 report.modes[head.mode] = report.modes.get(head.mode, 0) + 1
-                if box is not None:
-                    box.put(m.to_wire(head), ready(payload), release)
+                nbytes = layout.buckets[head.index].nbytes
+                full = m.Header(head.index, m.FULL, head.crc, None, nbytes)
+                for box in boxes:
+                    if head.mode == m.FULL or head.index not in stale_of[box.child]:
+                        box.put(head, ready(payload), release)
+                    else:  # this child lacks the base: the bucket in full
+                        box.put(full, ready(new), release)
 
         try:
             for bucket in layout.buckets:
                 i = bucket.index
-                held = i not in first_stale and held_gen is not None
-                release = slots.take(1 if box is not None else 0, deadline, f"bucket {i}")
-                preparing.append(
-                    (release, workers.submit(self._prepare, bucket, src, release, held))
-                )
+                lacking = sum(i in stale_of[c] for c in children)
+                held = held_gen is not None and lacking < len(children)
+                release = slots.take(len(boxes), deadline, f"bucket {i}")
+                job = workers.submit(self._prepare, bucket, src, release, held, lacking > 0)
+                preparing.append((release, job))
                 hand_over(PREPARERS - 1)
             hand_over(0)
+            self._base_gen = gen if self.delta else None
         finally:
             workers.shutdown(wait=True)
-        self._base_gen = gen if self.delta else None
-        if box is not None:
-            box.finish()
-            report.sent_bytes += box.sent_bytes
-            if box.error is not None and first is not None:
-                report.failed.setdefault(first, f"sending to it failed: {box.error}")
+            for box in boxes:
+                box.finish()
+                report.sent_bytes += box.sent_bytes
+                if box.error is not None:
+                    report.failed.setdefault(box.child, f"sending to it failed: {box.error}")
+                elif box.refused is not None:
+                    report.unshared[box.child] = box.refused
+            if lender is not None:
+                lender.finish(deadline)
+                report.shared_bytes += sum(lender.shared.values())
+
+    def _lender(
+        self, layout: Layout, tree: Tree, children: list[str], report: PushReport
+    ) -> Lender | None:
+        """This push's lender when some child is lent, on a fitting arena (None: none)."""
+        if not any(c in tree.lent for c in children):
+            return None
+        largest = max(b.nbytes for b in layout.buckets)
+        try:
+            self._arena = fit_arena(self._arena, INFLIGHT, largest)
+        except OSError as exc:  # the lent children are told, and get buckets by value
+            for c in children:
+                if c in tree.lent:
+                    report.unshared[c] = f"no shared arena: {exc}"
+            return None
+        return Lender(self._arena)
 
     def _prepare(
-        self, bucket: Bucket, src: list[torch.Tensor], slot: Slot, held: bool
-    ) -> tuple[m.Header, torch.Tensor | None]:
-        """Bucket ``bucket``'s header and payload for the first target; updates its base."""
+        self, bucket: Bucket, src: list[torch.Tensor], slot: Slot, held: bool, full: bool
+    ) -> _Prepared:
+        """Bucket ``bucket``'s header and payload, and its new bits (None when not needed).
+
+        ``held``: some child holds its base; ``full``: some child does not. Updates the base.
+        """
         i = bucket.index
         base = self._base[i]
-        if bucket.frozen and base is not None and held:
-            return m.Header(i, m.SAME, self._crcs[i], None, 0), None
+        if bucket.frozen and base is not None and held and not full:
+            return m.Header(i, m.SAME, self._crcs[i], None, 0), None, None
         new = gather(bucket, src, slot.buffer(bucket.numel, bucket.dtype))
         crc = checksum(new)
         head, payload = self._encode(i, new, base, crc, held, bucket.nbytes)
@@ -402,7 +461,7 @@ class WeightSender:
         elif head.mode != m.SAME:
             base.copy_(new)  # a copy costs less than faulting in a new buffer
         self._crcs[i] = crc
-        return head, payload
+        return head, payload, new
 
     def _encode(
         self,
@@ -491,7 +550,7 @@ class WeightSender:
                     return kept
                 return gather(b, src, torch.empty(b.numel, dtype=b.dtype))
 
-            box.put(m.to_wire(head), payload, lambda: None)
+            box.put(head, payload, lambda: None)
         return box
 
     def _error(self, report: PushReport, why: str) -> WeightSyncError:
@@ -504,6 +563,17 @@ class WeightSender:
         )
         err.report = report  # type: ignore[attr-defined]
         return err
+
+
+def lending(collective: Collective) -> bool:
+    """Whether same-node targets may read buckets from an arena.
+
+    Not when the collective moves nothing through shared memory, when its links are
+    emulated (every process then stands for a node of its own), or when
+    ``P2P_WEIGHTS_LEND=0`` is in the source's environment.
+    """
+    config = collective.config
+    return bool(config.shared_memory) and config.net_emulation is None and not lending_off()
 
 
 def _check_source(

@@ -5,6 +5,13 @@ The source sends every byte once, to the first target; each target forwards to a
 hops stay on one node (where the groups use shared memory) and each node is entered once
 on a chain; on each node the targets that can take a delta come first, so that a delta
 travels as far as it can before a target needs a full copy.
+
+With lending (``lend=True``), one target per node is in that chain or tree (the node's
+entry: the first in the order above) and every other target of a node hangs directly
+under its node's entry, or under the source on the source's own node; those leaves read
+full buckets by reference from their parent's shared arena (see ``_arena``), so a node
+holds each bucket once however many targets it has. Leaves do not count against
+``fanout``: lending one costs its parent no copy.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ class Tree:
     source: str
     order: tuple[str, ...]
     parent: dict[str, str]
+    lent: tuple[str, ...] = ()
+    """The leaves that read full buckets from their parent's arena."""
 
     def children(self, name: str) -> list[str]:
         """The nodes ``name`` sends to, in order."""
@@ -47,16 +56,37 @@ def build_tree(
     source: str,
     targets: Sequence[tuple[str, int, int]],
     fanout: int,
+    *,
+    lend: bool = False,
+    source_node: int | None = None,
 ) -> Tree:
     """Arrange ``(name, node, stale_buckets)`` targets under ``source``.
 
     Order: by node, then fewest stale buckets first (they pass deltas on), then name.
-    The first target's parent is the source; target ``j`` > 0 hangs under target
-    ``(j - 1) // fanout`` (breadth first).
+    The first relayed target's parent is the source; relayed target ``j`` > 0 hangs
+    under relayed target ``(j - 1) // fanout`` (breadth first). Without ``lend`` every
+    target is relayed; with it, only each node's entry (none on ``source_node``), and
+    the others are lent leaves under their entry (or the source).
     """
     check_fanout(fanout)
-    order = tuple(name for name, _, _ in sorted(targets, key=lambda t: (t[1], t[2], t[0])))
+    ranked = sorted(targets, key=lambda t: (t[1], t[2], t[0]))
+    order = tuple(name for name, _, _ in ranked)
     parent: dict[str, str] = {}
-    for j, name in enumerate(order):
-        parent[name] = source if j == 0 else order[(j - 1) // fanout]
-    return Tree(source, order, parent)
+    lent: list[str] = []
+    relayed: list[str] = []
+    entry: dict[int, str] = {}
+    for name, node, _ in ranked:
+        if not lend:
+            relayed.append(name)
+        elif node == source_node:
+            parent[name] = source
+            lent.append(name)
+        elif node in entry:
+            parent[name] = entry[node]
+            lent.append(name)
+        else:
+            entry[node] = name
+            relayed.append(name)
+    for j, name in enumerate(relayed):
+        parent[name] = source if j == 0 else relayed[(j - 1) // fanout]
+    return Tree(source, order, parent, tuple(lent))

@@ -205,7 +205,7 @@ class _Cell:
             recv = self.dst.call("pull_p2p", self.names[0], sync, timeout)
             push = self.src.call("push_p2p", self.names[1], sync, sync == "delta", timeout)
             pushed: PushFacts = push.wait(timeout=timeout)[0]
-            wire = int(pushed["sent_bytes"])
+            wire = int(pushed["sent_bytes"]) + int(pushed["shared_bytes"])  # lent: once
             recv.wait(timeout=timeout)
         elif method == "sends":
             recv = self.dst.call("recv_one", self.names[0], timeout)

@@ -56,6 +56,7 @@ class PushFacts(TypedDict):
     """What p2p's push of one version sent (a ``PushReport`` as plain values)."""
 
     sent_bytes: int
+    shared_bytes: int
     modes: dict[str, int]
     base_bytes: int
     seconds: float
@@ -187,6 +188,7 @@ class WeightsSource(Worker):
             raise RuntimeError(f"push of version {self.version} failed: {report.failed}")
         return {
             "sent_bytes": report.sent_bytes,
+            "shared_bytes": report.shared_bytes,
             "modes": dict(report.modes),
             "base_bytes": report.base_bytes,
             "seconds": report.seconds,
