@@ -34,14 +34,16 @@ def test_the_automatic_bucket_size_cuts_a_model_into_about_32_buckets() -> None:
     ]
     assert auto_bucket_bytes(big) == 16 << 20
     assert len(Layout.build(big, auto_bucket_bytes(big)).buckets) == 60
-    # 10 MB of bf16 (a small model): 256 KiB buckets, about 40 of them, so a chain pipelines
+    # 10 MB of bf16 (a small model): 2 MiB buckets, five of them (smaller ones cost more
+    # in per-bucket work than a longer pipeline saves)
     small = [Entry("a", (5_000_000,), "torch.bfloat16")]
-    assert auto_bucket_bytes(small) == 256 << 10
-    assert len(Layout.build(small, auto_bucket_bytes(small)).buckets) == 39
-    # the bounds: never under 256 KiB, never over 32 MiB, whatever the size
-    assert auto_bucket_bytes([Entry("t", (3,), "torch.float32")]) == 256 << 10
+    assert auto_bucket_bytes(small) == 2 << 20
+    assert len(Layout.build(small, auto_bucket_bytes(small)).buckets) == 5
+    # the bounds: never under 2 MiB, never over 32 MiB, whatever the size
+    assert auto_bucket_bytes([Entry("t", (3,), "torch.float32")]) == 2 << 20
     assert auto_bucket_bytes([Entry("h", (1 << 34,), "torch.float32")]) == 32 << 20
     assert auto_bucket_bytes([Entry("m", (40 << 20,), "torch.float32")]) == 4 << 20
+    assert auto_bucket_bytes([Entry("n", (16 << 20,), "torch.float32")]) == 2 << 20
 
 
 def test_buckets_split_large_tensors_keep_dtypes_apart_and_cover_every_value() -> None:

@@ -33,7 +33,9 @@ HEADER_BYTES = 4096
 MAX_CHILDREN = HEADER_BYTES // 64 - 1
 """Children one arena lends to at most (the rest get their buckets by value)."""
 _ID_BYTES = 16
-_POLL = 0.0005  # seconds between looks at the children's counters while buckets are lent
+_POLL = 0.0005  # seconds between looks while waiting for the lent buckets at the end
+_POLL_FIRST = 0.00005  # the watcher's first look after a change; it backs off to _POLL_MAX
+_POLL_MAX = 0.001
 
 
 class Liveness(Protocol):
@@ -192,8 +194,10 @@ class Lender:
     """Frees lent bucket slots as the children finish reading them (one holder, one run).
 
     Each lent bucket's release waits in its child's queue; a thread looks at the
-    children's counters every :data:`_POLL` seconds while something is lent, and frees
-    everything a child holds as soon as its pair group reports it gone.
+    children's counters while something is lent (50 us after a change, backing off to
+    1 ms while nothing changes: small buckets come back within tens of microseconds,
+    large ones in milliseconds), and frees everything a child holds as soon as its pair
+    group reports it gone.
     """
 
     def __init__(self, arena: Arena) -> None:
@@ -261,6 +265,7 @@ class Lender:
             self._thread.join(5.0)
 
     def _watch(self) -> None:
+        pause = _POLL_FIRST
         while True:
             freed: list[Callable[[], None]] = []
             with self._lock:
@@ -268,6 +273,7 @@ class Lender:
                     return
                 if not any(self._pending.values()):
                     self._lock.wait()
+                    pause = _POLL_FIRST
                     continue
                 for child, queue in self._pending.items():
                     if not queue:
@@ -280,5 +286,8 @@ class Lender:
                         done += 1
             for release in freed:
                 release()
-            if not freed:
-                time.sleep(_POLL)
+            if freed:
+                pause = _POLL_FIRST
+            else:
+                time.sleep(pause)
+                pause = min(2 * pause, _POLL_MAX)
