@@ -110,6 +110,11 @@ def test_each_step_records_the_bytes_of_its_weight_sync(runs: dict[str, Any]) ->
         for r in run["records"]:
             full = full or r["weights_full_bytes"]
             assert r["weights_full_bytes"] == full >= 4 * 100_000  # fp32, about 0.1 M values
-            assert r["weights_sent_bytes"] == full  # no deltas: one full copy out of trainer 0
+            # no deltas: one full copy out of trainer 0, over the link to the first rollout
+            # node when spread; through its shared arena, on one node
+            if placement == "spread":
+                assert (r["weights_sent_bytes"], r["weights_shared_bytes"]) == (full, 0)
+            else:
+                assert (r["weights_sent_bytes"], r["weights_shared_bytes"]) == (0, full)
             assert r["weights"] > 0
         assert "| 2 | p2p | " in run["report"]  # each step against 1.5 x bytes / rate

@@ -120,6 +120,7 @@ def record(stack: str, step: int, start: float, result: StepResult) -> tuple[Ste
     push = trained[0].get("push")  # p2p's PushReport: what the weight sync sent
     if push is not None:
         rec["weights_sent_bytes"] = push["sent_bytes"]
+        rec["weights_shared_bytes"] = push["shared_bytes"]
         rec["weights_full_bytes"] = push["full_bytes"]
         rec["weights_modes"] = push["modes"]
     elif "weights_bytes" in trained[0]:  # Ray's: the state dict trainer 0 put

@@ -336,6 +336,7 @@ class RLTrainer(Worker):
         assert isinstance(report, PushReport)
         sent: PushSent = {
             "sent_bytes": report.sent_bytes,
+            "shared_bytes": report.shared_bytes,
             "full_bytes": report.full_bytes,
             "buckets": report.buckets,
             "modes": dict(report.modes),

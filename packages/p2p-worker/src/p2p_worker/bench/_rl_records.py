@@ -30,6 +30,7 @@ class PushSent(TypedDict):
     """What trainer 0's weight push sent (a ``PushReport`` as plain values)."""
 
     sent_bytes: int
+    shared_bytes: int
     full_bytes: int
     buckets: int
     modes: dict[str, int]
@@ -77,6 +78,7 @@ class StepRecord(Phases):
     sequences: int
     dropped: int
     weights_sent_bytes: NotRequired[int]
+    weights_shared_bytes: NotRequired[int]
     weights_full_bytes: NotRequired[int]
     weights_modes: NotRequired[dict[str, int]]
     lost_worker: NotRequired[bool]

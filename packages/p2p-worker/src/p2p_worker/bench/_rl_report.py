@@ -137,8 +137,9 @@ def render_markdown(records: Sequence[StepRecord], meta: RLMeta) -> str:
 def link_lines(records: Sequence[StepRecord], mbps: float) -> list[str]:
     """Each step's weight sync against ``1.5 x bytes / rate`` of a ``mbps`` link, as Markdown.
 
-    The bytes are what trainer 0 sent (p2p: the push's ``sent_bytes``, deltas when on;
-    Ray: one copy of the state dict it put, ``weights_full_bytes``).
+    The bytes are what trainer 0 handed out (p2p: the push's ``sent_bytes`` plus what it
+    shared with rollout workers on its own node, ``shared_bytes``; deltas when on; Ray:
+    one copy of the state dict it put, ``weights_full_bytes``).
 
     Example:
         >>> rec = {"stack": "p2p", "step": 1, "weights": 0.02, "weights_sent_bytes": 10**6}
@@ -156,6 +157,8 @@ def link_lines(records: Sequence[StepRecord], mbps: float) -> list[str]:
     ]
     for r in sorted(records, key=lambda r: (r["step"], STACKS.index(r["stack"]))):
         sent = r.get("weights_sent_bytes", r.get("weights_full_bytes"))
+        if sent is not None:
+            sent += r.get("weights_shared_bytes", 0)
         if not sent:
             continue
         ideal = sent / rate
