@@ -34,6 +34,14 @@ class Tiny(torch.nn.Module):
         self.steps = self.steps.long()
 
 
+def set_lending(on: bool) -> None:
+    """Take part in same-node sharing or not (``P2P_WEIGHTS_LEND`` in this process)."""
+    if on:
+        os.environ.pop("P2P_WEIGHTS_LEND", None)
+    else:
+        os.environ["P2P_WEIGHTS_LEND"] = "0"
+
+
 class Trainer(Worker):
     def __init__(self) -> None:
         super().__init__()
@@ -63,6 +71,9 @@ class Trainer(Worker):
             "full": report.full_bytes,
             "base": report.base_bytes,
         }
+
+    def lend(self, on: bool) -> None:
+        set_lending(on)
 
     def push_failing(self, version: int, **kwargs: Any) -> dict[str, Any]:
         try:
@@ -127,11 +138,7 @@ class Rollout(Worker):
             return {"torn": exc.torn, "text": str(exc), "held": self.weight_version()}
 
     def lend(self, on: bool) -> None:
-        """Take part in same-node lending or not (``P2P_WEIGHTS_LEND`` in this process)."""
-        if on:
-            os.environ.pop("P2P_WEIGHTS_LEND", None)
-        else:
-            os.environ["P2P_WEIGHTS_LEND"] = "0"
+        set_lending(on)
 
     def corrupt(self, key: str) -> None:
         with torch.no_grad():
@@ -180,9 +187,12 @@ def test_push_to_three_targets_in_place_cast_versioned_and_checked(cluster: Clus
         assert dst["embed.weight"].dtype == torch.bfloat16
         assert dst["norm.weight"].dtype == torch.float32
     # version 2: two tensors change; unchanged buckets do not travel, changed ones as deltas
+    # (with sharing off on the source, the targets form a chain, as across nodes)
+    trainer.lend(False).wait(60)
     trainer.step(2, ["block.weight", "steps"]).wait(60)
     pushed, pulled = sync(trainer, rollout, 2, use_async=True)
     assert [p["version"] for p in pulled] == [2, 2, 2]
+    assert pushed["shared"] == 0
     assert pushed["modes"]["same"] > 0
     assert pushed["modes"]["delta"] > 0
     assert pushed["sent"] < pushed["full"] // 2
@@ -201,6 +211,7 @@ def test_push_to_three_targets_in_place_cast_versioned_and_checked(cluster: Clus
     rollout.execute_on(1).corrupt("block.weight").wait(60)
     pulls = rollout.pull_failing()
     failed = trainer.push_failing(4, fanout=2).wait(120)[0]
+    trainer.lend(True).wait(60)
     got = pulls.wait(120)
     assert got[0] == {"version": 4}
     assert got[2] == {"version": 4}
@@ -210,10 +221,14 @@ def test_push_to_three_targets_in_place_cast_versioned_and_checked(cluster: Clus
         assert word in got[1]["text"]
     assert list(failed["failed"]) == ["wrollout:1"]
     assert failed["version"] == 4
-    # version 5: the next push repairs the torn target
+    # version 5: the next push repairs the torn target; sharing is on again, so a changed
+    # bucket is read in full from the source's arena rather than encoded as a delta
     trainer.step(5, ["out.weight"]).wait(60)
-    _, pulled = sync(trainer, rollout, 5)
+    pushed, pulled = sync(trainer, rollout, 5)
     assert [p["version"] for p in pulled] == [5, 5, 5]
+    assert set(pushed["modes"]) == {"same", "full"}
+    assert pushed["sent"] == 0
+    assert 0 < pushed["shared"] < pushed["full"] // 2
     src = trainer.state().wait(60)[0]
     for dst in rollout.state().wait(60):
         assert_same(src, dst)

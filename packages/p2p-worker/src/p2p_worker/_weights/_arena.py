@@ -28,6 +28,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from p2p_collective import CollectiveConfig
+
 HEADER_BYTES = 4096
 """The header page: the arena id (16 bytes at 0), then one 64-byte line per child."""
 MAX_CHILDREN = HEADER_BYTES // 64 - 1
@@ -118,6 +120,16 @@ def lending_off() -> str | None:
 
 
 _OFF = ("0", "false", "no", "off")
+
+
+def lending(config: CollectiveConfig) -> bool:
+    """Whether a source with this collective ``config`` lets same-node targets share.
+
+    Not when the collective moves nothing through shared memory, when its links are
+    emulated (every process then stands for a node of its own), or when
+    ``P2P_WEIGHTS_LEND=0`` is in the source's environment.
+    """
+    return config.shared_memory and config.net_emulation is None and lending_off() is None
 
 
 def fit_arena(arena: Arena | None, regions: int, region_bytes: int) -> Arena:

@@ -24,7 +24,7 @@ from p2p_asyncwork import AsyncWork, wait_any
 from p2p_asyncwork.internal import check_timeout
 from p2p_collective import Collective, CollectiveGroup, PeerError
 from p2p_worker._weights import _messages as m
-from p2p_worker._weights._arena import Arena, Lender, fit_arena, lending_off
+from p2p_worker._weights._arena import Arena, Lender, fit_arena, lending
 from p2p_worker._weights._codec import checksum, encode_delta
 from p2p_worker._weights._edges import (
     Edges,
@@ -246,7 +246,7 @@ class WeightSender:
             self._me,
             [(n, h.node, len(stale[n])) for n, h in hellos.items()],
             self.fanout,
-            lend=lending(self._coll),
+            lend=lending(self._coll.config),
             source_node=self._node,
         )
         self._count += 1
@@ -364,7 +364,10 @@ class WeightSender:
         serial work and, with many targets sharing few cores, the pace of the whole
         relay; two buckets are prepared at once (the heavy steps release the GIL).
         Each bucket is prepared once for all the source's children: as a delta where a
-        child holds its base, and in full for a child that does not.
+        child holds its base, and in full for a child that does not. When every child
+        reads the source's arena, no delta is encoded at all: reading a changed bucket in
+        full from shared memory costs a child about what applying its delta would, and
+        the source saves the delta scan (it only compares the bucket with its base).
         """
         children = [c for c in tree.children(self._me) if c not in report.failed]
         lender = self._lender(layout, tree, children, report)
@@ -380,6 +383,7 @@ class WeightSender:
             for c in children
         ]
         stale_of = {c: set(stale.get(c, ())) for c in children}
+        encode = any(c not in tree.lent for c in children)
         arena = None if lender is None else lender.arena
         slots = Slots(INFLIGHT, self._pools.get(layout), arena)
         held_gen = self._base_gen
@@ -406,7 +410,8 @@ class WeightSender:
                 lacking = sum(i in stale_of[c] for c in children)
                 held = held_gen is not None and lacking < len(children)
                 release = slots.take(len(boxes), deadline, f"bucket {i}")
-                job = workers.submit(self._prepare, bucket, src, release, held, lacking > 0)
+                need = (held, lacking > 0, encode)
+                job = workers.submit(self._prepare, bucket, src, release, *need)
                 preparing.append((release, job))
                 hand_over(PREPARERS - 1)
             hand_over(0)
@@ -441,11 +446,18 @@ class WeightSender:
         return Lender(self._arena)
 
     def _prepare(
-        self, bucket: Bucket, src: list[torch.Tensor], slot: Slot, held: bool, full: bool
+        self,
+        bucket: Bucket,
+        src: list[torch.Tensor],
+        slot: Slot,
+        held: bool,
+        full: bool,
+        encode: bool,
     ) -> _Prepared:
         """Bucket ``bucket``'s header and payload, and its new bits (None when not needed).
 
-        ``held``: some child holds its base; ``full``: some child does not. Updates the base.
+        ``held``: some child holds its base; ``full``: some child does not; ``encode``:
+        some child takes deltas. Updates the base.
         """
         i = bucket.index
         base = self._base[i]
@@ -453,7 +465,7 @@ class WeightSender:
             return m.Header(i, m.SAME, self._crcs[i], None, 0), None, None
         new = gather(bucket, src, slot.buffer(bucket.numel, bucket.dtype))
         crc = checksum(new)
-        head, payload = self._encode(i, new, base, crc, held, bucket.nbytes)
+        head, payload = self._encode(i, new, base, crc, held, encode, bucket.nbytes)
         if not self.delta:
             self._base[i] = None
         elif base is None:
@@ -470,18 +482,24 @@ class WeightSender:
         base: torch.Tensor | None,
         crc: int,
         held: bool,
+        encode: bool,
         nbytes: int,
     ) -> tuple[m.Header, torch.Tensor | None]:
-        """How bucket ``index`` travels to a target that holds (``held``) its base or not."""
-        if base is not None and held:
-            if self.delta:  # its scan finds "nothing changed" too: no separate compare
-                meta, payload, wire = encode_delta(new, base, self.codec, self.level)
-                if meta["changed"] == 0:
-                    return m.Header(index, m.SAME, crc, None, 0), None
-                if wire < nbytes:
-                    return m.Header(index, m.DELTA, crc, meta, payload.numel()), payload
-            elif torch.equal(new.view(torch.uint8), base.view(torch.uint8)):
+        """How bucket ``index`` travels to the children that hold its base.
+
+        ``held``: some child does; ``encode``: some child takes deltas. Unchanged, as a
+        delta, or in full.
+        """
+        if base is None or not held:
+            return m.Header(index, m.FULL, crc, None, nbytes), new
+        if encode:  # its scan finds "nothing changed" too: no separate compare
+            meta, payload, wire = encode_delta(new, base, self.codec, self.level)
+            if meta["changed"] == 0:
                 return m.Header(index, m.SAME, crc, None, 0), None
+            if wire < nbytes:
+                return m.Header(index, m.DELTA, crc, meta, payload.numel()), payload
+        elif torch.equal(new.view(torch.uint8), base.view(torch.uint8)):
+            return m.Header(index, m.SAME, crc, None, 0), None
         return m.Header(index, m.FULL, crc, None, nbytes), new
 
     def _lost(self, child: str, exc: BaseException) -> None:
@@ -563,17 +581,6 @@ class WeightSender:
         )
         err.report = report  # type: ignore[attr-defined]
         return err
-
-
-def lending(collective: Collective) -> bool:
-    """Whether same-node targets may read buckets from an arena.
-
-    Not when the collective moves nothing through shared memory, when its links are
-    emulated (every process then stands for a node of its own), or when
-    ``P2P_WEIGHTS_LEND=0`` is in the source's environment.
-    """
-    config = collective.config
-    return bool(config.shared_memory) and config.net_emulation is None and not lending_off()
 
 
 def _check_source(
