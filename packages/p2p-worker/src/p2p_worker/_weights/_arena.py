@@ -49,7 +49,32 @@ class Liveness(Protocol):
         ...
 
 
-class Arena:
+class _Mapped:
+    """A mapping of an arena's file: its bytes, and the header's counter per child line."""
+
+    def __init__(self, mm: mmap.mmap) -> None:
+        self._mm: mmap.mmap | None = mm
+        self._bytes = torch.frombuffer(mm, dtype=torch.uint8)
+        self._counters = np.frombuffer(mm, dtype=np.uint64, count=HEADER_BYTES // 8)
+
+    def _count(self, child: int, value: int | None = None) -> int:
+        """Child line ``child``'s count (set to ``value`` first, when given)."""
+        at = (child + 1) * 8  # one 64-byte line per child, after the id's line
+        if value is not None:
+            self._counters[at] = value
+        return int(self._counters[at])
+
+    def _unmap(self) -> None:
+        """Drop the views and unmap (deferred to garbage collection while a view survives)."""
+        self._counters = np.zeros(0, dtype=np.uint64)
+        self._bytes = torch.zeros(0, dtype=torch.uint8)
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            with contextlib.suppress(BufferError):
+                mm.close()
+
+
+class Arena(_Mapped):
     """The holder's shared file: ``regions`` bucket regions of ``region_bytes`` each.
 
     Raises:
@@ -65,14 +90,12 @@ class Arena:
         self.fd = os.memfd_create("p2p-weights", os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, self.nbytes)
-            self._mm: mmap.mmap | None = mmap.mmap(self.fd, self.nbytes)
+            super().__init__(mmap.mmap(self.fd, self.nbytes))
         except BaseException:
             os.close(self.fd)
             raise
-        self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
         stamp = torch.frombuffer(bytearray(self.id.encode()), dtype=torch.uint8)
         self._bytes[:_ID_BYTES].copy_(stamp)
-        self._counters = np.frombuffer(self._mm, dtype=np.uint64, count=HEADER_BYTES // 8)
         self._base = self._bytes.data_ptr()
         self.dirty = False
         """Set when a child may still read a region the holder gave up on: never reuse it."""
@@ -95,20 +118,16 @@ class Arena:
 
     def reset(self, child: int) -> None:
         """Set child line ``child``'s count to 0 (before the child is told of the arena)."""
-        self._counters[(child + 1) * 8] = 0
+        self._count(child, 0)
 
     def finished(self, child: int) -> int:
         """How many lent buckets child line ``child`` has finished reading."""
-        return int(self._counters[(child + 1) * 8])
+        return self._count(child)
 
     def close(self) -> None:
         """Unmap and close (children that still map it keep their pages until they unmap)."""
-        self._counters = np.zeros(0, dtype=np.uint64)
-        self._bytes = torch.zeros(0, dtype=torch.uint8)
-        mm, self._mm = self._mm, None
-        if mm is not None:
-            with contextlib.suppress(BufferError):
-                mm.close()
+        if self._mm is not None:
+            self._unmap()
             with contextlib.suppress(OSError):
                 os.close(self.fd)
 
@@ -150,7 +169,7 @@ def fit_arena(arena: Arena | None, regions: int, region_bytes: int) -> Arena:
     return Arena(regions, region_bytes)
 
 
-class Borrowed:
+class Borrowed(_Mapped):
     """A child's mapping of its holder's arena.
 
     Raises:
@@ -166,15 +185,13 @@ class Borrowed:
             size = os.fstat(own).st_size
             if size != nbytes:
                 raise ValueError(f"{path} holds {size} bytes, the arena {nbytes}")
-            self._mm: mmap.mmap | None = mmap.mmap(own, nbytes)
+            super().__init__(mmap.mmap(own, nbytes))
         finally:
             os.close(own)
-        self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
         got = bytes(self._bytes[:_ID_BYTES].tolist())
         if got != arena_id.encode():
             self.close()
             raise ValueError(f"{path} is not arena {arena_id} (it holds {got!r})")
-        self._counters = np.frombuffer(self._mm, dtype=np.uint64, count=HEADER_BYTES // 8)
         self.nbytes = nbytes
 
     def view(self, offset: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -190,16 +207,11 @@ class Borrowed:
 
     def finish(self, child: int, count: int) -> None:
         """Tell the holder that this child has finished reading ``count`` lent buckets."""
-        self._counters[(child + 1) * 8] = count
+        self._count(child, count)
 
     def close(self) -> None:
         """Unmap (deferred to garbage collection while a view of it survives)."""
-        self._counters = np.zeros(0, dtype=np.uint64)
-        self._bytes = torch.zeros(0, dtype=torch.uint8)
-        mm, self._mm = self._mm, None
-        if mm is not None:
-            with contextlib.suppress(BufferError):
-                mm.close()
+        self._unmap()
 
 
 class Lender:
