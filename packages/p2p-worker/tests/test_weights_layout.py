@@ -26,14 +26,14 @@ from p2p_worker._weights._pipeline import BucketPools, Slots
 from p2p_worker._weights._topology import build_tree
 
 
-def test_the_automatic_bucket_size_cuts_a_model_into_about_32_buckets() -> None:
-    # ~1 GB of bf16 (Qwen2.5-0.5B's size): the 32 MiB cap is not reached, 16 MiB buckets.
+def test_the_automatic_bucket_size_cuts_a_model_into_about_16_buckets() -> None:
+    # ~1 GB of bf16 (Qwen2.5-0.5B's size): 32 MiB buckets, the cap.
     big = [
         Entry("embed", (151_936, 896), "torch.bfloat16"),
         Entry("w", (360_000_000,), "torch.bfloat16"),
     ]
-    assert auto_bucket_bytes(big) == 16 << 20
-    assert len(Layout.build(big, auto_bucket_bytes(big)).buckets) == 60
+    assert auto_bucket_bytes(big) == 32 << 20
+    assert len(Layout.build(big, auto_bucket_bytes(big)).buckets) == 30
     # 10 MB of bf16 (a small model): 2 MiB buckets, five of them (smaller ones cost more
     # in per-bucket work than a longer pipeline saves)
     small = [Entry("a", (5_000_000,), "torch.bfloat16")]
@@ -42,8 +42,9 @@ def test_the_automatic_bucket_size_cuts_a_model_into_about_32_buckets() -> None:
     # the bounds: never under 2 MiB, never over 32 MiB, whatever the size
     assert auto_bucket_bytes([Entry("t", (3,), "torch.float32")]) == 2 << 20
     assert auto_bucket_bytes([Entry("h", (1 << 34,), "torch.float32")]) == 32 << 20
-    assert auto_bucket_bytes([Entry("m", (40 << 20,), "torch.float32")]) == 4 << 20
-    assert auto_bucket_bytes([Entry("n", (16 << 20,), "torch.float32")]) == 2 << 20
+    assert auto_bucket_bytes([Entry("m", (40 << 20,), "torch.float32")]) == 8 << 20
+    assert auto_bucket_bytes([Entry("n", (16 << 20,), "torch.float32")]) == 4 << 20
+    assert auto_bucket_bytes([Entry("p", (8 << 20,), "torch.float32")]) == 2 << 20
 
 
 def test_buckets_split_large_tensors_keep_dtypes_apart_and_cover_every_value() -> None:

@@ -111,8 +111,8 @@ class WeightSyncMixin:
             timeout: Seconds for the whole push.
             join_timeout: Seconds to wait for every target's hello (a target that does
                 not pull in time is left out and reported).
-            bucket_bytes: Bucket size (default: about 1/32 of the model, from 256 KiB to
-                32 MiB, so the relay pipelines even a small model); kept.
+            bucket_bytes: Bucket size (default: about 1/16 of the model, from 2 MiB to
+                32 MiB, so the relay pipelines a large model); kept.
             fanout: Children per target in the relay (default 1, a chain); kept.
             delta: Keep a delta base, one copy of the model in the targets' dtypes
                 (default True); kept.

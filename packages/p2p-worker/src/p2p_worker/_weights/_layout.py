@@ -19,7 +19,7 @@ DEFAULT_BUCKET_BYTES = 32 << 20
 """The largest automatic bucket size: 32 MiB of the targets' dtype."""
 MIN_AUTO_BUCKET_BYTES = 2 << 20
 """The smallest automatic bucket size: 2 MiB."""
-AUTO_BUCKETS = 32
+AUTO_BUCKETS = 16
 """An automatic bucket size aims at this many buckets per model (see :func:`auto_bucket_bytes`)."""
 
 
@@ -146,22 +146,27 @@ class Layout:
 
 
 def auto_bucket_bytes(entries: Sequence[Entry]) -> int:
-    """The bucket size used when none is set: about 1/32 of the model, 2 MiB to 32 MiB.
+    """The bucket size used when none is set: about 1/16 of the model, 2 MiB to 32 MiB.
 
     A relay is a pipeline of buckets: with ``B`` buckets through a chain of ``N``
     targets the last one has the model after about ``(B + N - 1) / B`` times the time of
     one hop, so a model must span many buckets for the chain to cost little more than one
-    copy (32 buckets: 1.19x through a chain of seven). The size is the largest power of
-    two at most ``total / 32``, kept between 2 MiB and 32 MiB (the memory bound of a
-    target, a few buckets, stays small). Below 2 MiB the per-bucket work (a header to
-    each child, a slot, a checksum call, a thread hand-off on each side: about 1 ms of
-    CPU per bucket and target on the development VM) outweighs what a longer pipeline
-    saves: a 20 MB model pushed to four targets on one node took 65-80 ms in 512 KiB
-    buckets and 37-40 ms in 2 MiB ones; through a chain of three 1 Gbit/s hops a 10 MB
-    model in five buckets costs about 1.4 copies' time instead of 1.05, about 25 ms.
+    copy (30 buckets of 32 MiB for a 1 GB model: 1.2x through a chain of seven, 1.22x
+    measured). The size is the largest power of two at most ``total / 16``, kept between
+    2 MiB and 32 MiB (the memory bound of a target, a few buckets, stays small). Every
+    bucket costs each target a fixed amount of work besides its bytes, so fewer buckets
+    leave more of a core for the bytes: seven targets taking a 1 GB model's delta at
+    1 Gbit/s (CPU-bound on two cores) took 2.18-2.40 s in 32 MiB buckets and 2.04-2.79 s
+    in 16 MiB ones, the full push 9.6 s instead of 9.0 s. Below 2 MiB the per-bucket
+    work (a header to each child, a slot, a checksum call, a thread hand-off on each side:
+    about 1 ms of CPU per bucket and target on the development VM) outweighs what a
+    longer pipeline saves: a 20 MB model pushed to four targets on one node took 65-80 ms
+    in 512 KiB buckets and 37-40 ms in 2 MiB ones; through a chain of three 1 Gbit/s hops
+    a 10 MB model in five buckets costs about 1.4 copies' time instead of 1.05, about
+    25 ms.
 
     Example:
-        >>> auto_bucket_bytes([Entry("w", (1 << 28,), "torch.bfloat16")]) == 16 << 20
+        >>> auto_bucket_bytes([Entry("w", (1 << 26,), "torch.bfloat16")]) == 8 << 20
         True
         >>> auto_bucket_bytes([Entry("w", (1000,), "torch.float32")]) == 2 << 20
         True

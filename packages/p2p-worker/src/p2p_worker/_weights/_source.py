@@ -70,7 +70,7 @@ class WeightSender:
         targets: ``targets(deadline) -> list of target address names``.
         sync: The sync's name, the same on both sides.
         bucket_bytes: Bucket size in bytes of the targets' dtype (None: chosen per model
-            by ``auto_bucket_bytes``, about 1/32 of it, 256 KiB to 32 MiB).
+            by ``auto_bucket_bytes``, about 1/16 of it, 2 MiB to 32 MiB).
         fanout: Children per target in the relay (1: a chain).
         delta: Keep a delta base (one copy of the model in the targets' dtypes) so that
             unchanged buckets are not sent and changed ones travel as bit-level deltas
