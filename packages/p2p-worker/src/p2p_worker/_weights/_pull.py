@@ -390,21 +390,24 @@ class PullRun:
             Exception: The bucket could not be applied (recorded in ``errors`` first).
         """
         try:
-            if lent:
-                self._apply_lent(index, head, payload)
-                return None
-            return self._apply_checked(index, head, payload, slot, copy)
+            return self._apply_checked(index, head, payload, slot, copy, lent)
         except Exception as exc:
             self.cause = exc
             self.errors.append(f"bucket {index} ({head.mode}) could not be applied: {exc}")
             raise
 
     def _apply_checked(
-        self, index: int, head: m.Header, payload: torch.Tensor | None, slot: Slot, copy: bool
+        self,
+        index: int,
+        head: m.Header,
+        payload: torch.Tensor | None,
+        slot: Slot,
+        copy: bool,
+        lent: bool,
     ) -> torch.Tensor | None:
         bucket = self.layout.buckets[index]
         gens = self.st.gens
-        if head.mode == m.FULL:  # checked in its buffer, written only when right
+        if head.mode == m.FULL and not lent:  # checked in its buffer, written only when right
             assert payload is not None
             got = checksum(payload)
             if got != head.crc:
@@ -412,9 +415,13 @@ class PullRun:
                 return payload
             gens[index] = None  # while it is written
             scatter(bucket, payload, self.own)
-        else:  # a delta is written in place, over the own tensors, then checked there
+        else:  # a delta or a lent bucket is written over the own tensors, checked there
             own = pieces(bucket, self.own)
-            if head.mode == m.DELTA:
+            if lent:  # the check reads what this worker holds, not the parent's arena
+                assert payload is not None
+                gens[index] = None  # from here until the check passes
+                scatter(bucket, payload, self.own)
+            elif head.mode == m.DELTA:
                 assert payload is not None
                 assert head.meta is not None
                 gens[index] = None  # from here until the check passes
@@ -431,25 +438,6 @@ class PullRun:
         done, total = self.st.progress
         self.st.progress = (done + 1, total)
         return payload
-
-    def _apply_lent(self, index: int, head: m.Header, view: torch.Tensor | None) -> None:
-        """Copy a lent bucket from the parent's arena into the own tensors, then check them.
-
-        The check reads what this worker now holds, not the arena: whatever happened to
-        the arena meanwhile, a bucket that passes holds the source's bits.
-        """
-        assert view is not None
-        bucket = self.layout.buckets[index]
-        gens = self.st.gens
-        gens[index] = None  # from here until the check passes
-        scatter(bucket, view, self.own)
-        got = checksum(pieces(bucket, self.own))
-        if got != head.crc:
-            self._mismatch(index, head, got, "the bucket holds no version it can prove")
-            return
-        gens[index] = self.plan.gen
-        done, total = self.st.progress
-        self.st.progress = (done + 1, total)
 
     def _mismatch(self, index: int, head: m.Header, got: int, then: str) -> None:
         self.errors.append(
