@@ -47,6 +47,20 @@ def test_the_automatic_bucket_size_cuts_a_model_into_about_16_buckets() -> None:
     assert auto_bucket_bytes([Entry("p", (8 << 20,), "torch.float32")]) == 2 << 20
 
 
+def test_a_relay_across_a_network_takes_smaller_buckets_about_32_per_model() -> None:
+    # across nodes a hop costs a bucket's wire time: the same 10 MB in 512 KiB buckets
+    small = [Entry("a", (5_000_000,), "torch.bfloat16")]
+    assert auto_bucket_bytes(small, network=True) == 512 << 10
+    assert len(Layout.build(small, auto_bucket_bytes(small, network=True)).buckets) == 20
+    # a 1 GB model: 16 MiB buckets (60 of them); the cap stays 32 MiB
+    big = [Entry("w", (500_000_000,), "torch.bfloat16")]
+    assert auto_bucket_bytes(big, network=True) == 16 << 20
+    assert auto_bucket_bytes([Entry("h", (1 << 34,), "torch.float32")], network=True) == 32 << 20
+    assert auto_bucket_bytes([Entry("m", (40 << 20,), "torch.float32")], network=True) == 4 << 20
+    # the floor: never under 512 KiB
+    assert auto_bucket_bytes([Entry("t", (3,), "torch.float32")], network=True) == 512 << 10
+
+
 def test_buckets_split_large_tensors_keep_dtypes_apart_and_cover_every_value() -> None:
     entries = [
         Entry("a", (3000,), "torch.bfloat16"),  # 6000 bytes: spans two 4 KiB buckets

@@ -111,8 +111,10 @@ class WeightSyncMixin:
             timeout: Seconds for the whole push.
             join_timeout: Seconds to wait for every target's hello (a target that does
                 not pull in time is left out and reported).
-            bucket_bytes: Bucket size (default: about 1/16 of the model, from 2 MiB to
-                32 MiB, so the relay pipelines a large model); kept.
+            bucket_bytes: Bucket size (default: chosen per push, so the relay pipelines
+                the model: about 1/32 of it, at least 512 KiB, when some target is on
+                another node; about 1/16, at least 2 MiB, when all are on this one; at
+                most 32 MiB); kept.
             fanout: Children per target in the relay (default 1, a chain); kept.
             delta: Keep a delta base, one copy of the model in the targets' dtypes
                 (default True); kept.

@@ -18,9 +18,13 @@ import torch
 DEFAULT_BUCKET_BYTES = 32 << 20
 """The largest automatic bucket size: 32 MiB of the targets' dtype."""
 MIN_AUTO_BUCKET_BYTES = 2 << 20
-"""The smallest automatic bucket size: 2 MiB."""
+"""The smallest automatic bucket size when every target is on the source's node: 2 MiB."""
 AUTO_BUCKETS = 16
 """An automatic bucket size aims at this many buckets per model (see :func:`auto_bucket_bytes`)."""
+MIN_RELAY_BUCKET_BYTES = 512 << 10
+"""The smallest automatic bucket size when the relay crosses a network: 512 KiB."""
+RELAY_BUCKETS = 32
+"""Buckets per model an automatic size aims at when the relay crosses a network."""
 
 
 @dataclass(frozen=True)
@@ -145,35 +149,47 @@ class Layout:
         return cls(tuple(entries), buckets, bucket_bytes, digest)
 
 
-def auto_bucket_bytes(entries: Sequence[Entry]) -> int:
-    """The bucket size used when none is set: about 1/16 of the model, 2 MiB to 32 MiB.
+def auto_bucket_bytes(entries: Sequence[Entry], network: bool = False) -> int:
+    """The bucket size used when none is set: a power of two, at most 32 MiB.
 
     A relay is a pipeline of buckets: with ``B`` buckets through a chain of ``N``
     targets the last one has the model after about ``(B + N - 1) / B`` times the time of
     one hop, so a model must span many buckets for the chain to cost little more than one
     copy (30 buckets of 32 MiB for a 1 GB model: 1.2x through a chain of seven, 1.22x
-    measured). The size is the largest power of two at most ``total / 16``, kept between
-    2 MiB and 32 MiB (the memory bound of a target, a few buckets, stays small). Every
-    bucket costs each target a fixed amount of work besides its bytes, so fewer buckets
-    leave more of a core for the bytes: seven targets taking a 1 GB model's delta at
-    1 Gbit/s (CPU-bound on two cores) took 2.18-2.40 s in 32 MiB buckets and 2.04-2.79 s
-    in 16 MiB ones, the full push 9.6 s instead of 9.0 s. Below 2 MiB the per-bucket
-    work (a header to each child, a slot, a checksum call, a thread hand-off on each side:
-    about 1 ms of CPU per bucket and target on the development VM) outweighs what a
-    longer pipeline saves: a 20 MB model pushed to four targets on one node took 65-80 ms
-    in 512 KiB buckets and 37-40 ms in 2 MiB ones; through a chain of three 1 Gbit/s hops
-    a 10 MB model in five buckets costs about 1.4 copies' time instead of 1.05, about
-    25 ms.
+    measured). But every bucket also costs each target a fixed amount of work besides its
+    bytes (a header to each child, a slot, a checksum call, a thread hand-off on each
+    side: about 1 ms of CPU per bucket and target on the development VM), so the size
+    depends on what a bucket's hop costs:
+
+    * ``network`` (some target is on another node than the source, or links are
+      emulated): a hop is the bucket's wire time, so buckets are small, the largest power
+      of two at most ``total / 32``, at least 512 KiB. A 10 MB model through a chain of
+      three nodes on 1 Gbit/s cables took 0.120 s in five 2 MiB buckets, 0.091-0.092 s in
+      512 KiB ones and 0.094 s in 1 MiB ones (one copy's wire time: 0.079 s); in 256 KiB
+      buckets the per-bucket work took over (0.172 s).
+    * otherwise (every target on the source's node): a hop is a copy in memory, so
+      buckets are large, at most ``total / 16``, at least 2 MiB. A 20 MB model pushed to
+      four targets on one node took 65-80 ms in 512 KiB buckets and 37-40 ms in 2 MiB
+      ones.
+
+    Seven targets taking a 1 GB model's delta at 1 Gbit/s (CPU-bound on two cores) took
+    2.18-2.40 s in 32 MiB buckets and 2.04-2.79 s in 16 MiB ones.
 
     Example:
         >>> auto_bucket_bytes([Entry("w", (1 << 26,), "torch.bfloat16")]) == 8 << 20
         True
         >>> auto_bucket_bytes([Entry("w", (1000,), "torch.float32")]) == 2 << 20
         True
+        >>> auto_bucket_bytes([Entry("w", (1 << 26,), "torch.bfloat16")], network=True) == 4 << 20
+        True
     """
     total = sum(e.numel * _itemsize(dtype_of(e.dtype)) for e in entries)
-    size = MIN_AUTO_BUCKET_BYTES
-    while size * 2 <= min(total // AUTO_BUCKETS, DEFAULT_BUCKET_BYTES):
+    size, count = (
+        (MIN_RELAY_BUCKET_BYTES, RELAY_BUCKETS)
+        if network
+        else (MIN_AUTO_BUCKET_BYTES, AUTO_BUCKETS)
+    )
+    while size * 2 <= min(total // count, DEFAULT_BUCKET_BYTES):
         size *= 2
     return size
 
