@@ -1,7 +1,10 @@
 """``p2p-bench weights`` on four nodes (a head and three workers, every cable 1 Gbit/s).
 
 One driver run (``run``) runs ``p2p-bench weights --placement spread`` with every method:
-the trainer on node 0, rollout worker i on node 1 + i, the small model, a few steps. The
+the trainer on node 0, rollout worker i on node 1 + i, the small model, a few steps. A
+second one (``run_six``) runs p2p's two methods to six targets, two on each worker node:
+one of each pair is relayed, the other reads each bucket from its node-mate's shared
+memory. The
 tests check that every method left every target holding exactly the trainer's version,
 that the targets ran on the other nodes, that the JSON records are complete, that the
 wire bytes are plausible (p2p-full sends one copy, p2p-delta less) and, as a check that
@@ -37,20 +40,36 @@ FLAGS += ["--steps", str(STEPS), "--warmup", str(WARMUP), "--methods", ",".join(
 FLAGS += ["--timeout", "120"]
 
 
-@pytest.fixture(scope="module")
-def run(four_node_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+SIX = 6
+FLAGS_SIX = ["--model", "small", "--targets", str(SIX), "--lrs", "1e-5"]
+FLAGS_SIX += ["--steps", str(STEPS), "--warmup", str(WARMUP), "--methods", "p2p-delta,p2p-full"]
+FLAGS_SIX += ["--timeout", "120"]
+
+
+def _drive(cluster: Any, out: Path, flags: list[str]) -> dict[str, Any]:
     """The driver's result: the nodes and what ``p2p-bench weights`` wrote."""
     driver = Path(__file__).resolve().parent / "drivers" / "weights_driver.py"
-    out = tmp_path_factory.mktemp("weights4")
     start = time.perf_counter()
-    argv = [str(driver), str(out), f"{LINK_MBPS:g}", "--", *FLAGS]
-    res = four_node_cluster.run_driver(argv, timeout=180)
+    argv = [str(driver), str(out), f"{LINK_MBPS:g}", "--", *flags]
+    res = cluster.run_driver(argv, timeout=180)
     result: dict[str, Any] = res.check()
     print(f"\nfour-node weights driver: {time.perf_counter() - start:.1f} s")
     print(result.get("report", "(no report)"))
     assert "error" not in result, result["error"]
     assert "records" in result, result  # the bench wrote nothing: its output says why
     return result
+
+
+@pytest.fixture(scope="module")
+def run(four_node_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every method to three targets, one per worker node."""
+    return _drive(four_node_cluster, tmp_path_factory.mktemp("weights4"), FLAGS)
+
+
+@pytest.fixture(scope="module")
+def run_six(four_node_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """p2p's methods to six targets, two per worker node."""
+    return _drive(four_node_cluster, tmp_path_factory.mktemp("weights6"), FLAGS_SIX)
 
 
 def _records(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -110,3 +129,22 @@ def test_no_method_beat_the_shaped_link(run: dict[str, Any]) -> None:
         one_copy = r["wire_bytes"] if method.startswith("p2p-") else r["full_bytes"]
         floor = 0.8 * one_copy * 8 / (LINK_MBPS * 1e6)
         assert min(r["seconds_each"]) >= floor, (method, r["seconds_each"], floor)
+
+
+def test_a_second_target_on_a_node_reads_its_node_mates_shared_memory(
+    four_node_cluster: Any, run_six: dict[str, Any]
+) -> None:
+    assert run_six["status"] == 0
+    ips = [n.ip for n in four_node_cluster.hosts]
+    records = _records(run_six)
+    assert sorted(records) == ["p2p-delta", "p2p-full"]
+    for method, r in records.items():
+        assert r["exact"], method
+        assert r["target_nodes"] == [ips[1 + i % 3] for i in range(SIX)], method
+    full = records["p2p-full"]
+    # one target per node is relayed; the other three read every bucket of a full push
+    # from their node-mate's arena, so no byte crosses a cable twice for them
+    assert full["buckets"] > 0
+    assert full["lent_buckets"] == 3 * full["buckets"]
+    model = 2 * 4_919_040  # the small model in bf16
+    assert 0.95 * model <= full["wire_bytes"] <= 1.05 * model

@@ -195,10 +195,16 @@ class _Cell:
         facts: VersionFacts = self.src.call("step").wait(timeout=self.opts.timeout)[0]
         return facts
 
-    def run(self, method: str, full_bytes: int) -> tuple[float, int, list[int]]:
-        """Move the current version with ``method``: ``(seconds, wire bytes, checksums)``."""
+    def run(self, method: str, full_bytes: int) -> tuple[float, int, list[int], tuple[int, int]]:
+        """Move the current version with ``method``.
+
+        Returns:
+            Seconds, wire bytes, every target's checksum, and for p2p the push's bucket
+            count and the buckets the targets read from shared memory (else zeros).
+        """
         timeout = self.opts.timeout
         n = self.targets
+        lent = (0, 0)
         t0 = time.perf_counter()
         if method in P2P_METHODS:
             sync = method.removeprefix("p2p-")
@@ -206,7 +212,8 @@ class _Cell:
             push = self.src.call("push_p2p", self.names[1], sync, sync == "delta", timeout)
             pushed: PushFacts = push.wait(timeout=timeout)[0]
             wire = int(pushed["sent_bytes"]) + int(pushed["shared_bytes"])  # lent: once
-            recv.wait(timeout=timeout)
+            read: list[int] = recv.wait(timeout=timeout)
+            lent = (sum(pushed["modes"].values()), sum(read))
         elif method == "sends":
             recv = self.dst.call("recv_one", self.names[0], timeout)
             serial = LINKS[self.link] is not None  # one shared egress: same total, less memory
@@ -242,7 +249,7 @@ class _Cell:
             sums = ray.get([d.checksum.remote() for d in self._rdt_actors()[1]], timeout=timeout)
         else:
             sums = self.dst.call("checksum").wait(timeout=timeout)
-        return seconds, wire, [int(s) for s in sums]
+        return seconds, wire, [int(s) for s in sums], lent
 
     def _rdt_actors(self) -> tuple[RdtSourceHandle, list[RdtTargetHandle]]:
         if self._rdt is None:
@@ -303,6 +310,7 @@ def run_weights(
                     times: dict[str, list[float]] = {m: [] for m in methods}
                     wires: dict[str, list[int]] = {m: [] for m in methods}
                     exact = dict.fromkeys(methods, True)
+                    lent: dict[str, tuple[int, int]] = dict.fromkeys(methods, (0, 0))
                     changed: list[float] = []
                     full = 0
                     try:
@@ -314,12 +322,13 @@ def run_weights(
                             if measured:
                                 changed.append(float(facts["changed"]))
                             for method in methods:
-                                secs, wire, sums = cell.run(method, full)
+                                secs, wire, sums, shared = cell.run(method, full)
                                 ok = all(s == facts["checksum"] for s in sums)
                                 exact[method] = exact[method] and ok
                                 if measured:
                                     times[method].append(secs)
                                     wires[method].append(wire)
+                                    lent[method] = shared
                                 say(
                                     f"  step {step} {method:<26} {secs:8.3f} s"
                                     f"  changed {facts['changed']:.2%}  exact {ok}"
@@ -345,6 +354,8 @@ def run_weights(
                                 seconds_each=times[method],
                                 source_node=cell.source_node,
                                 target_nodes=list(cell.target_nodes),
+                                buckets=lent[method][0],
+                                lent_buckets=lent[method][1],
                             )
                         )
     finally:

@@ -251,11 +251,18 @@ class WeightsTarget(Worker):
         got = self.recv(src_group, 0, timeout=timeout)
         _copy_into(self.weights, got)
 
-    def pull_p2p(self, src_group: str, sync: str, timeout: float) -> None:
-        """p2p's weight sync: pull the next version into this worker's own tensors."""
+    def pull_p2p(self, src_group: str, sync: str, timeout: float) -> int:
+        """p2p's weight sync: pull the next version into this worker's own tensors.
+
+        Returns:
+            How many of its buckets this worker read from a same-node holder's arena.
+        """
         version = self.pull_weights(self.weights, src_group, 0, sync=sync, timeout=timeout)
         assert isinstance(version, int)  # async_op=False
         self.version = version
+        receiver = self.weight_receiver(sync)
+        stats = getattr(receiver, "last_stats", None) or {}
+        return int(stats.get("modes", {}).get("lent", 0))
 
     def get_object(self, refs: StateRefs) -> None:
         """``ray.get`` the trainer's state dict and copy it in."""

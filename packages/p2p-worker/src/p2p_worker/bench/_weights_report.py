@@ -39,7 +39,10 @@ class Record:
     """One cell: a method moving each version to ``targets`` rollout workers on ``link``.
 
     ``source_node`` and ``target_nodes`` are the node addresses of the trainer and of each
-    rollout worker the method used (empty where not recorded).
+    rollout worker the method used (empty where not recorded). For p2p's methods,
+    ``buckets`` is the push's bucket count and ``lent_buckets`` how many buckets the
+    targets together read from a same-node holder's shared memory (the source's, or
+    their node's first target's), both of the last measured step; 0 for the others.
     """
 
     method: str
@@ -55,6 +58,8 @@ class Record:
     seconds_each: list[float] = field(default_factory=list)
     source_node: str = ""
     target_nodes: list[str] = field(default_factory=list)
+    buckets: int = 0
+    lent_buckets: int = 0
 
     @property
     def gbps(self) -> float:
