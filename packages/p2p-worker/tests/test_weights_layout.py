@@ -61,6 +61,21 @@ def test_a_relay_across_a_network_takes_smaller_buckets_about_32_per_model() -> 
     assert auto_bucket_bytes([Entry("t", (3,), "torch.float32")], network=True) == 512 << 10
 
 
+def test_targets_that_all_read_the_sources_arena_take_about_4_buckets_per_model() -> None:
+    # no hop at all: the source's preparing overlaps the targets' copying, so few buckets
+    rl = [Entry("a", (5_000_000,), "torch.float32")]  # 20 MB: four 4 MiB buckets and a rest
+    assert auto_bucket_bytes(rl, shared=True) == 4 << 20
+    assert len(Layout.build(rl, auto_bucket_bytes(rl, shared=True)).buckets) == 5
+    # the same bounds as on one node: at least 2 MiB, at most 32 MiB (a 1 GB model keeps
+    # its 32 MiB buckets)
+    assert auto_bucket_bytes([Entry("t", (3,), "torch.float32")], shared=True) == 2 << 20
+    assert auto_bucket_bytes([Entry("w", (500_000_000,), "torch.bfloat16")], shared=True) == (
+        32 << 20
+    )
+    # a network wins: some target not on the source's node means relay buckets
+    assert auto_bucket_bytes(rl, network=True, shared=True) == 512 << 10
+
+
 def test_buckets_split_large_tensors_keep_dtypes_apart_and_cover_every_value() -> None:
     entries = [
         Entry("a", (3000,), "torch.bfloat16"),  # 6000 bytes: spans two 4 KiB buckets

@@ -25,6 +25,8 @@ MIN_RELAY_BUCKET_BYTES = 512 << 10
 """The smallest automatic bucket size when the relay crosses a network: 512 KiB."""
 RELAY_BUCKETS = 32
 """Buckets per model an automatic size aims at when the relay crosses a network."""
+SHARED_BUCKETS = 4
+"""Buckets per model an automatic size aims at when every target reads the source's arena."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,7 @@ class Layout:
         return cls(tuple(entries), buckets, bucket_bytes, digest)
 
 
-def auto_bucket_bytes(entries: Sequence[Entry], network: bool = False) -> int:
+def auto_bucket_bytes(entries: Sequence[Entry], network: bool = False, shared: bool = False) -> int:
     """The bucket size used when none is set: a power of two, at most 32 MiB.
 
     A relay is a pipeline of buckets: with ``B`` buckets through a chain of ``N``
@@ -167,10 +169,17 @@ def auto_bucket_bytes(entries: Sequence[Entry], network: bool = False) -> int:
       three nodes on 1 Gbit/s cables took 0.120 s in five 2 MiB buckets, 0.091-0.092 s in
       512 KiB ones and 0.094 s in 1 MiB ones (one copy's wire time: 0.079 s); in 256 KiB
       buckets the per-bucket work took over (0.172 s).
-    * otherwise (every target on the source's node): a hop is a copy in memory, so
-      buckets are large, at most ``total / 16``, at least 2 MiB. A 20 MB model pushed to
-      four targets on one node took 65-80 ms in 512 KiB buckets and 37-40 ms in 2 MiB
-      ones.
+    * ``shared`` (every target is on the source's node and reads its buckets from the
+      source's shared arena): there is no hop at all, only the source's preparing of a
+      bucket overlapping the targets' copying of the one before, and the per-bucket work
+      is multiplied by the targets, so buckets are larger still, at most ``total / 4``,
+      at least 2 MiB. In the RL loop of ``p2p-bench rl`` (a 20 MB fp32 model to four
+      rollout workers on the two-core VM, three runs each, alternated) the weights took
+      44.7-45.1 ms a step in five buckets of 4 MiB against 48.2-58.6 ms in ten of 2 MiB.
+    * otherwise (every target on the source's node, relayed): a hop is a copy in
+      memory, so buckets are large, at most ``total / 16``, at least 2 MiB. A 20 MB
+      model pushed to four targets on one node took 65-80 ms in 512 KiB buckets and
+      37-40 ms in 2 MiB ones.
 
     Seven targets taking a 1 GB model's delta at 1 Gbit/s (CPU-bound on two cores) took
     2.18-2.40 s in 32 MiB buckets and 2.04-2.79 s in 16 MiB ones.
@@ -182,13 +191,16 @@ def auto_bucket_bytes(entries: Sequence[Entry], network: bool = False) -> int:
         True
         >>> auto_bucket_bytes([Entry("w", (1 << 26,), "torch.bfloat16")], network=True) == 4 << 20
         True
+        >>> auto_bucket_bytes([Entry("w", (1 << 26,), "torch.bfloat16")], shared=True) == 32 << 20
+        True
     """
     total = sum(e.numel * _itemsize(dtype_of(e.dtype)) for e in entries)
-    size, count = (
-        (MIN_RELAY_BUCKET_BYTES, RELAY_BUCKETS)
-        if network
-        else (MIN_AUTO_BUCKET_BYTES, AUTO_BUCKETS)
-    )
+    if network:
+        size, count = MIN_RELAY_BUCKET_BYTES, RELAY_BUCKETS
+    elif shared:
+        size, count = MIN_AUTO_BUCKET_BYTES, SHARED_BUCKETS
+    else:
+        size, count = MIN_AUTO_BUCKET_BYTES, AUTO_BUCKETS
     while size * 2 <= min(total // count, DEFAULT_BUCKET_BYTES):
         size *= 2
     return size

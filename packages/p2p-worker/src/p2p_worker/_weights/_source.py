@@ -70,7 +70,7 @@ class WeightSender:
         targets: ``targets(deadline) -> list of target address names``.
         sync: The sync's name, the same on both sides.
         bucket_bytes: Bucket size in bytes of the targets' dtype (None: chosen per model
-            by ``auto_bucket_bytes`` per push: smaller when the relay crosses a network).
+            by ``auto_bucket_bytes`` per push, from where the targets are).
         fanout: Children per target in the relay (1: a chain).
         delta: Keep a delta base (one copy of the model in the targets' dtypes) so that
             unchanged buckets are not sent and changed ones travel as bit-level deltas
@@ -237,7 +237,8 @@ class WeightSender:
         network = self._coll.config.net_emulation is not None or any(
             self._node is None or h.node != self._node for h in hellos.values()
         )
-        size = self.bucket_bytes or auto_bucket_bytes(entries, network)
+        shared = not network and lending(self._coll.config)  # all read the arena
+        size = self.bucket_bytes or auto_bucket_bytes(entries, network, shared)
         layout = Layout.build(entries, size, frozen & {e.key for e in entries})
         if self._base_digest != layout.digest or not self.delta:  # no base: all in full
             self._base = [None] * len(layout.buckets)
