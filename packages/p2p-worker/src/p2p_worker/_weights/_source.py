@@ -237,8 +237,8 @@ class WeightSender:
         network = self._coll.config.net_emulation is not None or any(
             self._node is None or h.node != self._node for h in hellos.values()
         )
-        shared = not network and lending(self._coll.config)  # all read the arena
-        size = self.bucket_bytes or auto_bucket_bytes(entries, network, shared)
+        lend = lending(self._coll.config)  # the tree's and the bucket size's, once
+        size = self.bucket_bytes or auto_bucket_bytes(entries, network, lend and not network)
         layout = Layout.build(entries, size, frozen & {e.key for e in entries})
         if self._base_digest != layout.digest or not self.delta:  # no base: all in full
             self._base = [None] * len(layout.buckets)
@@ -250,7 +250,7 @@ class WeightSender:
             self._me,
             [(n, h.node, len(stale[n])) for n, h in hellos.items()],
             self.fanout,
-            lend=lending(self._coll.config),
+            lend=lend,
             source_node=self._node,
         )
         self._count += 1
