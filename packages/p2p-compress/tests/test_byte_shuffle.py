@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2p_compress import Lz4Codec, make_synthetic_tensor, shuffle_bytes, unshuffle_bytes
+from p2p_compress._codecs._planes import SLICE, from_planes, to_planes
 from p2p_compress.internal import SHUFFLE_ITEMSIZES, shuffle_itemsize
 
 
@@ -84,3 +86,36 @@ def test_the_sample_decides_which_tensors_are_shuffled() -> None:
     assert shuffle_itemsize(torch.float32, flat(runs)) == 0  # runs of elements: plain
     assert shuffle_itemsize(torch.uint8, flat(ids)) == 0  # one byte: nothing to regroup
     assert shuffle_itemsize(torch.int64, flat(ids)[:512]) == 0  # too short to judge
+
+
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+@pytest.mark.parametrize("count", [1, 1000, SLICE, 2 * SLICE + 123])
+def test_byte_planes_match_the_strided_copy_across_slices(itemsize: int, count: int) -> None:
+    rng = np.random.default_rng(count + itemsize)
+    elements = rng.integers(0, 256, count * itemsize, dtype=np.uint8)
+    reference = np.ascontiguousarray(elements.reshape(-1, itemsize).T)
+    # rows of a larger body, as a patch's piece sees them: strided, not contiguous
+    body = np.zeros((itemsize, count + 7), dtype=np.uint8)
+    rows = body[:, 3 : 3 + count]
+    to_planes(elements, rows)
+    assert np.array_equal(rows, reference)
+    assert not body[:, :3].any()  # nothing beside the rows is written
+    assert not body[:, 3 + count :].any()
+    back = np.empty_like(elements)
+    from_planes(rows, back)
+    assert np.array_equal(back, elements)
+    base = rng.integers(0, 256, count * itemsize, dtype=np.uint8)
+    mixed = base.copy()
+    from_planes(rows, mixed, xor=True)
+    assert np.array_equal(mixed, base ^ elements)
+
+
+def test_byte_planes_refuse_shapes_that_do_not_fit_by_name() -> None:
+    planes = np.zeros((2, 4), dtype=np.uint8)
+    with pytest.raises(ValueError, match=r"elements must be a contiguous \(8,\) uint8 array"):
+        to_planes(np.zeros(6, dtype=np.uint8), planes)
+    with pytest.raises(ValueError, match=r"planes must be a \(2, 4 or 8, n\) uint8 array"):
+        from_planes(np.zeros((3, 4), dtype=np.uint8), np.zeros(12, dtype=np.uint8))
+    out = np.zeros(8, dtype=np.uint8)
+    from_planes(np.array([[1, 2, 3, 4], [0, 0, 0, 1]], dtype=np.uint8), out)  # still works
+    assert out.view("<u2").tolist() == [1, 2, 3, 260]

@@ -25,6 +25,7 @@ from typing import Final
 import torch
 
 from p2p_compress._codecs._lz4 import Lz4Codec
+from p2p_compress._codecs._planes import from_planes, to_planes
 
 SHUFFLE_ITEMSIZES: Final = (2, 4, 8)
 """Element sizes (bytes) the shuffle regroups; 1-byte data has nothing to regroup."""
@@ -78,9 +79,8 @@ def shuffle_bytes(src: torch.Tensor, dst: torch.Tensor, itemsize: int) -> None:
     """
     n = _check(src, dst, itemsize)
     body = n // itemsize * itemsize
-    if body:  # numpy's strided copy is 2-5x faster than torch's for these shapes
-        d = dst[:body].numpy().reshape(itemsize, -1)
-        d[...] = src[:body].numpy().reshape(-1, itemsize).T
+    if body:
+        to_planes(src[:body].numpy(), dst[:body].numpy().reshape(itemsize, -1))
     if body < n:
         dst[body:n].copy_(src[body:n])
 
@@ -107,11 +107,7 @@ def unshuffle_bytes(src: torch.Tensor, dst: torch.Tensor, itemsize: int) -> None
     n = _check(src, dst, itemsize)
     body = n // itemsize * itemsize
     if body:
-        if itemsize == 8:  # numpy: 0.85 GB/s here, torch 0.27; for 2 and 4 the reverse
-            d = dst[:body].numpy().reshape(-1, itemsize)
-            d[...] = src[:body].numpy().reshape(itemsize, -1).T
-        else:
-            dst[:body].view(-1, itemsize).copy_(src[:body].view(itemsize, -1).t())
+        from_planes(src[:body].numpy().reshape(itemsize, -1), dst[:body].numpy())
     if body < n:
         dst[body:n].copy_(src[body:n])
 

@@ -2,15 +2,17 @@
 
 When the body is compressed and elements are wider than a byte, it is laid out in byte
 planes (every element's byte 0, then every byte 1, ...; the layout of
-:func:`~p2p_compress.shuffle_bytes`): the rarely changing sign/exponent bytes of floats
-and the zero high bytes of an XOR then sit together. A raw body keeps the elements' own
-byte order.
+:func:`~p2p_compress.shuffle_bytes`, both ways by :mod:`~p2p_compress._codecs._planes`):
+the rarely changing sign/exponent bytes of floats and the zero high bytes of an XOR then
+sit together. A raw body keeps the elements' own byte order.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from p2p_compress._codecs._planes import SLICE, from_planes, to_planes
 
 
 def planar(itemsize: int, codec: str) -> bool:
@@ -26,15 +28,17 @@ def write_xor(
 ) -> None:
     """Write ``new ^ base`` into ``body`` (planes or element order)."""
     out = body.numpy()
-    s = new.itemsize
     if not planes:
         np.bitwise_xor(new, base, out=out.view(new.dtype))
         return
-    np.bitwise_xor(
-        new.view(np.uint8).reshape(-1, s).T,
-        base.view(np.uint8).reshape(-1, s).T,
-        out=out.reshape(s, -1),
-    )
+    s, n = new.itemsize, new.size
+    rows = out.reshape(s, -1)
+    scratch = np.empty(min(n, SLICE), dtype=new.dtype)
+    for a in range(0, n, SLICE):
+        b = min(n, a + SLICE)
+        part = scratch[: b - a]
+        np.bitwise_xor(new[a:b], base[a:b], out=part)
+        to_planes(part.view(np.uint8), rows[:, a:b])
 
 
 def write_full(new: np.ndarray, body: torch.Tensor, planes: bool) -> None:
@@ -43,8 +47,7 @@ def write_full(new: np.ndarray, body: torch.Tensor, planes: bool) -> None:
     if not planes:
         out[...] = new.view(np.uint8)
         return
-    s = new.itemsize
-    out.reshape(s, -1)[...] = new.view(np.uint8).reshape(-1, s).T
+    to_planes(new.view(np.uint8), out.reshape(new.itemsize, -1))
 
 
 def apply_xor(body: torch.Tensor, target: np.ndarray, planes: bool) -> None:
@@ -53,9 +56,7 @@ def apply_xor(body: torch.Tensor, target: np.ndarray, planes: bool) -> None:
     if not planes:
         np.bitwise_xor(target, data.view(target.dtype), out=target)
         return
-    s = target.itemsize
-    t8 = target.view(np.uint8).reshape(-1, s)
-    np.bitwise_xor(t8, data.reshape(s, -1).T, out=t8)
+    from_planes(data.reshape(target.itemsize, -1), target.view(np.uint8), xor=True)
 
 
 def apply_full(body: torch.Tensor, target: np.ndarray, planes: bool) -> None:
@@ -64,5 +65,4 @@ def apply_full(body: torch.Tensor, target: np.ndarray, planes: bool) -> None:
     if not planes:
         target.view(np.uint8)[...] = data
         return
-    s = target.itemsize
-    target.view(np.uint8).reshape(-1, s)[...] = data.reshape(s, -1).T
+    from_planes(data.reshape(target.itemsize, -1), target.view(np.uint8))
