@@ -22,7 +22,7 @@ import torch
 
 from p2p_asyncwork import AsyncWork, wait_any
 from p2p_asyncwork.internal import check_timeout
-from p2p_collective import Collective, CollectiveGroup, PeerError
+from p2p_collective import Collective
 from p2p_worker._weights import _messages as m
 from p2p_worker._weights._arena import Arena, Lender, fit_arena, lending
 from p2p_worker._weights._codec import checksum, encode_delta
@@ -34,6 +34,7 @@ from p2p_worker._weights._edges import (
     remaining,
 )
 from p2p_worker._weights._errors import WeightSyncError
+from p2p_worker._weights._hellos import POLL, Waiting, gather_hellos
 from p2p_worker._weights._layout import (
     Bucket,
     Entry,
@@ -52,11 +53,8 @@ DEFAULT_PUSH_TIMEOUT = 600.0
 DEFAULT_JOIN_TIMEOUT = 60.0
 INFLIGHT = 3  # buckets the source prepares ahead of the wire
 PREPARERS = 2  # buckets prepared at once (threads)
-_POLL = 0.01
-_Waiting = tuple[CollectiveGroup, AsyncWork[object]]  # a target's pair group, its hello's receive
 _Prepared = tuple[m.Header, "torch.Tensor | None", "torch.Tensor | None"]
 """A prepared bucket: its header, its payload, its new bits in full (when gathered)."""
-_HELLO_TIMEOUT = 24 * 3600.0  # a hello may come pushes later; a dead target fails it at once
 
 
 class WeightSender:
@@ -122,7 +120,7 @@ class WeightSender:
         self._crcs: list[int] = []
         self._base_gen: str | None = None
         self._base_digest: str | None = None
-        self._waiting: dict[str, _Waiting] = {}  # target -> its hello's receive, still waiting
+        self._waiting: dict[str, Waiting] = {}  # target -> its hello's receive, still waiting
         self._pools = BucketPools(INFLIGHT)
 
     def configure(
@@ -215,7 +213,7 @@ class WeightSender:
         t0 = time.monotonic()
         report = PushReport(version)
         names = self._targets(join_deadline)
-        hellos = self._hellos(names, join_deadline, report.failed)
+        hellos = gather_hellos(self._edges, self._waiting, names, join_deadline, report.failed)
         if not hellos:
             raise self._error(report, "no target said hello")
         ref = next(iter(hellos.values()))
@@ -286,54 +284,6 @@ class WeightSender:
         if report.failed:
             raise self._error(report, "")
         return report
-
-    def _hellos(
-        self, names: list[str], join_deadline: float | None, failed: dict[str, str]
-    ) -> dict[str, m.Hello]:
-        """Every target's hello, in ``names`` order; the missing ones go to ``failed``.
-
-        A receive still waiting at ``join_deadline`` is kept for the next push rather
-        than timed out: a timed-out receive would break the pair group on this side only.
-        """
-        works: dict[str, _Waiting | None] = {n: self._waiting.pop(n, None) for n in names}
-        got: dict[str, m.Hello] = {}
-        while works:
-            for name, pending in list(works.items()):
-                if pending is None:
-                    group = self._edges.group(name)
-                    if not group.peer_gone:  # a dead target may come back until the deadline
-                        works[name] = (group, group.recv(async_op=True, timeout=_HELLO_TIMEOUT))
-                    continue
-                group, work = pending
-                if not work.done():
-                    continue
-                try:
-                    got[name] = m.from_wire(work.wait(), (m.Hello,), name, "hello")
-                    del works[name]
-                except Exception as exc:
-                    left = remaining(join_deadline)
-                    if (group.peer_gone or isinstance(exc, PeerError)) and (
-                        left is None or left > 0
-                    ):
-                        works[name] = None  # that life of it died: wait for a new one
-                    else:
-                        self._edges.drop(name)
-                        failed[name] = f"no hello: {exc}"
-                        del works[name]
-            left = remaining(join_deadline)
-            if works and left is not None and left <= 0:
-                for name, waiting in works.items():
-                    failed[name] = "no hello before join_timeout (dead, or not pulling)"
-                    if waiting is not None:
-                        self._waiting[name] = waiting
-                break
-            if works:
-                # woken by the next hello (or a dead target); a target that is not
-                # connected yet (None) is looked at again after _POLL
-                receives = [p[1] for p in works.values() if p is not None]
-                most = None if left is None else max(left, _POLL)
-                wait_any(receives, timeout=_POLL if len(receives) < len(works) else most)
-        return {n: got[n] for n in names if n in got}
 
     def _stale(self, hello: m.Hello, layout: Layout) -> tuple[int, ...]:
         """The buckets whose delta base ``hello``'s target does not hold."""
@@ -547,7 +497,7 @@ class WeightSender:
                 del works[name]
             if works:
                 left = remaining(deadline)  # each receive times out by the deadline itself
-                wait_any(works.values(), timeout=None if left is None else max(left, _POLL))
+                wait_any(works.values(), timeout=None if left is None else max(left, POLL))
         for box in resends:
             box.finish()
             report.sent_bytes += box.sent_bytes
