@@ -76,6 +76,25 @@ def test_targets_that_all_read_the_sources_arena_take_about_4_buckets_per_model(
     assert auto_bucket_bytes(rl, network=True, shared=True) == 512 << 10
 
 
+def test_a_delta_sync_across_a_network_takes_about_4_buckets_per_model() -> None:
+    # after the first push most buckets are small deltas: per-bucket work, not wire time
+    small = [Entry("a", (5_000_000,), "torch.bfloat16")]  # 10 MB: four of 2 MiB and a rest
+    assert auto_bucket_bytes(small, network=True, delta=True) == 2 << 20
+    assert len(Layout.build(small, auto_bucket_bytes(small, network=True, delta=True)).buckets) == 5
+    # the bounds: at least 2 MiB, at most 32 MiB (a 1 GB model: 32 MiB, 16 without delta)
+    assert auto_bucket_bytes([Entry("t", (3,), "torch.float32")], network=True, delta=True) == (
+        2 << 20
+    )
+    big = [Entry("w", (500_000_000,), "torch.bfloat16")]
+    assert auto_bucket_bytes(big, network=True, delta=True) == 32 << 20
+    assert auto_bucket_bytes(big, network=True) == 16 << 20
+    # on one node a delta base changes nothing
+    assert auto_bucket_bytes(small, delta=True) == auto_bucket_bytes(small)
+    assert auto_bucket_bytes(small, shared=True, delta=True) == auto_bucket_bytes(
+        small, shared=True
+    )
+
+
 def test_buckets_split_large_tensors_keep_dtypes_apart_and_cover_every_value() -> None:
     entries = [
         Entry("a", (3000,), "torch.bfloat16"),  # 6000 bytes: spans two 4 KiB buckets

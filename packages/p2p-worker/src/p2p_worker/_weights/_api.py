@@ -113,7 +113,8 @@ class WeightSyncMixin:
                 not pull in time is left out and reported).
             bucket_bytes: Bucket size (default: chosen per push, so the relay pipelines
                 the model: about 1/32 of it, at least 512 KiB, when some target is on
-                another node; about 1/16, at least 2 MiB, when all are on this one;
+                another node and ``delta`` is off; about 1/4, at least 2 MiB, when it is
+                on; about 1/16, at least 2 MiB, when all are on this one;
                 about 1/4, at least 2 MiB, when all read this worker's shared arena; at
                 most 32 MiB); kept.
             fanout: Children per target in the relay (default 1, a chain); kept.

@@ -25,8 +25,9 @@ MIN_RELAY_BUCKET_BYTES = 512 << 10
 """The smallest automatic bucket size when the relay crosses a network: 512 KiB."""
 RELAY_BUCKETS = 32
 """Buckets per model an automatic size aims at when the relay crosses a network."""
-SHARED_BUCKETS = 4
-"""Buckets per model an automatic size aims at when every target reads the source's arena."""
+FEW_BUCKETS = 4
+"""Buckets per model an automatic size aims at when every target reads the source's arena,
+or when the relay crosses a network and the sync keeps a delta base."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,9 @@ class Layout:
         return cls(tuple(entries), buckets, bucket_bytes, digest)
 
 
-def auto_bucket_bytes(entries: Sequence[Entry], network: bool = False, shared: bool = False) -> int:
+def auto_bucket_bytes(
+    entries: Sequence[Entry], network: bool = False, shared: bool = False, delta: bool = False
+) -> int:
     """The bucket size used when none is set: a power of two, at most 32 MiB.
 
     A relay is a pipeline of buckets: with ``B`` buckets through a chain of ``N``
@@ -164,11 +167,18 @@ def auto_bucket_bytes(entries: Sequence[Entry], network: bool = False, shared: b
     depends on what a bucket's hop costs:
 
     * ``network`` (some target is on another node than the source, or links are
-      emulated): a hop is the bucket's wire time, so buckets are small, the largest power
-      of two at most ``total / 32``, at least 512 KiB. A 10 MB model through a chain of
-      three nodes on 1 Gbit/s cables took 0.120 s in five 2 MiB buckets, 0.091-0.092 s in
-      512 KiB ones and 0.094 s in 1 MiB ones (one copy's wire time: 0.079 s); in 256 KiB
-      buckets the per-bucket work took over (0.172 s).
+      emulated) without ``delta``: a hop is the bucket's wire time, so buckets are
+      small, the largest power of two at most ``total / 32``, at least 512 KiB. A 10 MB
+      model through a chain of three nodes on 1 Gbit/s cables took 0.120 s in five 2 MiB
+      buckets, 0.091-0.092 s in 512 KiB ones and 0.094 s in 1 MiB ones (one copy's wire
+      time: 0.079 s); in 256 KiB buckets the per-bucket work took over (0.172 s).
+    * ``network`` with ``delta`` (the sync keeps a delta base, so after the first push
+      most buckets travel as small deltas or not at all): a hop is mostly per-bucket work,
+      not wire time, so buckets are few, at most ``total / 4``, at least 2 MiB. On the
+      same three-node chain (lr 1e-5, 0.6 MB of deltas a step) a delta push took 0.070 s
+      in five 2 MiB buckets and 0.064 s in three of 4 MiB, against 0.097-0.144 s over
+      five runs in twenty of 512 KiB; the first, full push pays for it (0.107 s in 2 MiB
+      buckets against 0.095-0.098 s), as does a target that fell behind.
     * ``shared`` (every target is on the source's node and reads its buckets from the
       source's shared arena): there is no hop at all, only the source's preparing of a
       bucket overlapping the targets' copying of the one before, and the per-bucket work
@@ -182,7 +192,8 @@ def auto_bucket_bytes(entries: Sequence[Entry], network: bool = False, shared: b
       37-40 ms in 2 MiB ones.
 
     Seven targets taking a 1 GB model's delta at 1 Gbit/s (CPU-bound on two cores) took
-    2.18-2.40 s in 32 MiB buckets and 2.04-2.79 s in 16 MiB ones.
+    2.18-2.40 s in 32 MiB buckets and 2.04-2.79 s in 16 MiB ones; with ``delta`` such a
+    model goes in 32 MiB buckets, without it in 16 MiB ones.
 
     Example:
         >>> auto_bucket_bytes([Entry("w", (1 << 26,), "torch.bfloat16")]) == 8 << 20
@@ -193,12 +204,17 @@ def auto_bucket_bytes(entries: Sequence[Entry], network: bool = False, shared: b
         True
         >>> auto_bucket_bytes([Entry("w", (1 << 26,), "torch.bfloat16")], shared=True) == 32 << 20
         True
+        >>> w = [Entry("w", (5_000_000,), "torch.bfloat16")]  # 10 MB
+        >>> auto_bucket_bytes(w, network=True) >> 10
+        512
+        >>> auto_bucket_bytes(w, network=True, delta=True) >> 10
+        2048
     """
     total = sum(e.numel * _itemsize(dtype_of(e.dtype)) for e in entries)
-    if network:
+    if network and not delta:
         size, count = MIN_RELAY_BUCKET_BYTES, RELAY_BUCKETS
-    elif shared:
-        size, count = MIN_AUTO_BUCKET_BYTES, SHARED_BUCKETS
+    elif shared or network:
+        size, count = MIN_AUTO_BUCKET_BYTES, FEW_BUCKETS
     else:
         size, count = MIN_AUTO_BUCKET_BYTES, AUTO_BUCKETS
     while size * 2 <= min(total // count, DEFAULT_BUCKET_BYTES):
