@@ -53,24 +53,35 @@ def _check(planes: np.ndarray, elements: np.ndarray) -> tuple[int, int]:
     return s, n
 
 
-def to_planes(elements: np.ndarray, planes: np.ndarray) -> None:
+def to_planes(elements: np.ndarray, planes: np.ndarray, *, base: np.ndarray | None = None) -> None:
     """Write ``elements``' bytes into ``planes``: ``planes[k, i]`` = byte ``k`` of element ``i``.
 
     Args:
         elements: ``n * s`` bytes (contiguous uint8), ``n`` elements of ``s`` bytes.
         planes: An ``(s, n)`` uint8 array (rows may be views into a larger body).
+        base: Another ``n * s`` bytes like ``elements``: the planes of ``elements ^ base``
+            are written instead.
 
     Raises:
         ValueError: The shapes or dtypes do not fit.
     """
     s, n = _check(planes, elements)
+    if base is not None:
+        _check(planes, base)
     if not _FAST.get(s, False):
-        planes[...] = elements.reshape(-1, s).T
+        if base is None:
+            planes[...] = elements.reshape(-1, s).T
+        else:
+            np.bitwise_xor(elements.reshape(-1, s).T, base.reshape(-1, s).T, out=planes)
         return
     wide = elements.view(_WIDE[s])
+    other = None if base is None else base.view(_WIDE[s])
+    scratch = None if other is None else np.empty(min(n, SLICE), dtype=_WIDE[s])
     for a in range(0, n, SLICE):
         b = min(n, a + SLICE)
         part = wide[a:b]
+        if other is not None and scratch is not None:
+            part = np.bitwise_xor(part, other[a:b], out=scratch[: b - a])
         for k in range(s):  # the cast down to uint8 keeps the shifted value's low byte
             np.right_shift(part, 8 * k, out=planes[k, a:b], casting="unsafe")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from p2p_compress._codecs._planes import SLICE, from_planes, to_planes
+from p2p_compress._codecs._planes import from_planes, to_planes
 
 
 def planar(itemsize: int, codec: str) -> bool:
@@ -31,14 +31,7 @@ def write_xor(
     if not planes:
         np.bitwise_xor(new, base, out=out.view(new.dtype))
         return
-    s, n = new.itemsize, new.size
-    rows = out.reshape(s, -1)
-    scratch = np.empty(min(n, SLICE), dtype=new.dtype)
-    for a in range(0, n, SLICE):
-        b = min(n, a + SLICE)
-        part = scratch[: b - a]
-        np.bitwise_xor(new[a:b], base[a:b], out=part)
-        to_planes(part.view(np.uint8), rows[:, a:b])
+    to_planes(new.view(np.uint8), out.reshape(new.itemsize, -1), base=base.view(np.uint8))
 
 
 def write_full(new: np.ndarray, body: torch.Tensor, planes: bool) -> None:

@@ -179,14 +179,15 @@ def auto_bucket_bytes(
       in five 2 MiB buckets and 0.064 s in three of 4 MiB, against 0.097-0.144 s over
       five runs in twenty of 512 KiB; the first, full push pays for it (0.107 s in 2 MiB
       buckets against 0.095-0.098 s), as does a target that fell behind.
-    * ``shared`` (every target is on the source's node and reads its buckets from the
-      source's shared arena): there is no hop at all, only the source's preparing of a
-      bucket overlapping the targets' copying of the one before, and the per-bucket work
-      is multiplied by the targets, so buckets are larger still, at most ``total / 4``,
-      at least 2 MiB. In the RL loop of ``p2p-bench rl`` (a 20 MB fp32 model to four
-      rollout workers on the two-core VM, three runs each, alternated) the weights took
-      44.7-45.1 ms a step in five buckets of 4 MiB against 48.2-58.6 ms in ten of 2 MiB.
-    * otherwise (every target on the source's node, relayed): a hop is a copy in
+    * ``shared`` without ``network`` (lending is on and every target is on the source's
+      node, so each reads its buckets from the source's shared arena): there is no hop,
+      only the source's preparing of a bucket overlapping the targets' copying of the one
+      before, and the per-bucket work is multiplied by the targets, so buckets are larger
+      still, at most ``total / 4``, at least 2 MiB. In the RL loop of ``p2p-bench rl``
+      (a 20 MB fp32 model to four rollout workers on the two-core VM, three runs each,
+      alternated) the weights took 44.7-45.1 ms a step in five buckets of 4 MiB against
+      48.2-58.6 ms in ten of 2 MiB.
+    * otherwise (every target on the source's node, relayed: lending is off): a hop is a copy in
       memory, so buckets are large, at most ``total / 16``, at least 2 MiB. A 20 MB
       model pushed to four targets on one node took 65-80 ms in 512 KiB buckets and
       37-40 ms in 2 MiB ones.

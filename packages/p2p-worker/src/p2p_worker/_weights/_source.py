@@ -236,8 +236,7 @@ class WeightSender:
             self._node is None or h.node != self._node for h in hellos.values()
         )
         lend = lending(self._coll.config)  # the tree's and the bucket size's, once
-        shared = lend and not network
-        size = self.bucket_bytes or auto_bucket_bytes(entries, network, shared, self.delta)
+        size = self.bucket_bytes or auto_bucket_bytes(entries, network, lend, self.delta)
         layout = Layout.build(entries, size, frozen & {e.key for e in entries})
         if self._base_digest != layout.digest or not self.delta:  # no base: all in full
             self._base = [None] * len(layout.buckets)
