@@ -156,12 +156,19 @@ class PullRun:
                     _release_all(release, users)
                     self._abort_children(boxes, exc)
                     break
+                # Children that take the bucket as it came get it before it is applied:
+                # the last bucket's hop down the tree does not wait for this one's apply.
+                # (Not a lent bucket: its bytes are the parent's until they are read.)
+                later = [b for b in boxes if lent or not self._as_received(head, stale, b)]
+                for box in boxes:
+                    if box not in later:
+                        box.put(head, ready(payload), release)
                 copy = head.mode != m.FULL and any(index in stale[b.child] for b in boxes)
                 applied = applier.submit(self._apply, index, head, payload, release, copy, lent)
                 applied.add_done_callback(_releaser(release))
                 if lent:  # in bucket order: one applier thread
                     applied.add_done_callback(self._finished_reading)
-                for box in boxes:
+                for box in later:
                     self._forward(box, head, payload, applied, index in stale[box.child], release)
         finally:
             applier.shutdown(wait=True)
@@ -339,6 +346,11 @@ class PullRun:
         reason = f"{self.st.me}: {self.errors[-1] if self.errors else exc}"
         for box in boxes:
             box.put(m.Abort(reason, died), None, lambda: None)
+
+    @staticmethod
+    def _as_received(head: m.Header, stale: dict[str, set[int]], box: Outbox) -> bool:
+        """Whether ``box``'s child takes bucket ``head`` as this target received it."""
+        return head.mode == m.FULL or head.index not in stale[box.child]
 
     def _forward(
         self,

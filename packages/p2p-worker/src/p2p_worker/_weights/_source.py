@@ -264,20 +264,23 @@ class WeightSender:
             fills,
             tree.lent,
         )
-        live = []
-        for name in tree.order:
-            try:
-                self._edges.group(name).send(m.to_wire(plan), timeout=remaining(deadline))
-                live.append(name)
-            except Exception as exc:
-                self._edges.drop(name)
-                report.failed[name] = f"the plan did not reach it: {exc}"
+        live: list[str] = []
+
+        def send_plans() -> None:  # while the first buckets are being prepared
+            for name in tree.order:
+                try:
+                    self._edges.group(name).send(m.to_wire(plan), timeout=remaining(deadline))
+                    live.append(name)
+                except Exception as exc:
+                    self._edges.drop(name)
+                    report.failed[name] = f"the plan did not reach it: {exc}"
+
         report.order = tree.order
         report.buckets = len(layout.buckets)
         report.bucket_bytes = size
         report.full_bytes = sum(b.nbytes for b in layout.buckets)
         src = [tensors[e.key] for e in entries]
-        self._stream(layout, src, tree, stale, gen, deadline, report)
+        self._stream(layout, src, tree, stale, gen, deadline, report, send_plans)
         self._results(live, layout, src, deadline, report)
         report.base_bytes = self.base_bytes
         report.seconds = time.monotonic() - t0
@@ -311,6 +314,7 @@ class WeightSender:
         gen: str,
         deadline: float | None,
         report: PushReport,
+        send_plans: Callable[[], None],
     ) -> None:
         """Prepare buckets on two threads while earlier ones are on the wire, in order.
 
@@ -322,20 +326,33 @@ class WeightSender:
         reads the source's arena, no delta is encoded at all: reading a changed bucket in
         full from shared memory costs a child about what applying its delta would, and
         the source saves the delta scan (it only compares the bucket with its base).
+
+        The first buckets are being prepared while ``send_plans`` sends the plan to every
+        target; a child whose plan did not go gets no bucket (its share of each bucket's
+        slot is released at once).
         """
         children = [c for c in tree.children(self._me) if c not in report.failed]
         lender = self._lender(layout, tree, children, report)
-        boxes = [
-            Outbox(
-                self._edges.group(c),
-                c,
-                deadline,
-                self._lost,
-                lent=c in tree.lent,
-                lender=lender,
+        boxes: list[Outbox] = []
+        opened = False
+
+        def open_boxes() -> None:
+            nonlocal opened
+            opened = True
+            send_plans()
+            boxes.extend(
+                Outbox(
+                    self._edges.group(c),
+                    c,
+                    deadline,
+                    self._lost,
+                    lent=c in tree.lent,
+                    lender=lender,
+                )
+                for c in children
+                if c not in report.failed
             )
-            for c in children
-        ]
+
         stale_of = {c: set(stale.get(c, ())) for c in children}
         encode = any(c not in tree.lent for c in children)
         arena = None if lender is None else lender.arena
@@ -346,9 +363,13 @@ class WeightSender:
         workers = ThreadPoolExecutor(PREPARERS, thread_name_prefix="p2p-weights-prepare")
 
         def hand_over(keep: int) -> None:
+            if not opened:
+                open_boxes()
             while len(preparing) > keep:
                 release, prepared = preparing.popleft()
                 head, payload, new = prepared.result()
+                for _ in range(len(children) - len(boxes)):  # their plan did not go
+                    release()
                 report.modes[head.mode] = report.modes.get(head.mode, 0) + 1
                 nbytes = layout.buckets[head.index].nbytes
                 full = m.Header(head.index, m.FULL, head.crc, None, nbytes)
@@ -363,7 +384,7 @@ class WeightSender:
                 i = bucket.index
                 lacking = sum(i in stale_of[c] for c in children)
                 held = held_gen is not None and lacking < len(children)
-                release = slots.take(len(boxes), deadline, f"bucket {i}")
+                release = slots.take(len(children), deadline, f"bucket {i}")
                 need = (held, lacking > 0, encode)
                 job = workers.submit(self._prepare, bucket, src, release, *need)
                 preparing.append((release, job))
@@ -372,6 +393,8 @@ class WeightSender:
             self._base_gen = gen if self.delta else None
         finally:
             workers.shutdown(wait=True)
+            if not opened:  # every target waits for its plan
+                open_boxes()
             for box in boxes:
                 box.finish()
                 report.sent_bytes += box.sent_bytes
