@@ -9,6 +9,7 @@ over several buckets, so no buffer is ever larger than ``bucket_bytes``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -117,10 +118,19 @@ class Layout:
     ) -> Layout:
         """Cut ``entries`` into buckets (frozen entries into buckets of their own).
 
+        A sync builds the same layout at every push, on the source and on every target,
+        so the last few layouts built are kept (they are immutable) and handed out again:
+        building one for a 50-tensor model took 0.3-0.8 ms, on the path to the first
+        bucket on both sides.
+
         Raises:
             ValueError: ``bucket_bytes`` is below 1 KiB.
         """
         check_bucket_bytes(bucket_bytes)
+        return _built(tuple(entries), bucket_bytes, frozenset(frozen))
+
+    @classmethod
+    def _cut(cls, entries: tuple[Entry, ...], bucket_bytes: int, frozen: frozenset[str]) -> Layout:
         frozen_keys = set(frozen)
         open_: dict[tuple[str, bool], _OpenBucket] = {}  # kind -> the bucket being filled
         done: list[tuple[int, torch.dtype, int, tuple[Segment, ...], bool]] = []
@@ -150,6 +160,12 @@ class Layout:
         text = repr((tuple(entries), bucket_bytes, sorted(frozen_keys)))
         digest = hashlib.sha256(text.encode()).hexdigest()[:32]
         return cls(tuple(entries), buckets, bucket_bytes, digest)
+
+
+@functools.lru_cache(maxsize=8)
+def _built(entries: tuple[Entry, ...], bucket_bytes: int, frozen: frozenset[str]) -> Layout:
+    """:meth:`Layout.build`'s cut, kept for the next push of the same model."""
+    return Layout._cut(entries, bucket_bytes, frozen)
 
 
 def auto_bucket_bytes(
