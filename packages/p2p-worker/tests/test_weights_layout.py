@@ -118,6 +118,20 @@ def test_buckets_split_large_tensors_keep_dtypes_apart_and_cover_every_value() -
         Layout.build(entries, 10)
 
 
+def test_a_layout_built_again_for_the_same_model_is_the_one_kept() -> None:
+    entries = [Entry("a", (3000,), "torch.bfloat16"), Entry("n", (10,), "torch.float32")]
+    layout = Layout.build(entries, 4096, frozen={"n"})
+    again = Layout.build(tuple(entries), 4096, frozen=["n"])  # any sequence, any iterable
+    assert again is layout
+    assert Layout.build(entries, 4096) is not layout  # nothing frozen: another cut
+    assert [b.frozen for b in layout.buckets] == [False, False, True]
+    assert [b.frozen for b in Layout.build(entries, 4096).buckets] == [False, False, False]
+    assert Layout.build(entries, 8192, {"n"}).bucket_bytes == 8192
+    with pytest.raises(TypeError, match="bucket_bytes"):  # refused before the kept ones
+        Layout.build(entries, 4096.0)  # type: ignore[arg-type]
+    assert Layout.build(entries, 4096, {"n"}) is layout  # and they are still there
+
+
 def test_gather_casts_and_scatter_writes_in_place() -> None:
     src = {"w": torch.randn(40, 30), "v": torch.randn(7)}  # fp32 masters
     dst = {
