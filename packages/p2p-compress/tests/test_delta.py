@@ -274,6 +274,48 @@ def test_wide_gaps_are_escaped() -> None:
         assert bits(target) == bits(new)
 
 
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_the_sparse_body_keeps_its_documented_layout(itemsize: int) -> None:
+    """Scan, body and decode against the format's own words, over several scan chunks.
+
+    The planes hold byte ``j`` of every change's zigzag code, plane by plane (the
+    strided copy ``codes.reshape(c, s).T``), then a byte per gap, then the escaped gaps:
+    however the body is built and read, its bytes stay these.
+    """
+    from p2p_compress._delta import _sparse
+
+    rng = np.random.default_rng(itemsize)
+    u = np.dtype(f"uint{8 * itemsize}")
+    n = 2 * _sparse.SCAN_CHUNK + 12_345  # changes in three chunks, the last one short
+    base = rng.integers(0, np.iinfo(u).max, n, dtype=u, endpoint=True)
+    new = base.copy()
+    changed = np.flatnonzero(rng.random(n) < 0.2)
+    changed = np.union1d(changed, [n - 1])  # the very last element too
+    new[changed] += rng.integers(1, 5, changed.size).astype(u)
+    new[changed[::7]] -= 9  # some go down: negative differences wrap
+    count, found = _sparse.scan(new, base, n)
+    assert found is not None
+    assert count == changed.size
+    pos, diff = found
+    assert np.array_equal(pos, changed)
+    assert np.array_equal(diff, new[changed] - base[changed])
+    gaps = _sparse.gaps_of(pos)
+    nbig = int(np.count_nonzero(gaps >= 255))
+    body = torch.empty(_sparse.body_size(itemsize, count, nbig, n), dtype=torch.uint8)
+    _sparse.write_body(diff, gaps, body)
+    signed = diff.view({1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[itemsize])
+    codes = ((signed << 1) ^ (signed >> (8 * itemsize - 1))).view(np.uint8)
+    planes = codes.reshape(count, itemsize).T.reshape(-1)  # the documented layout
+    got = body.numpy()
+    assert np.array_equal(got[: itemsize * count], planes)
+    assert np.array_equal(got[itemsize * count : (itemsize + 1) * count], np.minimum(gaps, 255))
+    back_pos, back_diff = _sparse.read_body(body, count, n, itemsize)
+    assert np.array_equal(back_pos, pos)
+    assert np.array_equal(back_diff, diff)
+    assert _sparse.scan(new, base, count - 1) == (count, None)  # too many: only counted
+    assert _sparse.scan(new, base, -1) == (count, None)
+
+
 def test_patch_owns_its_payload() -> None:
     base = torch.zeros(1000, dtype=torch.float32)
     new = torch.ones(1000)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from p2p_compress._codecs._planes import from_planes, to_planes
 from p2p_compress._delta._streams import I_TYPES, U_TYPES
 from p2p_compress._errors import CompressionError
 
@@ -55,8 +56,11 @@ def scan(
 ) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
     """Count the changed elements; collect their positions and differences while few.
 
-    Works a cache-sized chunk at a time: compare, find the changes, gather them, so
-    each chunk is read from memory once and no tensor-sized mask is made.
+    Works a cache-sized chunk at a time: subtract (wrapping), find the nonzero
+    differences, gather them, so each chunk is read from memory once and no
+    tensor-sized mask is made. (Subtracting first gathers one array instead of both
+    sides: 10 MB of 2-byte elements at 19% changed took 5.3-5.8 ms instead of 6.5; a
+    ``flatnonzero`` of the differences themselves instead of their mask: 17 ms.)
 
     Args:
         new: the new bits (flat unsigned view).
@@ -69,23 +73,25 @@ def scan(
     """
     n = int(new.size)
     mask = np.empty(min(n, SCAN_CHUNK), dtype=np.bool_)
+    delta = np.empty(min(n, SCAN_CHUNK), dtype=new.dtype)
     found: list[tuple[np.ndarray, np.ndarray]] | None = [] if most >= 0 else None
     c = 0
     for start in range(0, n, SCAN_CHUNK):
         a = new[start : start + SCAN_CHUNK]
         b = base[start : start + SCAN_CHUNK]
         m = mask[: a.size]
-        np.not_equal(a, b, out=m)
         if found is None:
+            np.not_equal(a, b, out=m)
             c += int(np.count_nonzero(m))
             continue
+        d = np.subtract(a, b, out=delta[: a.size])  # wraps: unsigned arithmetic
+        np.not_equal(d, 0, out=m)  # changed exactly where the difference is not 0
         idx = np.flatnonzero(m)
         c += int(idx.size)
         if c > most:
             found = None
             continue
-        diff = a[idx]
-        diff -= b[idx]  # wraps: unsigned arithmetic
+        diff = d[idx]
         idx += start
         found.append((idx, diff))
     if found is None:
@@ -110,7 +116,7 @@ def write_body(diff: np.ndarray, gaps: np.ndarray, body: torch.Tensor) -> None:
     if s == 1:
         out[:c] = code.view(np.uint8)
     else:
-        out[: s * c].reshape(s, c)[...] = code.view(np.uint8).reshape(c, s).T
+        to_planes(code.view(np.uint8), out[: s * c].reshape(s, c))
     np.minimum(gaps, _ESCAPE, out=out[s * c : (s + 1) * c], casting="unsafe")
     wide = gaps >= _ESCAPE
     if wide.any():
@@ -173,7 +179,7 @@ def read_body(
         code = data[:c].copy()
     else:
         code = np.empty(c, dtype=u)
-        code.view(np.uint8).reshape(c, s)[...] = data[: s * c].reshape(s, c).T
+        from_planes(data[: s * c].reshape(s, c), code.view(np.uint8))
     diff = code >> 1
     diff ^= np.negative(code & 1)  # zigzag back: unsigned wrap
     return pos, diff
