@@ -363,8 +363,8 @@ class WeightSender:
         workers = ThreadPoolExecutor(PREPARERS, thread_name_prefix="p2p-weights-prepare")
 
         def hand_over(keep: int) -> None:
-            if not opened:
-                open_boxes()
+            if not opened and len(preparing) > keep:  # as many buckets are being prepared
+                open_boxes()  # as there are preparers: the plans go out meanwhile
             while len(preparing) > keep:
                 release, prepared = preparing.popleft()
                 head, payload, new = prepared.result()
