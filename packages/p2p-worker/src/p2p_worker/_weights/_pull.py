@@ -159,10 +159,13 @@ class PullRun:
                 # Children that take the bucket as it came get it before it is applied:
                 # the last bucket's hop down the tree does not wait for this one's apply.
                 # (Not a lent bucket: its bytes are the parent's until they are read.)
-                later = [b for b in boxes if lent or not self._as_received(head, stale, b)]
+                early: list[Outbox] = []
+                later: list[Outbox] = []
                 for box in boxes:
-                    if box not in later:
-                        box.put(head, ready(payload), release)
+                    as_is = not lent and _as_received(head, index in stale[box.child])
+                    (early if as_is else later).append(box)
+                for box in early:
+                    box.put(head, ready(payload), release)
                 copy = head.mode != m.FULL and any(index in stale[b.child] for b in boxes)
                 applied = applier.submit(self._apply, index, head, payload, release, copy, lent)
                 applied.add_done_callback(_releaser(release))
@@ -347,11 +350,6 @@ class PullRun:
         for box in boxes:
             box.put(m.Abort(reason, died), None, lambda: None)
 
-    @staticmethod
-    def _as_received(head: m.Header, stale: dict[str, set[int]], box: Outbox) -> bool:
-        """Whether ``box``'s child takes bucket ``head`` as this target received it."""
-        return head.mode == m.FULL or head.index not in stale[box.child]
-
     def _forward(
         self,
         box: Outbox,
@@ -366,7 +364,7 @@ class PullRun:
         As received when the child holds this bucket's base (or it came full), else the
         full bucket from this worker's own copy once applied.
         """
-        if head.mode == m.FULL or not child_stale:
+        if _as_received(head, child_stale):
             box.put(head, ready(payload), release)
             return
         bucket = self.layout.buckets[head.index]
@@ -456,6 +454,15 @@ class PullRun:
             f"bucket {index} ({head.mode}) failed its check: checksum {got:#010x}, the"
             f" source's {head.crc:#010x}; {then}"
         )
+
+
+def _as_received(head: m.Header, child_stale: bool) -> bool:
+    """Whether a child takes bucket ``head`` as it was received.
+
+    So it does when the bucket came in full, or when the child holds its base
+    (``child_stale`` False); else it needs this target's own copy, once applied.
+    """
+    return head.mode == m.FULL or not child_stale
 
 
 def _release_all(release: Callable[[], None], users: int) -> None:
