@@ -35,6 +35,14 @@ def _zstd_stream() -> TensorCodec:
     return ZstdCodec(level=3, backend="python-zstandard")
 
 
+def _zstd_planes() -> TensorCodec:
+    return ZstdCodec(level=1, planes=True)
+
+
+def _zstd_planes_stream() -> TensorCodec:
+    return ZstdCodec(level=1, backend="python-zstandard", planes=True)
+
+
 def _sparse() -> TensorCodec:
     return SparseCodec()
 
@@ -46,12 +54,15 @@ CODEC_FACTORIES = {
     "zstd-libzstd": _zstd,
     "zstd-level9": _zstd_high,
     "zstd-stream": _zstd_stream,
+    "zstd-planes": _zstd_planes,
+    "zstd-planes-stream": _zstd_planes_stream,
 }
 
 
 @pytest.fixture(params=sorted(CODEC_FACTORIES))
 def codec(request: pytest.FixtureRequest) -> TensorCodec:
-    """Every codec and backend: lz4, lz4 fast, zstd (libzstd, level 9, stream fallback), sparse."""
+    """Every codec and backend: lz4, lz4 fast, zstd (libzstd, level 9, stream fallback,
+    tuned for planes on both backends), sparse."""
     return CODEC_FACTORIES[request.param]()
 
 

@@ -182,6 +182,8 @@ def test_codec_parameter_checks() -> None:
         ZstdCodec(level=23)
     with pytest.raises(ValueError, match="backend"):
         ZstdCodec(backend="zlib")
+    with pytest.raises(TypeError, match="planes"):
+        ZstdCodec(planes="yes")  # type: ignore[arg-type]
     # Huge accelerations are clamped by LZ4 itself, not an error.
     src = torch.arange(50_000, dtype=torch.int64)
     codec = Lz4Codec(acceleration=10**9)
@@ -203,6 +205,26 @@ def test_zstd_backends_read_each_other() -> None:
     for a, b in ((native, stream), (stream, native)):
         out = torch.empty(0)
         b.decompress_into(compress(a, torch.empty(0)), out)
+
+
+def test_zstd_tuned_for_planes_writes_ordinary_frames_and_shrinks_planes() -> None:
+    g = torch.Generator().manual_seed(3)
+    weights = (torch.randn(1 << 16, generator=g) * 0.02).to(torch.bfloat16)
+    planes = torch.stack([b for b in weights.view(torch.uint8).view(-1, 2).T]).reshape(-1)
+    sizes = {}
+    for backend in ("libzstd", "python-zstandard"):
+        tuned, plain = ZstdCodec(1, backend=backend, planes=True), ZstdCodec(1, backend=backend)
+        assert (tuned.planes, plain.planes) == (True, False)
+        for a, b in ((tuned, plain), (plain, tuned)):  # each reads the other's frames
+            out = torch.empty_like(planes)
+            b.decompress_into(compress(a, planes), out)
+            assert torch.equal(out, planes)
+        sizes[backend] = (compress(tuned, planes).numel(), compress(plain, planes).numel())
+    # the sign/exponent plane holds under 3 bits of entropy per byte; the tuned match
+    # finder leaves it to the entropy coder, within 5% of level 1's size
+    for tuned_size, plain_size in sizes.values():
+        assert tuned_size <= 1.05 * plain_size
+        assert tuned_size < 0.8 * planes.numel()
 
 
 # ---------------------------------------------------------------- corrupt input

@@ -19,7 +19,14 @@ import torch
 
 from p2p_compress._codecs._codec import CODEC_ZSTD, TensorCodec
 from p2p_compress._codecs._memory import address, memory_view
-from p2p_compress._codecs._zstd_native import NativeZstd, load_errors, load_libzstd
+from p2p_compress._codecs._zstd_native import (
+    C_HASH_LOG,
+    C_MIN_MATCH,
+    C_SEARCH_LOG,
+    NativeZstd,
+    load_errors,
+    load_libzstd,
+)
 from p2p_compress._config import ZSTD_MAX_LEVEL
 from p2p_compress._errors import CompressionError
 
@@ -27,6 +34,9 @@ _INSTALL_HINT: Final = "install python-zstandard: pip install 'zstandard>=0.22'"
 _BLOCK_RESERVED: Final = 3
 _BLOCK_RLE: Final = 1
 _EMPTY_CHECKSUM: Final = bytes.fromhex("99e9d851")  # low 32 bits of XXH64(b""), little-endian
+# ``planes=True``: matches of 7 bytes or more, found through a 64-entry hash table with one
+# probe; the rest of the level's parameters stay.
+PLANES_PARAMS: Final = {C_MIN_MATCH: 7, C_HASH_LOG: 6, C_SEARCH_LOG: 1}
 
 
 def import_zstandard() -> Any:
@@ -87,11 +97,20 @@ class ZstdCodec(TensorCodec):
         backend: ``"auto"`` (libzstd when loadable, else python-zstandard streams),
             ``"libzstd"`` or ``"python-zstandard"``. Both produce standard zstd frames
             with the content size, so either decodes the other's output.
+        planes: Tune the match finder for byte planes of numbers (few long repeats,
+            skewed byte values, where the entropy coder does the work): only matches of
+            7 bytes or more, through a 64-entry hash table. Measured at level 1 on the
+            byte planes of a small decoder's bf16 weights: 2.3x the compression speed,
+            1.6x the decompression speed and 2% smaller (on Gaussian noise in bf16: 2%
+            larger); on planes of their bit XOR between two optimizer steps: as fast or
+            faster and 2-4% smaller. The frames are ordinary zstd frames.
 
     Attributes:
         backend: the backend in use: ``"libzstd"`` or ``"python-zstandard"``.
+        planes: whether the codec is tuned for byte planes.
 
     Raises:
+        TypeError: ``planes`` is not a bool.
         ValueError: ``level`` or ``backend`` is not allowed.
         CompressionError: the requested backend's library is not available.
 
@@ -109,22 +128,25 @@ class ZstdCodec(TensorCodec):
     name: ClassVar[str] = "zstd"
     codec_id: ClassVar[int] = CODEC_ZSTD
 
-    def __init__(self, level: int = 1, *, backend: str = "auto") -> None:
+    def __init__(self, level: int = 1, *, backend: str = "auto", planes: bool = False) -> None:
         if (
             isinstance(level, bool)
             or not isinstance(level, int)
             or not 1 <= level <= ZSTD_MAX_LEVEL
         ):
             raise ValueError(f"level must be an integer from 1 to {ZSTD_MAX_LEVEL}, got {level!r}")
+        if not isinstance(planes, bool):
+            raise TypeError(f"planes must be a bool, got {type(planes).__name__}")
         if backend not in ("auto", "libzstd", "python-zstandard"):
             raise ValueError(
                 f"backend must be 'auto', 'libzstd' or 'python-zstandard', got {backend!r}"
             )
         self.level = level
+        self.planes = planes
         self._native: NativeZstd | None = None
         lib = load_libzstd() if backend != "python-zstandard" else None
         if lib is not None:
-            self._native = NativeZstd(lib, level)
+            self._native = NativeZstd(lib, level, PLANES_PARAMS if planes else None)
             self.backend = "libzstd"
             return
         if backend == "libzstd":
@@ -134,7 +156,20 @@ class ZstdCodec(TensorCodec):
         self.backend = "python-zstandard"
         zstd = import_zstandard()
         self._zstd = zstd
-        self._cctx = zstd.ZstdCompressor(level=level, write_checksum=False, write_content_size=True)
+        if planes:
+            params = zstd.ZstdCompressionParameters.from_level(
+                level,
+                min_match=PLANES_PARAMS[C_MIN_MATCH],
+                hash_log=PLANES_PARAMS[C_HASH_LOG],
+                search_log=PLANES_PARAMS[C_SEARCH_LOG],
+                write_checksum=False,
+                write_content_size=True,
+            )
+            self._cctx = zstd.ZstdCompressor(compression_params=params)
+        else:
+            self._cctx = zstd.ZstdCompressor(
+                level=level, write_checksum=False, write_content_size=True
+            )
         self._dctx = zstd.ZstdDecompressor()
         self._probe = bytearray(1)
         # The stream reader never returns on an empty source, so empty inputs use this

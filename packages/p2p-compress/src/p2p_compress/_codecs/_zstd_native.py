@@ -2,7 +2,8 @@
 
 python-zstandard ships its own libzstd; its CFFI extension module exports the C API,
 so ``ZSTD_compressCCtx`` and ``ZSTD_decompressDCtx`` are called on the tensors' memory
-(ctypes releases the GIL during the call). A system ``libzstd`` is the fallback.
+(ctypes releases the GIL during the call). A context with parameters beyond the level
+compresses with ``ZSTD_compress2``. A system ``libzstd`` is the fallback.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from p2p_compress._errors import CompressionError
 _CONTENTSIZE_ERROR: Final = (1 << 64) - 2
 _CONTENTSIZE_UNKNOWN: Final = (1 << 64) - 1
 _MIN_VERSION: Final = 10400  # ZSTD_findFrameCompressedSize, ZSTD_getFrameContentSize
+# ZSTD_cParameter values (zstd.h, stable since 1.4.0).
+C_LEVEL: Final = 100
+C_HASH_LOG: Final = 102
+C_SEARCH_LOG: Final = 104
+C_MIN_MATCH: Final = 105
 
 _lock = threading.Lock()
 _loaded = False
@@ -34,6 +40,8 @@ def _bind(cdll: ctypes.CDLL) -> ctypes.CDLL:
         "ZSTD_createDCtx": ((), vp),
         "ZSTD_freeDCtx": ((vp,), sz),
         "ZSTD_compressCCtx": ((vp, vp, sz, vp, sz, i), sz),
+        "ZSTD_compress2": ((vp, vp, sz, vp, sz), sz),
+        "ZSTD_CCtx_setParameter": ((vp, i, i), sz),
         "ZSTD_decompressDCtx": ((vp, vp, sz, vp, sz), sz),
         "ZSTD_getFrameContentSize": ((vp, sz), ctypes.c_ulonglong),
         "ZSTD_findFrameCompressedSize": ((vp, sz), sz),
@@ -77,9 +85,13 @@ def load_libzstd() -> Any:
 
 
 class NativeZstd:
-    """One libzstd compression context and one decompression context."""
+    """One libzstd compression context and one decompression context.
 
-    def __init__(self, lib: Any, level: int) -> None:
+    ``params``: ``ZSTD_cParameter`` -> value, set on the compression context on top of
+    the level (empty: the level's parameters, one-shot ``ZSTD_compressCCtx``).
+    """
+
+    def __init__(self, lib: Any, level: int, params: dict[int, int] | None = None) -> None:
         self._lib = lib
         cctx = lib.ZSTD_createCCtx()
         dctx = lib.ZSTD_createDCtx()
@@ -90,6 +102,9 @@ class NativeZstd:
         self._cctx, self._dctx = cctx, dctx
         self._level = level
         weakref.finalize(self, _free, lib, cctx, dctx)
+        self._tuned = bool(params)
+        for param, value in {C_LEVEL: level, **(params or {})}.items() if params else ():
+            self._check(lib.ZSTD_CCtx_setParameter(cctx, param, value), "ZSTD_CCtx_setParameter")
 
     def _check(self, code: int, what: str) -> int:
         if self._lib.ZSTD_isError(code):
@@ -98,6 +113,9 @@ class NativeZstd:
         return code
 
     def compress(self, src: int, nbytes: int, dst: int, capacity: int) -> int:
+        if self._tuned:  # the context's parameters; the frame defaults as below
+            code = self._lib.ZSTD_compress2(self._cctx, dst, capacity, src, nbytes)
+            return self._check(code, "ZSTD_compress2")
         # The classic one-shot call: the level's parameters with the frame defaults
         # (content size written, no checksum), a little faster than ZSTD_compress2.
         code = self._lib.ZSTD_compressCCtx(self._cctx, dst, capacity, src, nbytes, self._level)

@@ -18,7 +18,7 @@ import torch
 from p2p_compress._codecs._codec import TensorCodec
 from p2p_compress._codecs._lz4 import Lz4Codec
 from p2p_compress._codecs._zstd import ZstdCodec
-from p2p_compress._delta._patch import HEADER_SIZE, pack_header
+from p2p_compress._delta._patch import FLAG_PLANES, HEADER_SIZE, pack_header
 from p2p_compress._errors import CompressionError
 from p2p_compress._pool import TensorBufferPool
 
@@ -40,8 +40,11 @@ I_TYPES: dict[int, type[np.signedinteger]] = {
 }
 
 
-def codec_for(name: str, level: int) -> TensorCodec | None:
-    """The codec called ``name`` for this thread (None for ``"raw"``)."""
+def codec_for(name: str, level: int, planes: bool = False) -> TensorCodec | None:
+    """The codec called ``name`` for this thread (None for ``"raw"``).
+
+    ``planes``: a zstd codec tuned for byte planes (``ZstdCodec(planes=True)``).
+    """
     global _lz4
     if name == "raw":
         return None
@@ -50,12 +53,13 @@ def codec_for(name: str, level: int) -> TensorCodec | None:
             if _lz4 is None:
                 _lz4 = Lz4Codec()
             return _lz4
-    cache: dict[int, ZstdCodec] | None = getattr(_local, "zstd", None)
+    cache: dict[tuple[int, bool], ZstdCodec] | None = getattr(_local, "zstd", None)
     if cache is None:
         cache = _local.zstd = {}
-    codec = cache.get(level)
+    key = (level, planes)
+    codec = cache.get(key)
     if codec is None:
-        codec = cache[level] = ZstdCodec(level)
+        codec = cache[key] = ZstdCodec(level, planes=planes)
     return codec
 
 
@@ -94,11 +98,16 @@ def seal(
 ) -> tuple[str, torch.Tensor]:
     """Header + compressed body as a fresh payload; raw when compression does not shrink it.
 
+    A dense body in byte planes (``FLAG_PLANES``) at zstd level 1 is compressed with
+    the codec tuned for planes (2.3x faster on bf16 weights, and smaller); sparse bodies
+    keep the level's own parameters (at 1-2% changed those were 2.5% smaller and
+    faster there).
+
     Returns:
         The codec that was used (``"raw"`` when compressing did not pay) and the payload.
     """
     size = int(body.numel())
-    codec = codec_for(codec_name, level) if size else None
+    codec = codec_for(codec_name, level, bool(flags & FLAG_PLANES) and level == 1) if size else None
     bound = codec.max_compressed_size(size) if codec is not None else None
     if codec is not None and bound is not None:
         with scratch(pool, bound) as out:
