@@ -89,6 +89,7 @@ class Trainer(Worker):
             lambda: self.push_weights(self.model, "7"),
             lambda: self.push_weights(self.model, 7, bucket_bytes=10),
             lambda: self.push_weights(self.model, 7, fanout=0),
+            lambda: self.push_weights(self.model, 7, compress_full="yes"),  # type: ignore[arg-type]
             lambda: self.push_weights(self.model, 7, timeout=-1),
             lambda: self.push_weights([1, 2], 7),
             lambda: self.push_weights(self.model, 7, targets=[]),
@@ -113,6 +114,16 @@ class Trainer(Worker):
     def state(self) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in self.model.state_dict().items()}
 
+    def push_noise(self, version: int) -> dict[str, Any]:
+        """Random 16-bit integers, which no codec shrinks, pushed packed if it paid."""
+        g = torch.Generator().manual_seed(version)
+        self.noise = {"noise": torch.randint(-(1 << 15), 1 << 15, (1 << 14,), generator=g)}
+        self.noise["noise"] = self.noise["noise"].to(torch.int16)
+        report = self.push_weights(
+            self.noise, version, "wrollout", sync="noise", bucket_bytes=BUCKET, compress_full=True
+        )
+        return {"modes": report.modes, "sent": report.sent_bytes, "full": report.full_bytes}
+
 
 class Rollout(Worker):
     def __init__(self) -> None:
@@ -129,7 +140,14 @@ class Rollout(Worker):
         else:
             version = self.pull_weights(self.model, "wtrainer", 0, timeout=120)
         in_place = ptrs == {k: v.data_ptr() for k, v in self.model.state_dict().items()}
-        return {"version": version, "in_place": in_place, "held": self.weight_version()}
+        receiver = self.weight_receiver()
+        modes = {} if receiver is None else dict(receiver.last_stats.get("modes", {}))
+        return {
+            "version": version,
+            "in_place": in_place,
+            "held": self.weight_version(),
+            "modes": modes,
+        }
 
     def pull_failing(self) -> dict[str, Any]:
         try:
@@ -139,6 +157,13 @@ class Rollout(Worker):
 
     def lend(self, on: bool) -> None:
         set_lending(on)
+
+    def pull_noise(self) -> tuple[int, torch.Tensor]:
+        noise = self.__dict__.setdefault(
+            "noise", {"noise": torch.zeros(1 << 14, dtype=torch.int16)}
+        )
+        version = self.pull_weights(noise, "wtrainer", 0, sync="noise", timeout=120)
+        return version, noise["noise"].clone()
 
     def corrupt(self, key: str) -> None:
         with torch.no_grad():
@@ -234,13 +259,14 @@ def test_push_to_three_targets_in_place_cast_versioned_and_checked(cluster: Clus
         assert_same(src, dst)
     # bad input is refused by name and leaves both sides usable
     errors = trainer.bad_inputs().wait(60)[0]
-    assert len(errors) == 8, errors
+    assert len(errors) == 9, errors
     for text, word in zip(
         errors,
         [
             "version",
             "bucket_bytes",
             "fanout",
+            "compress_full",
             "timeout",
             "model",
             "targets",
@@ -323,3 +349,75 @@ def test_sharded_source_fills_the_union_in_parallel(cluster: Cluster) -> None:
         for key, t in dst.items():
             want = union[key].to(t.dtype)
             assert torch.equal(t.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))
+
+
+def test_full_buckets_travel_packed_over_connections(cluster: Cluster) -> None:
+    trainer = Trainer.create_group().launch(
+        cluster, PackedPlacementStrategy(1, cpus_per_worker=0), name="wtrainer"
+    )
+    rollout = Rollout.create_group().launch(
+        cluster, PackedPlacementStrategy(3, cpus_per_worker=0), name="wrollout"
+    )
+    # by value down a chain (sharing off), packed: every byte arrives bit-exact, fewer
+    # of them travel; the relays forward the packed buckets as they came
+    trainer.lend(False).wait(60)
+    kw: dict[str, Any] = {"bucket_bytes": BUCKET, "compress_full": True}
+    pushed, pulled = sync(trainer, rollout, 1, targets="wrollout", **kw)
+    assert [p["version"] for p in pulled] == [1, 1, 1]
+    assert [p["modes"] for p in pulled] == [pushed["modes"]] * 3  # forwarded as they came
+    assert pushed["modes"]["packed"] >= pushed["modes"].get("full", 0)
+    assert set(pushed["modes"]) <= {"packed", "full"}
+    assert pushed["sent"] < pushed["full"] * 7 // 8
+    src = trainer.state().wait(60)[0]
+    for dst in rollout.state().wait(60):
+        assert_same(src, dst)
+    # compress_full=False: the same push in plain bits
+    pushed, pulled = sync(trainer, rollout, 2, delta=False, compress_full=False)
+    assert [p["version"] for p in pulled] == [2, 2, 2]
+    assert set(pushed["modes"]) == {"full"}
+    assert pushed["sent"] == pushed["full"]
+    # off is the default
+    pushed, _ = sync(trainer, rollout, 3, delta=False)
+    assert set(pushed["modes"]) == {"full"}
+    # every target torn in one bucket: the source packs that bucket for them (a delta is
+    # no use to them), the relays forward it as it came, the rest travels as deltas
+    pushed, _ = sync(trainer, rollout, 4, delta=True, compress_full=True)
+    rollout.corrupt("out.weight").wait(60)
+    pulls = rollout.pull_failing()
+    failed = trainer.push_failing(5).wait(120)[0]
+    assert sorted(failed["failed"]) == ["wrollout:0", "wrollout:1", "wrollout:2"]
+    assert [g.get("version") for g in pulls.wait(120)] == [None, None, None]
+    trainer.step(6, ["out.weight", "block.weight"]).wait(60)
+    pushed, pulled = sync(trainer, rollout, 6)
+    assert [p["version"] for p in pulled] == [6, 6, 6]
+    assert pushed["modes"]["delta"] > 0
+    assert pushed["modes"]["same"] > 0
+    assert pushed["modes"]["packed"] == 1
+    assert [p["modes"] for p in pulled] == [pushed["modes"]] * 3
+    src = trainer.state().wait(60)[0]
+    for dst in rollout.state().wait(60):
+        assert_same(src, dst)
+    # targets that read the source's shared arena get plain bits there, packing or not
+    trainer.lend(True).wait(60)
+    trainer.step(7, ["out.weight"]).wait(60)
+    pushed, pulled = sync(trainer, rollout, 7, delta=False)
+    assert [p["version"] for p in pulled] == [7, 7, 7]
+    assert set(pushed["modes"]) == {"full"}
+    assert (pushed["sent"], pushed["unshared"]) == (0, {})
+    assert pushed["shared"] == pushed["full"]
+    src = trainer.state().wait(60)[0]
+    for dst in rollout.state().wait(60):
+        assert_same(src, dst)
+    # buckets that packing does not shrink go plain (and are not packed again)
+    trainer.lend(False).wait(60)
+    for version in (1, 2):
+        pulls = rollout.pull_noise()
+        pushed = trainer.push_noise(version).wait(120)[0]
+        assert pushed["modes"] == {"full": 4}
+        assert pushed["sent"] == pushed["full"] == 1 << 15
+        want = torch.randint(
+            -(1 << 15), 1 << 15, (1 << 14,), generator=torch.Generator().manual_seed(version)
+        ).to(torch.int16)
+        for got_version, got in pulls.wait(120):
+            assert got_version == version
+            assert torch.equal(got, want)

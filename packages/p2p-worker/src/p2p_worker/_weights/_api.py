@@ -85,6 +85,7 @@ class WeightSyncMixin:
         fanout: int | None = None,
         delta: bool | None = None,
         partial: bool | None = None,
+        compress_full: bool | None = None,
     ) -> PushReport | AsyncWork[PushReport]:
         """Push ``model`` as ``version`` to every target of the sync, in one call.
 
@@ -124,6 +125,13 @@ class WeightSyncMixin:
                 targets' keys it holds, the other shards the rest (default False:
                 every key of the targets must be in ``model``); kept. The targets pull
                 with ``src_rank`` listing every shard.
+            compress_full: Send a bucket that goes in full over a connection packed,
+                compressed without loss (byte planes, then zstd level 1: bf16 weights
+                take about 2/3 of their bytes), at about 0.75 GB/s per preparing
+                thread on the source and 1.3 GB/s on each target (default False);
+                kept. It pays where the links are slower than that and the nodes have
+                cores to spare; targets reading a shared arena get the plain bits; a
+                bucket whose packed form does not save 1/8 of its bytes goes plain.
 
         Returns:
             A :class:`PushReport` (or a handle to it).
@@ -167,7 +175,13 @@ class WeightSyncMixin:
                 syncs[("push", name)] = sender
             else:
                 sender._targets = resolve
-        sender.configure(bucket_bytes=bucket_bytes, fanout=fanout, delta=delta, partial=partial)
+        sender.configure(
+            bucket_bytes=bucket_bytes,
+            fanout=fanout,
+            delta=delta,
+            partial=partial,
+            compress_full=compress_full,
+        )
         result: PushReport | AsyncWork[PushReport] = sender.push(
             model, version, async_op=async_op, timeout=timeout, join_timeout=join_timeout
         )

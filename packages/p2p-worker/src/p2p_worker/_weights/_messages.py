@@ -3,10 +3,12 @@
 ``hello`` (target -> source): what the target holds. ``plan`` (source -> every
 target): the version, the layout parameters and the relay tree. ``bucket`` headers
 travel down the tree, each followed by its payload unless the bucket is unchanged or
-lent (its bits wait in the parent's shared arena). ``lend`` (parent -> a same-node
-child, before the buckets) names that arena; ``borrow`` (the child's answer) says
-whether the child mapped it. ``result`` (target -> source): what the target holds
-afterwards.
+lent (its bits wait in the parent's shared arena). A bucket travels ``full`` (its
+bits), ``packed`` (its bits, compressed without loss: a p2p-compress full patch, which
+needs no base), ``delta`` (a patch against the base), ``same`` or ``lent``. ``lend``
+(parent -> a same-node child, before the buckets) names that arena; ``borrow`` (the
+child's answer) says whether the child mapped it. ``result`` (target -> source): what
+the target holds afterwards.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TypeVar, overload
 
 from p2p_collective import FramingError
 
-FULL, DELTA, SAME, LENT = "full", "delta", "same", "lent"
+FULL, PACKED, DELTA, SAME, LENT = "full", "packed", "delta", "same", "lent"
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,8 @@ class Header:
     """One bucket: how it travels, the checksum of its new bits, the payload's size.
 
     ``lent``: no payload follows; ``meta["offset"]`` says where in the parent's arena the
-    bucket's ``nbytes`` lie.
+    bucket's ``nbytes`` lie. ``packed`` and ``delta``: ``meta`` is the patch's, and
+    ``nbytes`` the payload's size.
     """
 
     index: int

@@ -102,6 +102,7 @@ class PullRun:
         self.borrowed: Borrowed | None = None
         self.line = 0
         self.read = 0  # lent buckets finished (counted in the parent's arena)
+        self.stale: dict[str, set[int]] = {}  # child -> buckets whose base it lacks
 
     def _fail(self, child: str, exc: BaseException) -> None:
         self.st.edges.drop(child)
@@ -111,7 +112,7 @@ class PullRun:
         me = st.me
         parent = plan.parent[me]
         children = self.tree.children(me)
-        stale = {c: set(plan.stale.get(c, ())) for c in children}
+        self.stale = {c: set(plan.stale.get(c, ())) for c in children}
         lender = self._lender(children)
         boxes = [
             Outbox(
@@ -162,17 +163,17 @@ class PullRun:
                 early: list[Outbox] = []
                 later: list[Outbox] = []
                 for box in boxes:
-                    as_is = not lent and _as_received(head, index in stale[box.child])
+                    as_is = not lent and self._takes_as_received(box, head)
                     (early if as_is else later).append(box)
                 for box in early:
                     box.put(head, ready(payload), release)
-                copy = head.mode != m.FULL and any(index in stale[b.child] for b in boxes)
+                copy = any(not self._takes_as_received(b, head) for b in boxes)
                 applied = applier.submit(self._apply, index, head, payload, release, copy, lent)
                 applied.add_done_callback(_releaser(release))
                 if lent:  # in bucket order: one applier thread
                     applied.add_done_callback(self._finished_reading)
                 for box in later:
-                    self._forward(box, head, payload, applied, index in stale[box.child], release)
+                    self._forward(box, head, payload, applied, release)
         finally:
             applier.shutdown(wait=True)
             for box in boxes:
@@ -350,21 +351,25 @@ class PullRun:
         for box in boxes:
             box.put(m.Abort(reason, died), None, lambda: None)
 
+    def _takes_as_received(self, box: Outbox, head: m.Header) -> bool:
+        """Whether ``box``'s child takes bucket ``head`` as this target received it."""
+        child = box.child
+        return _as_received(head, head.index in self.stale[child], child in self.plan.lent)
+
     def _forward(
         self,
         box: Outbox,
         head: m.Header,
         payload: torch.Tensor | None,
         applied: Future[torch.Tensor | None],
-        child_stale: bool,
         release: Callable[[], None],
     ) -> None:
         """Forward one bucket to one child.
 
-        As received when the child holds this bucket's base (or it came full), else the
-        full bucket from this worker's own copy once applied.
+        As received when the child takes it so (see ``_as_received``), else the full
+        bucket from this worker's own copy once applied.
         """
-        if _as_received(head, child_stale):
+        if self._takes_as_received(box, head):
             box.put(head, ready(payload), release)
             return
         bucket = self.layout.buckets[head.index]
@@ -431,7 +436,7 @@ class PullRun:
                 assert payload is not None
                 gens[index] = None  # from here until the check passes
                 scatter(bucket, payload, self.own)
-            elif head.mode == m.DELTA:
+            elif head.mode in (m.DELTA, m.PACKED):
                 assert payload is not None
                 assert head.meta is not None
                 gens[index] = None  # from here until the check passes
@@ -456,13 +461,20 @@ class PullRun:
         )
 
 
-def _as_received(head: m.Header, child_stale: bool) -> bool:
+def _as_received(head: m.Header, child_stale: bool, child_lent: bool) -> bool:
     """Whether a child takes bucket ``head`` as it was received.
 
-    So it does when the bucket came in full, or when the child holds its base
-    (``child_stale`` False); else it needs this target's own copy, once applied.
+    So it does when the bucket came in full; when it came packed and the child is not
+    lent (a lent child reads this target's plain bits from its arena instead of
+    unpacking them); or when it came as a delta (or unchanged) and the child holds its
+    base (``child_stale`` False). Else the child needs this target's own copy, once
+    applied.
     """
-    return head.mode == m.FULL or not child_stale
+    if head.mode == m.FULL:
+        return True
+    if head.mode == m.PACKED:
+        return not child_lent
+    return not child_stale
 
 
 def _release_all(release: Callable[[], None], users: int) -> None:

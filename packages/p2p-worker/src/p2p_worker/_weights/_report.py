@@ -15,8 +15,10 @@ class PushReport:
         failed: Target name -> why it did not confirm ``version``.
         buckets: Number of buckets.
         bucket_bytes: The bucket size used (set, or chosen for the model).
-        modes: How the source prepared the buckets: ``{"full": n, "delta": n, "same": n}``
-            (a child that lacks a delta's base gets that bucket in full).
+        modes: How the source prepared the buckets: ``{"full": n, "packed": n, "delta":
+            n, "same": n}`` (``packed``: in full, compressed without loss, for the
+            children that take it by value; a child that lacks a delta's base gets that
+            bucket in full, packed where packing is on).
         sent_bytes: Payload bytes the source put on the wire (resends to orphans included).
         shared_bytes: Bytes the source lent to targets on its own node through its shared
             arena (each bucket once, however many of them read it).

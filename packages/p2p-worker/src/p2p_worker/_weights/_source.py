@@ -2,8 +2,9 @@
 
 One :class:`WeightSender` per worker and sync. Each :meth:`~WeightSender.push` waits for
 every target's hello (what it holds), plans the relay, then prepares bucket after bucket
-(cast to the targets' dtype, checksum, unchanged / delta / full) while the previous one
-is on the wire to the first target, and finally collects every target's result. A
+(cast to the targets' dtype, checksum, unchanged / delta / full / packed) while the
+previous one is on the wire to the first target, and finally collects every target's
+result. A
 target whose parent in the relay died asks the source for the rest; the source sends it
 full buckets from its own copy.
 
@@ -25,7 +26,7 @@ from p2p_asyncwork.internal import check_timeout
 from p2p_collective import Collective
 from p2p_worker._weights import _messages as m
 from p2p_worker._weights._arena import Arena, Lender, fit_arena, lending
-from p2p_worker._weights._codec import checksum, encode_delta
+from p2p_worker._weights._codec import Packed, bucket_form, checksum, packed_form
 from p2p_worker._weights._edges import (
     Edges,
     Outbox,
@@ -53,8 +54,9 @@ DEFAULT_PUSH_TIMEOUT = 600.0
 DEFAULT_JOIN_TIMEOUT = 60.0
 INFLIGHT = 3  # buckets the source prepares ahead of the wire
 PREPARERS = 2  # buckets prepared at once (threads)
-_Prepared = tuple[m.Header, "torch.Tensor | None", "torch.Tensor | None"]
-"""A prepared bucket: its header, its payload, its new bits in full (when gathered)."""
+_Prepared = tuple[m.Header, "torch.Tensor | None", "torch.Tensor | None", "Packed | None"]
+"""A prepared bucket: its header, its payload, its new bits in full (when gathered), and
+its packed form (when some child takes it by value in full and packing pays)."""
 
 
 class WeightSender:
@@ -73,8 +75,13 @@ class WeightSender:
         delta: Keep a delta base (one copy of the model in the targets' dtypes) so that
             unchanged buckets are not sent and changed ones travel as bit-level deltas
             where p2p-compress offers them and they are smaller.
-        codec: The delta's entropy codec (``"zstd"`` or ``"lz4"``).
+        codec: The entropy codec of deltas and packed buckets (``"zstd"`` or ``"lz4"``).
         level: The codec's level.
+        compress_full: A bucket that goes to a child in full over a connection travels
+            packed (compressed without loss: byte planes, then ``codec``). Children
+            that read a shared arena get the plain bits there. A bucket whose packed
+            form does not save 1/8 of its bytes goes plain, and is not packed again
+            until the layout changes.
         partial: This source is one shard of a sharded trainer: it fills the targets'
             keys it holds (the other shards fill the rest) instead of requiring all.
         node: This worker's node index: targets on it read the buckets from the
@@ -101,6 +108,7 @@ class WeightSender:
         level: int = 1,
         partial: bool = False,
         node: int | None = None,
+        compress_full: bool = False,
     ) -> None:
         self.sync = sync
         self._me = me
@@ -111,13 +119,22 @@ class WeightSender:
         self._edges = Edges(collective, me, sync, me)
         self.partial = False
         self.bucket_bytes: int | None = None
-        self.configure(bucket_bytes=bucket_bytes, fanout=fanout, delta=delta, partial=partial)
+        self.compress_full = False
+        self.configure(
+            bucket_bytes=bucket_bytes,
+            fanout=fanout,
+            delta=delta,
+            partial=partial,
+            compress_full=compress_full,
+        )
         self.codec = codec
         self.level = level
         self._life = new_generation()
         self._count = 0
         self._base: list[torch.Tensor | None] = []  # the last pushed bits, per bucket
         self._crcs: list[int] = []
+        self._packs: list[bool] = []  # per bucket: packing still pays (this layout)
+        self._packs_digest: str | None = None
         self._base_gen: str | None = None
         self._base_digest: str | None = None
         self._waiting: dict[str, Waiting] = {}  # target -> its hello's receive, still waiting
@@ -130,6 +147,7 @@ class WeightSender:
         fanout: int | None = None,
         delta: bool | None = None,
         partial: bool | None = None,
+        compress_full: bool | None = None,
     ) -> None:
         """Change settings for the next pushes (a new bucket size means full copies once).
 
@@ -138,7 +156,11 @@ class WeightSender:
         """
         b = check_bucket_bytes(bucket_bytes) if bucket_bytes is not None else None
         f = check_fanout(fanout) if fanout is not None else None
-        for arg, value in (("delta", delta), ("partial", partial)):
+        for arg, value in (
+            ("delta", delta),
+            ("partial", partial),
+            ("compress_full", compress_full),
+        ):
             if value is not None and not isinstance(value, bool):
                 raise TypeError(f"{arg}: expected a bool, got {type(value).__name__}")
         if b is not None:
@@ -149,6 +171,8 @@ class WeightSender:
             self.delta = delta
         if partial is not None:
             self.partial = partial
+        if compress_full is not None:
+            self.compress_full = compress_full
 
     @property
     def base_bytes(self) -> int:
@@ -243,6 +267,9 @@ class WeightSender:
             self._crcs = [0] * len(layout.buckets)
             self._base_gen = None
             self._base_digest = layout.digest
+        if self._packs_digest != layout.digest:
+            self._packs = [True] * len(layout.buckets)
+            self._packs_digest = layout.digest
         stale = {name: self._stale(h, layout) for name, h in hellos.items()}
         tree = build_tree(
             self._me,
@@ -327,6 +354,10 @@ class WeightSender:
         full from shared memory costs a child about what applying its delta would, and
         the source saves the delta scan (it only compares the bucket with its base).
 
+        With ``compress_full``, a bucket that some child takes by value in full is also
+        packed (compressed without loss) for those children; lent children read the
+        plain bits.
+
         The first buckets are being prepared while ``send_plans`` sends the plan to every
         target; a child whose plan did not go gets no bucket (its share of each bucket's
         slot is released at once).
@@ -354,7 +385,8 @@ class WeightSender:
             )
 
         stale_of = {c: set(stale.get(c, ())) for c in children}
-        encode = any(c not in tree.lent for c in children)
+        by_value = [c for c in children if c not in tree.lent]
+        encode = bool(by_value)
         arena = None if lender is None else lender.arena
         slots = Slots(INFLIGHT, self._pools.get(layout), arena)
         held_gen = self._base_gen
@@ -367,16 +399,19 @@ class WeightSender:
                 open_boxes()  # as there are preparers: the plans go out meanwhile
             while len(preparing) > keep:
                 release, prepared = preparing.popleft()
-                head, payload, new = prepared.result()
+                head, payload, new, packed = prepared.result()
                 for _ in range(len(children) - len(boxes)):  # their plan did not go
                     release()
-                report.modes[head.mode] = report.modes.get(head.mode, 0) + 1
+                mode = m.PACKED if packed is not None and head.mode == m.FULL else head.mode
+                report.modes[mode] = report.modes.get(mode, 0) + 1
                 nbytes = layout.buckets[head.index].nbytes
                 full = m.Header(head.index, m.FULL, head.crc, None, nbytes)
                 for box in boxes:
-                    if head.mode == m.FULL or head.index not in stale_of[box.child]:
-                        box.put(head, ready(payload), release)
-                    else:  # this child lacks the base: the bucket in full
+                    if head.mode != m.FULL and head.index not in stale_of[box.child]:
+                        box.put(head, ready(payload), release)  # unchanged, or its delta
+                    elif packed is not None and box.child not in tree.lent:
+                        box.put(packed[0], ready(packed[1]), release)
+                    else:  # in full: its bits (lent: in the arena)
                         box.put(full, ready(new), release)
 
         try:
@@ -385,7 +420,9 @@ class WeightSender:
                 lacking = sum(i in stale_of[c] for c in children)
                 held = held_gen is not None and lacking < len(children)
                 release = slots.take(len(children), deadline, f"bucket {i}")
-                need = (held, lacking > 0, encode)
+                packs = self.compress_full and self._packs[i] and bool(by_value)
+                packs_stale = packs and any(i in stale_of[c] for c in by_value)
+                need = (held, lacking > 0, encode, packs, packs_stale)
                 job = workers.submit(self._prepare, bucket, src, release, *need)
                 preparing.append((release, job))
                 hand_over(PREPARERS - 1)
@@ -430,19 +467,29 @@ class WeightSender:
         held: bool,
         full: bool,
         encode: bool,
+        packs: bool,
+        packs_stale: bool,
     ) -> _Prepared:
-        """Bucket ``bucket``'s header and payload, and its new bits (None when not needed).
+        """Bucket ``bucket``'s header and payload, its new bits and its packed form.
 
         ``held``: some child holds its base; ``full``: some child does not; ``encode``:
-        some child takes deltas. Updates the base.
+        some child takes deltas; ``packs``: a child that takes buckets by value gets
+        this one packed when it goes in full; ``packs_stale``: one of those lacks the
+        base. The new bits and the packed form are None when not needed. Updates the
+        base.
         """
         i = bucket.index
         base = self._base[i]
         if bucket.frozen and base is not None and held and not full:
-            return m.Header(i, m.SAME, self._crcs[i], None, 0), None, None
+            return m.Header(i, m.SAME, self._crcs[i], None, 0), None, None, None
         new = gather(bucket, src, slot.buffer(bucket.numel, bucket.dtype))
         crc = checksum(new)
-        head, payload = self._encode(i, new, base, crc, held, encode, bucket.nbytes)
+        how = (crc, bucket.nbytes, self.codec, self.level)
+        head, payload = bucket_form(i, new, base if held else None, encode, *how)
+        packed = None
+        if packs and (head.mode == m.FULL or packs_stale):
+            packed = packed_form(i, new, *how)
+            self._packs[i] = packed is not None
         if not self.delta:
             self._base[i] = None
         elif base is None:
@@ -450,34 +497,7 @@ class WeightSender:
         elif head.mode != m.SAME:
             base.copy_(new)  # a copy costs less than faulting in a new buffer
         self._crcs[i] = crc
-        return head, payload, new
-
-    def _encode(
-        self,
-        index: int,
-        new: torch.Tensor,
-        base: torch.Tensor | None,
-        crc: int,
-        held: bool,
-        encode: bool,
-        nbytes: int,
-    ) -> tuple[m.Header, torch.Tensor | None]:
-        """How bucket ``index`` travels to the children that hold its base.
-
-        ``held``: some child does; ``encode``: some child takes deltas. Unchanged, as a
-        delta, or in full.
-        """
-        if base is None or not held:
-            return m.Header(index, m.FULL, crc, None, nbytes), new
-        if encode:  # its scan finds "nothing changed" too: no separate compare
-            meta, payload, wire = encode_delta(new, base, self.codec, self.level)
-            if meta["changed"] == 0:
-                return m.Header(index, m.SAME, crc, None, 0), None
-            if wire < nbytes:
-                return m.Header(index, m.DELTA, crc, meta, payload.numel()), payload
-        elif torch.equal(new.view(torch.uint8), base.view(torch.uint8)):
-            return m.Header(index, m.SAME, crc, None, 0), None
-        return m.Header(index, m.FULL, crc, None, nbytes), new
+        return head, payload, new, packed
 
     def _lost(self, child: str, exc: BaseException) -> None:
         self._edges.drop(child)

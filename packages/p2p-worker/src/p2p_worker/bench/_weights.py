@@ -12,7 +12,8 @@ methods have no emulated link, so they run on loopback only. One record per cell
 ``--warmup``, where the changed fraction has settled).
 
 Methods: ``p2p-delta`` and ``p2p-full`` (p2p's ``push_weights`` / ``pull_weights``:
-a relay through the targets, with and without bit-level deltas), ``sends`` (N full
+a relay through the targets, with and without bit-level deltas; ``p2p-packed``, only
+when named: full buckets compressed without loss, ``compress_full=True``), ``sends`` (N full
 ``Worker.send`` s, RLinf's way), ``ray-object-store``
 (``ray.put`` once, N ``ray.get``), ``gloo-broadcast`` (torch.distributed),
 ``ray-collective-broadcast`` (``ray.util.collective``, gloo) and
@@ -78,8 +79,9 @@ LINKS = {"loopback": None, "1gbit": 1000.0, "network": None}
 
 ``network`` is the real network between nodes, the only link of ``--placement spread``."""
 PLACEMENTS = ("one-node", "spread")
-P2P_METHODS = ("p2p-delta", "p2p-full")
-"""p2p's weight sync; the delta sync runs first in a step (targets hold the previous version)."""
+P2P_METHODS = ("p2p-delta", "p2p-full", "p2p-packed")
+"""p2p's weight sync; the delta sync runs first in a step (targets hold the previous version).
+``p2p-packed`` is ``p2p-full`` with ``compress_full=True``; it runs only when named."""
 BASELINES = (
     "sends",
     "ray-object-store",
@@ -88,6 +90,7 @@ BASELINES = (
     "ray-direct-transport",
 )
 METHODS = P2P_METHODS + BASELINES
+DEFAULT_METHODS = tuple(m for m in METHODS if m != "p2p-packed")
 LOOPBACK_ONLY = frozenset(BASELINES) - {"sends"}
 """Methods that do not go through p2p's links, so link emulation cannot shape them: they
 run on the real links only (``loopback``, ``network``)."""
@@ -104,7 +107,7 @@ class WeightsOptions:
     lrs: list[float] = field(default_factory=lambda: [1e-6, 1e-5])
     steps: int = 8
     warmup: int = 5
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
     timeout: float = 600.0
     seed: int = 0
     out: Path = Path("p2p-bench-out")
@@ -209,7 +212,8 @@ class _Cell:
         if method in P2P_METHODS:
             sync = method.removeprefix("p2p-")
             recv = self.dst.call("pull_p2p", self.names[0], sync, timeout)
-            push = self.src.call("push_p2p", self.names[1], sync, sync == "delta", timeout)
+            packed = sync == "packed"
+            push = self.src.call("push_p2p", self.names[1], sync, sync == "delta", timeout, packed)
             pushed: PushFacts = push.wait(timeout=timeout)[0]
             wire = int(pushed["sent_bytes"]) + int(pushed["shared_bytes"])  # lent: once
             read: list[int] = recv.wait(timeout=timeout)

@@ -178,10 +178,21 @@ class WeightsSource(Worker):
         for work in works:
             work.wait(timeout=timeout)
 
-    def push_p2p(self, dst_group: str, sync: str, delta: bool, timeout: float) -> PushFacts:
-        """p2p's weight sync: push the fp32 masters as this version (cast per bucket)."""
+    def push_p2p(
+        self, dst_group: str, sync: str, delta: bool, timeout: float, packed: bool = False
+    ) -> PushFacts:
+        """p2p's weight sync: push the fp32 masters as this version (cast per bucket).
+
+        ``packed``: full buckets go compressed without loss (``compress_full``).
+        """
         report = self.push_weights(
-            self.trainer.model, self.version, dst_group, sync=sync, delta=delta, timeout=timeout
+            self.trainer.model,
+            self.version,
+            dst_group,
+            sync=sync,
+            delta=delta,
+            timeout=timeout,
+            compress_full=packed,
         )
         assert isinstance(report, PushReport)  # async_op=False
         if report.failed:
