@@ -2,9 +2,10 @@
 
 One driver run (``run``) runs ``p2p-bench weights --placement spread`` with every method:
 the trainer on node 0, rollout worker i on node 1 + i, the small model, a few steps. A
-second one (``run_six``) runs p2p's two methods to six targets, two on each worker node:
+second one (``run_six``) runs p2p's methods to six targets, two on each worker node:
 one of each pair is relayed, the other reads each bucket from its node-mate's shared
-memory. The
+memory (with ``p2p-packed`` too: each relay unpacks the buckets it forwards packed, and
+lends its node-mate the plain bits). The
 tests check that every method left every target holding exactly the trainer's version,
 that the targets ran on the other nodes, that the JSON records are complete, that the
 wire bytes are plausible (p2p-full sends one copy, p2p-delta less) and, as a check that
@@ -42,7 +43,8 @@ FLAGS += ["--timeout", "120"]
 
 SIX = 6
 FLAGS_SIX = ["--model", "small", "--targets", str(SIX), "--lrs", "1e-5"]
-FLAGS_SIX += ["--steps", str(STEPS), "--warmup", str(WARMUP), "--methods", "p2p-delta,p2p-full"]
+SIX_METHODS = ["p2p-delta", "p2p-full", "p2p-packed"]
+FLAGS_SIX += ["--steps", str(STEPS), "--warmup", str(WARMUP), "--methods", ",".join(SIX_METHODS)]
 FLAGS_SIX += ["--timeout", "120"]
 
 
@@ -137,7 +139,7 @@ def test_a_second_target_on_a_node_reads_its_node_mates_shared_memory(
     assert run_six["status"] == 0
     ips = [n.ip for n in four_node_cluster.hosts]
     records = _records(run_six)
-    assert sorted(records) == ["p2p-delta", "p2p-full"]
+    assert sorted(records) == SIX_METHODS
     for method, r in records.items():
         assert r["exact"], method
         assert r["target_nodes"] == [ips[1 + i % 3] for i in range(SIX)], method
@@ -148,3 +150,8 @@ def test_a_second_target_on_a_node_reads_its_node_mates_shared_memory(
     assert full["lent_buckets"] == 3 * full["buckets"]
     model = 2 * 4_919_040  # the small model in bf16
     assert 0.95 * model <= full["wire_bytes"] <= 1.05 * model
+    # packed: the same relay with about 2/3 of the bytes on the cables (the lent
+    # node-mates read their relay's unpacked copy)
+    packed = records["p2p-packed"]
+    assert packed["lent_buckets"] == 3 * packed["buckets"] > 0
+    assert 0.5 * model <= packed["wire_bytes"] <= 0.8 * model
