@@ -120,13 +120,8 @@ class WeightSender:
         self.partial = False
         self.bucket_bytes: int | None = None
         self.compress_full = False
-        self.configure(
-            bucket_bytes=bucket_bytes,
-            fanout=fanout,
-            delta=delta,
-            partial=partial,
-            compress_full=compress_full,
-        )
+        self.configure(bucket_bytes=bucket_bytes, fanout=fanout, delta=delta, partial=partial)
+        self.configure(compress_full=compress_full)
         self.codec = codec
         self.level = level
         self._life = new_generation()
