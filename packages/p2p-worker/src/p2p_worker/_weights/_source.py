@@ -4,9 +4,8 @@ One :class:`WeightSender` per worker and sync. Each :meth:`~WeightSender.push` w
 every target's hello (what it holds), plans the relay, then prepares bucket after bucket
 (cast to the targets' dtype, checksum, unchanged / delta / full / packed) while the
 previous one is on the wire to the first target, and finally collects every target's
-result. A
-target whose parent in the relay died asks the source for the rest; the source sends it
-full buckets from its own copy.
+result. A target whose parent in the relay died asks the source for the rest; the source
+sends it full buckets from its own copy.
 
 Targets on the source's own node are lent leaves (see ``_topology``): the source
 prepares each bucket into its shared arena and they read it there.
