@@ -103,8 +103,10 @@ class NativeZstd:
         self._level = level
         weakref.finalize(self, _free, lib, cctx, dctx)
         self._tuned = bool(params)
-        for param, value in {C_LEVEL: level, **(params or {})}.items() if params else ():
-            self._check(lib.ZSTD_CCtx_setParameter(cctx, param, value), "ZSTD_CCtx_setParameter")
+        if params:  # the level first: it sets every parameter, the others refine it
+            for param, value in {C_LEVEL: level, **params}.items():
+                code = lib.ZSTD_CCtx_setParameter(cctx, param, value)
+                self._check(code, "ZSTD_CCtx_setParameter")
 
     def _check(self, code: int, what: str) -> int:
         if self._lib.ZSTD_isError(code):

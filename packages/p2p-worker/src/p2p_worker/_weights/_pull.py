@@ -167,13 +167,13 @@ class PullRun:
                     (early if as_is else later).append(box)
                 for box in early:
                     box.put(head, ready(payload), release)
-                copy = any(not self._takes_as_received(b, head) for b in boxes)
+                copy = bool(later) and not lent  # a child needs this target's own copy
                 applied = applier.submit(self._apply, index, head, payload, release, copy, lent)
                 applied.add_done_callback(_releaser(release))
                 if lent:  # in bucket order: one applier thread
                     applied.add_done_callback(self._finished_reading)
                 for box in later:
-                    self._forward(box, head, payload, applied, release)
+                    self._forward(box, head, payload, applied, release, lent)
         finally:
             applier.shutdown(wait=True)
             for box in boxes:
@@ -363,13 +363,14 @@ class PullRun:
         payload: torch.Tensor | None,
         applied: Future[torch.Tensor | None],
         release: Callable[[], None],
+        as_received: bool,
     ) -> None:
-        """Forward one bucket to one child.
+        """Forward one bucket to a child that did not get it before the apply.
 
-        As received when the child takes it so (see ``_as_received``), else the full
-        bucket from this worker's own copy once applied.
+        As received when ``as_received`` (a lent bucket), else the full bucket from this
+        worker's own copy once applied.
         """
-        if self._takes_as_received(box, head):
+        if as_received:
             box.put(head, ready(payload), release)
             return
         bucket = self.layout.buckets[head.index]
