@@ -22,7 +22,9 @@ GIL released; no Python byte loops, no allocation per message). The receiver che
 message against the buffer it posted: a longer message is a :class:`FramingError` (gloo
 would abort the process). End-of-file or an error on the socket is a :class:`PeerError`
 at once (the peer died or closed), and every wait honours the deadline
-(:class:`CollectiveTimeoutError`).
+(:class:`CollectiveTimeoutError`): the socket stays blocking and the kernel ends each
+wait (:class:`~p2p_collective._links._timed_socket.TimedSocket`), one system call per
+send or receive instead of a poll before each.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import os
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -47,6 +48,7 @@ from p2p_collective._errors import (
 from p2p_collective._frames._recvpool import PostedRecv
 from p2p_collective._links._gloo_link import GlooLink
 from p2p_collective._links._shm import Segment
+from p2p_collective._links._timed_socket import TimedSocket
 
 SHM_MIN_BYTES = 256 << 10
 """Messages of at least this many bytes go through the segment; smaller ones inline."""
@@ -54,7 +56,7 @@ SHM_MIN_BYTES = 256 << 10
 _CTRL = struct.Struct("<IQ")  # kind, message bytes
 _INLINE = 1
 _SHM = 2
-_ONE = b"\x01"
+_ONE_VIEW = memoryview(b"\x01")
 _PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 
 NOT_ARRIVED = -1
@@ -71,15 +73,6 @@ class _Eof(Exception):
     pass
 
 
-def _timeout_for(deadline: float | None) -> float | None:
-    if deadline is None:
-        return None
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise _Timeout
-    return left
-
-
 class ShmLink:
     """A :class:`~p2p_collective._links._link.Link` over shared memory (same node).
 
@@ -94,6 +87,7 @@ class ShmLink:
         self.peer = gloo.peer
         self._gloo = gloo
         self._sock = sock
+        self._io = TimedSocket(sock)  # blocking; the kernel ends each wait at its deadline
         self._seg = segment
         self._slots = segment.slots
         self._slot_bytes = segment.slot_bytes
@@ -231,34 +225,21 @@ class ShmLink:
                 _CTRL.pack_into(self._ctrl, 0, _SHM, n)
                 self._sendmsg([*lead, memoryview(self._ctrl)], deadline)
             else:
-                self._sendall(_ONE, deadline)
+                self._sendmsg([_ONE_VIEW], deadline)
         while self._credits < len(self._slots):  # complete once the receiver has it all
             self._take_credits(deadline)
 
     def _take_credits(self, deadline: float | None) -> None:
-        self._sock.settimeout(_timeout_for(deadline))
-        try:
-            got = self._sock.recv_into(self._tokens, len(self._slots) - self._credits)
-        except TimeoutError as exc:
-            raise _Timeout from exc
-        if not got:
-            raise _Eof
-        self._credits += got
-
-    def _sendall(self, data: bytes | bytearray, deadline: float | None) -> None:
-        self._sock.settimeout(_timeout_for(deadline))
-        try:
-            self._sock.sendall(data)
-        except TimeoutError as exc:
-            raise _Timeout from exc
+        self._credits += self._recv_some(
+            memoryview(self._tokens)[: len(self._slots) - self._credits], deadline
+        )
 
     def _sendmsg(self, views: list[memoryview], deadline: float | None) -> None:
         """Send every buffer of ``views`` in order (one ``sendmsg`` unless it is partial)."""
         views = [v for v in views if len(v)]
         while views:
-            self._sock.settimeout(_timeout_for(deadline))
             try:
-                sent = self._sock.sendmsg(views)
+                sent = self._io.sendmsg(views, deadline)
             except TimeoutError as exc:
                 raise _Timeout from exc
             while views and sent >= len(views[0]):
@@ -269,16 +250,19 @@ class ShmLink:
 
     # -- receiver -------------------------------------------------------------------------
 
+    def _recv_some(self, view: memoryview, deadline: float | None) -> int:
+        """Receive what has arrived into ``view`` (at least one byte); its length."""
+        try:
+            got = self._io.recv_into(view, deadline)
+        except TimeoutError as exc:
+            raise _Timeout from exc
+        if not got:
+            raise _Eof
+        return got
+
     def _recv_into(self, view: memoryview, deadline: float | None) -> None:
         while len(view):
-            self._sock.settimeout(_timeout_for(deadline))
-            try:
-                got = self._sock.recv_into(view)
-            except TimeoutError as exc:
-                raise _Timeout from exc
-            if not got:
-                raise _Eof
-            view = view[got:]
+            view = view[self._recv_some(view, deadline) :]
 
     def _out_of_step(self, kind: int, n: int, size: int) -> FramingError:
         """A message that does not fit the receive: hang up (the sender fails at once)."""
@@ -306,19 +290,14 @@ class ShmLink:
         chunks = -(-n // size)
         for i in range(chunks):
             while ready <= i:
-                self._sock.settimeout(_timeout_for(deadline))
-                try:
-                    got = self._sock.recv_into(self._tokens, min(chunks - ready, 256))
-                except TimeoutError as exc:
-                    raise _Timeout from exc
-                if not got:
-                    raise _Eof
-                ready += got
+                ready += self._recv_some(
+                    memoryview(self._tokens)[: min(chunks - ready, 256)], deadline
+                )
             off = i * size
             k = min(size, n - off)
             np.copyto(out[off : off + k], self._slots[self._chunk % len(self._slots)][:k])
             self._chunk += 1
-            self._sendall(_ONE, deadline)
+            self._sendmsg([_ONE_VIEW], deadline)
 
     # -- receiving from an event loop ----------------------------------------------------
 
@@ -337,6 +316,8 @@ class ShmLink:
                 nb = socket.socket(self._sock.family, self._sock.type, fileno=fd)
                 if nb.gettimeout() is not None:  # socket.setdefaulttimeout() was called
                     nb.close()
+                    # The two share the file's flags: the waiting one must stay blocking.
+                    self._sock.setblocking(True)
                     return None
                 self._nb = nb
             return self._nb.fileno()
