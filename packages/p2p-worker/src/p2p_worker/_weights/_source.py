@@ -287,8 +287,8 @@ class WeightSender:
         )
         live: list[str] = []
 
-        def send_plans() -> None:  # while the first buckets are being prepared
-            for name in tree.order:
+        def send_plans(names: list[str]) -> None:  # while the first buckets are prepared
+            for name in names:
                 try:
                     self._edges.group(name).send(m.to_wire(plan), timeout=remaining(deadline))
                     live.append(name)
@@ -335,7 +335,7 @@ class WeightSender:
         gen: str,
         deadline: float | None,
         report: PushReport,
-        send_plans: Callable[[], None],
+        send_plans: Callable[[list[str]], None],
     ) -> None:
         """Prepare buckets on two threads while earlier ones are on the wire, in order.
 
@@ -353,10 +353,14 @@ class WeightSender:
         plain bits.
 
         The first buckets are being prepared while ``send_plans`` sends the plan to every
-        target; a child whose plan did not go gets no bucket (its share of each bucket's
-        slot is released at once).
+        child; a child whose plan did not go gets no bucket (its share of each bucket's
+        slot is released at once). The other targets get theirs once the first bucket is
+        handed to the children's outboxes: they wait for their parent's copy, which
+        cannot come before the first bucket has crossed a link.
         """
         children = [c for c in tree.children(self._me) if c not in report.failed]
+        first = [n for n in tree.order if n in children]
+        later = [n for n in tree.order if n not in first]
         lender = self._lender(layout, tree, children, report)
         boxes: list[Outbox] = []
         opened = False
@@ -364,7 +368,7 @@ class WeightSender:
         def open_boxes() -> None:
             nonlocal opened
             opened = True
-            send_plans()
+            send_plans(first)
             boxes.extend(
                 Outbox(
                     self._edges.group(c),
@@ -377,6 +381,11 @@ class WeightSender:
                 for c in children
                 if c not in report.failed
             )
+
+        def send_later() -> None:  # the targets below the children, once
+            names = later[:]
+            later.clear()
+            send_plans(names)
 
         stale_of = {c: set(stale.get(c, ())) for c in children}
         by_value = [c for c in children if c not in tree.lent]
@@ -407,6 +416,7 @@ class WeightSender:
                         box.put(packed[0], ready(packed[1]), release)
                     else:  # in full: its bits (lent: in the arena)
                         box.put(full, ready(new), release)
+                send_later()
 
         try:
             for bucket in layout.buckets:
@@ -426,6 +436,7 @@ class WeightSender:
             workers.shutdown(wait=True)
             if not opened:  # every target waits for its plan
                 open_boxes()
+            send_later()
             for box in boxes:
                 box.finish()
                 report.sent_bytes += box.sent_bytes
