@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
-import pickle
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from p2p_collective._frames._framing import (
 )
 from p2p_collective._frames._plain import load_object
 from p2p_collective._frames._recvpool import POOL_MIN_BYTES
+from p2p_collective._frames._tensor_pickle import dump, dumps
 
 _NO_OBJECT = object()
 
@@ -158,6 +158,9 @@ def encode_small_tensor(
 def encode_small(obj: Any, op: str = "send(obj)") -> SmallObject | None:
     """Pickle ``obj`` if it is a plain object (no tensor container); else return None.
 
+    Tensors inside it are pickled as their raw bytes where they are plain
+    (:mod:`p2p_collective._frames._tensor_pickle`), not through ``torch.save``.
+
     None means ``obj`` is a tensor, a list/tuple/dict of tensors or a dataclass with
     tensor fields: :func:`encode` handles it. The caller checks the size: a
     :class:`SmallObject` longer than :data:`SMALL_OBJECT_MAX` goes through
@@ -169,7 +172,7 @@ def encode_small(obj: Any, op: str = "send(obj)") -> SmallObject | None:
     if _kind(obj) != Kind.OBJECT:
         return None
     try:
-        return SmallObject(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        return SmallObject(dumps(obj))
     except Exception as exc:
         raise ValueError(
             f"{op}: the payload (type {type(obj).__name__}) cannot be pickled: {exc}"
@@ -314,7 +317,7 @@ def encode(
         bio.write(pickled)
     elif objpart is not _NO_OBJECT:
         try:
-            pickle.dump(objpart, bio, protocol=pickle.HIGHEST_PROTOCOL)
+            dump(objpart, bio)
         except Exception as exc:
             raise ValueError(
                 f"{op}: the payload (type {type(obj).__name__}) cannot be pickled: {exc}"
