@@ -141,3 +141,25 @@ def test_encode_small_uses_it_and_plain_policy_still_refuses_nested_tensors() ->
         ObjectRefusedError, match=r"'p2p_collective\._frames\._tensor_pickle\.rebuild'"
     ):
         load_object(small.data, "plain")
+
+
+class _Registered:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def _reduce_registered(obj: _Registered) -> tuple[Any, ...]:
+    return (_Registered, (obj.value * 10,))
+
+
+def test_a_copyreg_reducer_registered_after_import_is_used() -> None:
+    import copyreg
+
+    copyreg.pickle(_Registered, _reduce_registered)
+    try:
+        back = pickle.loads(dumps({"r": _Registered(4), "t": torch.ones(1)}))
+    finally:
+        del copyreg.dispatch_table[_Registered]
+    assert back["r"].value == 40  # what pickle.dumps gives too
+    assert pickle.loads(pickle.dumps(_Registered(4))).value == 4  # unregistered again
+    assert pickle.loads(dumps(_Registered(4))).value == 4

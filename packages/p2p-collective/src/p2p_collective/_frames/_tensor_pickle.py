@@ -98,9 +98,20 @@ def _reduce(t: torch.Tensor) -> str | tuple[Any, ...]:
     return (rebuild, (raw, code, shape))
 
 
+class _Reducers(dict[type, Any]):
+    """Our tensor reducer, then ``copyreg``'s table as it is at each lookup.
+
+    The pickler looks a type up here only for objects that are not of a built-in type;
+    a miss reads ``copyreg.dispatch_table`` then, so reducers registered after this
+    module was imported are used as ``pickle.dumps`` would use them.
+    """
+
+    def __missing__(self, cls: type) -> Any:
+        return copyreg.dispatch_table[cls]
+
+
 class _Pickler(pickle.Pickler):
-    dispatch_table = copyreg.dispatch_table.copy()
-    dispatch_table[torch.Tensor] = _reduce
+    dispatch_table = _Reducers({torch.Tensor: _reduce})
 
 
 def dump(obj: object, file: IO[bytes]) -> None:

@@ -1,14 +1,15 @@
 """TimedSocket: a blocking stream socket whose waits end at a deadline, kept by the kernel.
 
 A Python socket with a timeout (``settimeout``) polls before every ``send`` and
-``recv``, and ``settimeout`` itself costs two ``fcntl`` calls: four system calls where
-one does. Measured here between two processes over a Unix socket pair (40-byte
-ping-pong): 102-109 us per round trip and 41-47 us of CPU per side with a timeout set
-before each call, against 44-51 us and 19-21 us blocking. :class:`TimedSocket` keeps the
-socket blocking and bounds each wait with the kernel's ``SO_RCVTIMEO`` /
-``SO_SNDTIMEO`` instead. It sets them again only when a call's deadline is nearer than
-what they hold (or they hold much more than the deadline needs), so the common call, a
-new operation with the same timeout as the last, is one system call.
+``recv``, and ``settimeout`` itself sets the descriptor's blocking mode (an ``ioctl``):
+three system calls where one does. Measured here between two processes over a Unix
+socket pair (40-byte ping-pong): 102-109 us per round trip and 41-47 us of CPU per side
+with a timeout set before each call, against 44-51 us and 19-21 us blocking.
+:class:`TimedSocket` keeps the socket blocking and bounds each wait with the kernel's
+``SO_RCVTIMEO`` / ``SO_SNDTIMEO`` instead. It sets them again only when a call's
+deadline is nearer than what they hold (or they hold much more than the deadline
+needs), so the common call, a new operation with the same timeout as the last, is one
+system call.
 
 A wait that the kernel ends early (its limit was set for an earlier, nearer deadline)
 is resumed with the limit set to the time left; one past the deadline raises
