@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copyreg
 import io
+import math
 import pickle
 from collections.abc import Callable
 from typing import IO, Any, cast
@@ -72,14 +73,11 @@ def rebuild(data: bytes | bytearray, code: int, shape: tuple[int, ...]) -> torch
     dtype = CODE_TO_DTYPE.get(code)
     if dtype is None:
         raise ValueError(f"a pickled tensor names dtype code {code}, which is none")
-    numel = 1
-    for n in shape:
-        numel *= n
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if len(data) != numel * itemsize:
+    numel = math.prod(shape)
+    if len(data) != numel * dtype.itemsize:
         raise ValueError(
             f"a pickled tensor of shape {tuple(shape)} and dtype {dtype} has"
-            f" {len(data)} bytes, not {numel * itemsize}"
+            f" {len(data)} bytes, not {numel * dtype.itemsize}"
         )
     if not numel:
         return torch.empty(shape, dtype=dtype)
